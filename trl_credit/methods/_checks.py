@@ -1,0 +1,49 @@
+"""Input validation shared by the pure credit functions.
+
+Every check runs before any arithmetic and names the offending argument, so a bad call fails with a
+message a user can act on instead of a NaN three steps later.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_inputs(advantages_B: torch.Tensor, mask_BT: torch.Tensor, **per_token_BT: torch.Tensor) -> torch.Tensor:
+    """Validate shapes and finiteness; return the mask as a bool tensor.
+
+    Non-finite values are only an error at *valid* positions: masked positions never enter a statistic,
+    so whatever padding holds (even NaN) is ignored.
+    """
+    if advantages_B.dim() != 1:
+        raise ValueError(f"advantages_B must have shape (B,), got {tuple(advantages_B.shape)}")
+    if mask_BT.dim() != 2 or mask_BT.shape[0] != advantages_B.shape[0]:
+        raise ValueError(
+            f"mask_BT must have shape (B, T) with B = {advantages_B.shape[0]} (from advantages_B), "
+            f"got {tuple(mask_BT.shape)}"
+        )
+    if not torch.isfinite(advantages_B).all():
+        raise ValueError("advantages_B contains NaN or inf; sequence advantages must be finite")
+    valid_BT = mask_BT.bool()
+    for name, tensor_BT in per_token_BT.items():
+        if tensor_BT.shape != mask_BT.shape:
+            raise ValueError(f"{name} must have the shape of mask_BT {tuple(mask_BT.shape)}, got {tuple(tensor_BT.shape)}")
+        if not torch.isfinite(tensor_BT[valid_BT]).all():
+            raise ValueError(f"{name} contains NaN or inf at valid (unmasked) positions")
+    return valid_BT
+
+
+def check_range(name: str, value: float, low: float, high: float, low_open: bool = False, high_open: bool = False) -> None:
+    """Raise `ValueError` unless `value` lies in the interval; the message spells out the interval."""
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    if not (above and below):
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{name} must be in {interval}, got {value}")
+
+
+def masked_mean_B(values_BT: torch.Tensor, valid_BT: torch.Tensor) -> torch.Tensor:
+    """Mean over the valid positions of each row; 0 for a row without any."""
+    counts_B = valid_BT.sum(dim=1)
+    total_B = torch.where(valid_BT, values_BT, torch.zeros_like(values_BT)).sum(dim=1)
+    return total_B / counts_B.clamp(min=1)
