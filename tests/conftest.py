@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny random causal LMs and tokenizers built in-process (no Hub access)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+import torch
+
+torch.set_num_threads(1)  # two torch processes with 2 threads each on 2 cores run several times slower
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+VOCAB_WORDS = [str(i) for i in range(100)] + list("+-*/=()?.,:;") + [
+    "what", "is", "the", "answer", "boxed", "\\boxed{", "}", "sum", "of", "and", "a", "b", "x", "y",
+    "solve", "problem", "step", "so", "then", "final",
+]
+
+
+def make_tiny_tokenizer():
+    """A word-level tokenizer with a chat template, pad and eos tokens (vocabulary ~150)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<unk>", "<|user|>", "<|system|>", "<|assistant|>", "<|end|>"]
+    vocab = {tok: i for i, tok in enumerate(specials + VOCAB_WORDS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split("<|end|>", behavior="isolated")]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+        additional_special_tokens=specials[3:],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 16):
+    """A 2-layer random Qwen2 causal LM sized to `tokenizer`."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+@pytest.fixture
+def tiny_tokenizer():
+    return make_tiny_tokenizer()
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, tiny_tokenizer):
+    """A tiny model and tokenizer saved to disk, so that TRL can reload it (reference model, `--model_name_or_path`)."""
+    path = tmp_path / "tiny-model"
+    make_tiny_model(tiny_tokenizer).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return str(path)
