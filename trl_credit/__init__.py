@@ -1,5 +1,33 @@
-"""trl-credit: token-level credit assignment (TACO, EAPO, TIDE) for TRL's GRPOTrainer."""
+"""trl-credit: token-level credit assignment (TACO, EAPO, TIDE) for TRL's GRPOTrainer.
+
+The pure method functions import only torch; the trainers (which import TRL) load on first access.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .methods import eapo_advantages, taco_advantages, tide_advantages
 
 __version__ = "0.1.0"
 
-from .methods import eapo_advantages, taco_advantages, tide_advantages
+_TRAINER_EXPORTS = (
+    "CREDIT_METHODS",
+    "METHODS",
+    "CreditGRPOConfig",
+    "CreditGRPOTrainer",
+    "EAPOConfig",
+    "EAPOTrainer",
+    "TACOConfig",
+    "TACOTrainer",
+    "TIDEConfig",
+    "TIDETrainer",
+)
+
+__all__ = ["eapo_advantages", "taco_advantages", "tide_advantages", *_TRAINER_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _TRAINER_EXPORTS:
+        return getattr(importlib.import_module(".trainer", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

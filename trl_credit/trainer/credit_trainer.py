@@ -1,0 +1,350 @@
+"""`CreditGRPOTrainer`: TRL's GRPOTrainer with per-token advantages from TACO, EAPO or TIDE.
+
+The trainer never re-implements the GRPO loss. It replaces the `(B,)` sequence advantages with `(B, T)`
+token advantages, which TRL's `_compute_loss` accepts as they are (it only unsqueezes a 1-D tensor), so
+every `loss_type`, clipping rule, importance-sampling correction and normaliser keeps working.
+
+Where each statistic comes from (see the specification):
+
+* TACO reads the current policy's log-probs and entropies from the training forward itself
+  (`_compute_loss` -> `_get_per_token_logps_and_entropies`), so it costs no extra forward.
+* EAPO reads the rollout policy's entropies once per generation batch, before TRL shuffles and splits
+  it; the entropy quantiles are gathered over every process. When TRL already runs the old-log-prob
+  forward (off-policy steps, vLLM importance sampling) its entropies are reused.
+* TIDE streams the LM heads of the policy and a frozen reference over token and vocabulary chunks once
+  per generation batch to get per-token squared Hellinger distances and entropies.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from contextlib import contextmanager, nullcontext
+
+import torch
+from accelerate.utils import is_peft_model
+from trl import GRPOTrainer
+from trl.models import prepare_deepspeed, prepare_fsdp
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import create_model_from_path, disable_dropout_in_model, get_config_model_id, use_adapter
+
+from ..methods import (
+    eapo_advantages,
+    eapo_kappa,
+    quantile_linear,
+    taco_advantages,
+    taco_tail_risk,
+    tide_advantages,
+    tide_scores,
+)
+from ..statistics import hellinger_and_entropy
+from .config import CreditGRPOConfig
+
+_ENTROPY_PAD = -1e9  # sentinel for padding gathered entropies; real entropies are >= 0
+
+
+class CreditGRPOTrainer(GRPOTrainer):
+    """[`~trl.GRPOTrainer`] whose advantage is reshaped per token by `args.credit_method`.
+
+    Overrides `_generate_and_score_completions` (EAPO, TIDE: statistics of the generation batch),
+    `_compute_loss` and `_get_per_token_logps_and_entropies` (TACO: statistics of the training forward).
+    Use it exactly like `GRPOTrainer`, with a [`CreditGRPOConfig`].
+    """
+
+    config_class = CreditGRPOConfig
+    _credit_method: str | None = None  # set by the single-method subclasses
+    _tag_names = ["trl", "grpo", "trl-credit"]
+
+    def __init__(self, model, reward_funcs=None, args: CreditGRPOConfig | None = None, *pos_args, **kwargs):
+        if args is None:
+            model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = self.config_class(output_dir=f"{model_name.split('/')[-1]}-{self._name}")
+        if not isinstance(args, CreditGRPOConfig):
+            raise TypeError(
+                f"{type(self).__name__} needs a CreditGRPOConfig (or TACOConfig, EAPOConfig, TIDEConfig), "
+                f"got {type(args).__name__}"
+            )
+        if self._credit_method is not None and args.credit_method != self._credit_method:
+            raise ValueError(
+                f"{type(self).__name__} trains with credit_method={self._credit_method!r}, but args.credit_method is "
+                f"{args.credit_method!r}; use CreditGRPOTrainer to choose the method from the config"
+            )
+        self.credit_method = args.credit_method
+        self._taco_batch = None  # the micro-batch whose TACO advantages the next training forward fills in
+        self._rollout_entropies = None  # list that captures the first policy forward of a generation batch
+        super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
+        self._tide_reference = self._create_tide_reference() if self.credit_method == "tide" else None
+
+    # ----------------------------------------------------------------------------------------- TIDE reference
+
+    def _create_tide_reference(self):
+        """The model TIDE measures deviation against, prepared like TRL prepares its reference model.
+
+        Returns `None` when no separate copy is needed: TRL's own reference (`beta != 0`) or, with PEFT,
+        the policy with its adapter disabled.
+        """
+        policy = self.accelerator.unwrap_model(self.model)
+        self._check_tide_support(policy)
+        if self.args.tide_reference == "ref" and (self.ref_model is not None or is_peft_model(policy)):
+            return None
+        if self.args.tide_reference == "old" and (is_peft_model(policy) or self.is_deepspeed_enabled or self.is_fsdp_enabled):
+            raise ValueError(
+                "tide_reference='old' keeps a full copy of the policy that is refreshed every generation batch; it "
+                "is supported without PEFT, DeepSpeed and FSDP. Use tide_reference='ref' there."
+            )
+        if self.is_deepspeed_enabled:
+            # ZeRO-3 may already have partitioned the policy's parameters: reload the initial weights instead.
+            init_kwargs = dict(self.args.model_init_kwargs or {}, device_map=None, dtype=policy.dtype)
+            reference = create_model_from_path(get_config_model_id(policy.config), **init_kwargs)
+        else:
+            reference = copy.deepcopy(policy)
+        reference.requires_grad_(False)
+        disable_dropout_in_model(reference)
+        if self.is_deepspeed_enabled:
+            return prepare_deepspeed(reference, self.accelerator)
+        if self.is_fsdp_enabled:
+            return prepare_fsdp(reference, self.accelerator)
+        return self.accelerator.prepare_model(reference, evaluation_mode=True)
+
+    @staticmethod
+    def _check_tide_support(policy) -> None:
+        config = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
+        for name in ("final_logit_softcapping", "logit_scale"):
+            if getattr(config, name, None) not in (None, 1.0):
+                raise ValueError(
+                    f"credit_method='tide' streams logits = hidden @ lm_head.T; models with {name}="
+                    f"{getattr(config, name)} transform their logits further and are not supported"
+                )
+
+    # ------------------------------------------------------------------------------------- generation batch
+
+    def _generate_and_score_completions(self, inputs):
+        if self.credit_method != "eapo":
+            batch = super()._generate_and_score_completions(inputs)
+        else:
+            self._rollout_entropies = []
+            try:
+                batch = super()._generate_and_score_completions(inputs)
+            finally:
+                captured, self._rollout_entropies = self._rollout_entropies, None
+            # The first policy forward TRL runs is the old-log-prob one, when it runs at all; otherwise it
+            # may have been the reference forward, so the capture is discarded.
+            entropy_BT = captured[0] if captured and "old_per_token_logps" in batch else None
+            batch["advantages"] = self._eapo_advantages(batch, entropy_BT)
+        if self.credit_method == "tide":
+            batch["advantages"] = self._tide_advantages(batch)
+        return batch
+
+    def _valid_mask(self, batch) -> torch.Tensor:
+        mask_BT = batch["completion_mask"]
+        return mask_BT * batch["tool_mask"] if "tool_mask" in batch else mask_BT
+
+    @torch.no_grad()
+    def _policy_entropies(self, batch) -> torch.Tensor:
+        """One no-grad forward of the rollout policy over the generation batch."""
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            _, entropy_BT, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                input_ids,
+                attention_mask,
+                batch["completion_ids"].size(1),
+                batch_size=self._forward_batch_size(),
+                compute_entropy=True,
+            )
+        return entropy_BT
+
+    def _forward_batch_size(self) -> int:
+        return self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
+
+    def _eapo_advantages(self, batch, entropy_BT: torch.Tensor | None) -> torch.Tensor:
+        mask_BT = self._valid_mask(batch)
+        entropy_BT = (self._policy_entropies(batch) if entropy_BT is None else entropy_BT).detach().float()
+        q_lo, q_hi = self._global_entropy_quantiles(entropy_BT, mask_BT, self.args.eapo_quantiles)
+        kappa = eapo_kappa(self.args.eapo_kappa, self.state.global_step, self.args.eapo_kappa_decay_steps)
+        advantages_BT = eapo_advantages(
+            batch["advantages"], entropy_BT, mask_BT, kappa=kappa, entropy_bounds=(q_lo, q_hi)
+        )
+        self._log_credit_metrics(
+            "eapo", batch["advantages"], advantages_BT, mask_BT, extra={"q_lo": q_lo, "q_hi": q_hi, "kappa": kappa}
+        )
+        return advantages_BT
+
+    def _global_entropy_quantiles(self, entropy_BT, mask_BT, quantiles) -> tuple[float, float]:
+        """Entropy quantiles over the valid tokens of the whole generation batch, on every process."""
+        local_N = entropy_BT[mask_BT.bool()]
+        padded_N = self.accelerator.pad_across_processes(local_N, dim=0, pad_index=_ENTROPY_PAD)
+        gathered_N = self.accelerator.gather(padded_N)
+        gathered_N = gathered_N[gathered_N != _ENTROPY_PAD]
+        if gathered_N.numel() == 0:
+            return 0.0, 0.0
+        return quantile_linear(gathered_N, quantiles[0]).item(), quantile_linear(gathered_N, quantiles[1]).item()
+
+    def _tide_advantages(self, batch) -> torch.Tensor:
+        mask_BT = self._valid_mask(batch)
+        deviation_BT, entropy_BT = self._tide_statistics(batch, mask_BT)
+        vocab_size = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.shape[0]
+        args = self.args
+        advantages_BT = tide_advantages(
+            batch["advantages"], deviation_BT, entropy_BT, mask_BT, vocab_size,
+            tau=args.tide_tau, kappa=args.tide_kappa, distance=args.tide_distance,
+        )
+        valid_BT = mask_BT.bool()
+        gate_BT = (entropy_BT / math.log(vocab_size)).clamp(0, 1)
+        score_BT = tide_scores(deviation_BT, entropy_BT, vocab_size, args.tide_kappa)
+        self._log_credit_metrics(
+            "tide", batch["advantages"], advantages_BT, mask_BT,
+            sums={"mean_deviation": deviation_BT, "mean_gate": gate_BT, "mean_score": score_BT}, valid_BT=valid_BT,
+        )
+        if args.tide_reference == "old":
+            # The next batch measures deviation from the policy as it is now.
+            self._tide_reference.load_state_dict(self.accelerator.unwrap_model(self.model).state_dict())
+        return advantages_BT
+
+    @torch.no_grad()
+    def _tide_statistics(self, batch, mask_BT) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token squared Hellinger distance to the reference and policy entropy, `(B, T)` each."""
+        policy = self.accelerator.unwrap_model(self.model)
+        if self._tide_reference is not None:
+            reference, reference_context = self.accelerator.unwrap_model(self._tide_reference), nullcontext()
+        elif self.ref_model is not None:
+            reference, reference_context = self.accelerator.unwrap_model(self.ref_model), nullcontext()
+        else:  # PEFT: the initial model is the policy with its adapter disabled (or TRL's "ref" adapter)
+            reference = policy
+            reference_context = use_adapter(policy, adapter_name="ref" if "ref" in policy.peft_config else None)
+
+        prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        valid_BT = mask_BT.bool()
+        deviation_BT = torch.zeros(valid_BT.shape, device=input_ids.device)
+        entropy_BT = torch.zeros(valid_BT.shape, device=input_ids.device)
+        # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
+        positions = slice(prompt_len - 1, prompt_len - 1 + completion_len)
+        step = self._forward_batch_size()
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            for start in range(0, input_ids.size(0), step):
+                rows = slice(start, start + step)
+                rows_valid_bT = valid_BT[rows]
+                if not rows_valid_bT.any():
+                    continue
+                hidden_nH = _final_hidden(policy, input_ids[rows], attention_mask[rows])[:, positions][rows_valid_bT]
+                with reference_context:
+                    ref_hidden_nH = _final_hidden(reference, input_ids[rows], attention_mask[rows])[:, positions]
+                ref_hidden_nH = ref_hidden_nH[rows_valid_bT]
+                with _full_lm_head(policy) as (weight_VH, bias_V), _full_lm_head(reference) as (ref_weight_VH, ref_bias_V):
+                    deviation_n, entropy_n = hellinger_and_entropy(
+                        hidden_nH, ref_hidden_nH, weight_VH, ref_weight_VH, bias_V, ref_bias_V,
+                        temperature=self.temperature,
+                        token_chunk_size=self.args.tide_token_chunk_size,
+                        vocab_chunk_size=self.args.tide_vocab_chunk_size,
+                    )
+                deviation_BT[rows][rows_valid_bT] = deviation_n
+                entropy_BT[rows][rows_valid_bT] = entropy_n
+        return deviation_BT, entropy_BT
+
+    # ------------------------------------------------------------------------------------- training forward
+
+    def _compute_loss(self, model, inputs):
+        if self.credit_method != "taco":
+            return super()._compute_loss(model, inputs)
+        # The buffered micro-batch is reused across `num_iterations`: give TRL a shallow copy whose
+        # "advantages" the training forward below replaces, never the shared dict.
+        inputs = dict(inputs)
+        self._taco_batch = inputs
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._taco_batch = None
+
+    def _get_per_token_logps_and_entropies(self, model, *args, compute_entropy=False, **kwargs):
+        capture_rollout = self._rollout_entropies is not None and not self._rollout_entropies
+        fill_taco = self._taco_batch is not None
+        logps_BT, entropy_BT, aux_loss = super()._get_per_token_logps_and_entropies(
+            model, *args, compute_entropy=compute_entropy or capture_rollout or fill_taco, **kwargs
+        )
+        if capture_rollout:
+            self._rollout_entropies.append(entropy_BT.detach())
+        if fill_taco:
+            batch, self._taco_batch = self._taco_batch, None  # only the first forward of _compute_loss
+            batch["advantages"] = self._taco_advantages(batch, logps_BT.detach(), entropy_BT.detach())
+        return logps_BT, entropy_BT if compute_entropy else None, aux_loss
+
+    def _taco_advantages(self, batch, logps_BT, entropy_BT) -> torch.Tensor:
+        mask_BT = self._valid_mask(batch)
+        alpha, lam = self.args.taco_alpha, self.args.taco_lambda
+        advantages_BT = taco_advantages(batch["advantages"], logps_BT, entropy_BT, mask_BT, alpha=alpha, lam=lam)
+        valid_BT = mask_BT.bool()
+        risk_BT = taco_tail_risk(logps_BT.float(), entropy_BT.float(), alpha)
+        positive_BT = valid_BT & (batch["advantages"] > 0).unsqueeze(1)
+        self._log_credit_metrics(
+            "taco", batch["advantages"], advantages_BT, mask_BT, valid_BT=valid_BT,
+            sums={"tail_fraction": (risk_BT > 0).float(), "mean_tail_risk": risk_BT,
+                  "pos_adv_fraction": positive_BT.float()},
+            ratios={"tail_fraction_pos": ((risk_BT > 0) & positive_BT, positive_BT)},
+        )
+        return advantages_BT
+
+    # ---------------------------------------------------------------------------------------------- logging
+
+    @torch.no_grad()
+    def _log_credit_metrics(self, prefix, advantages_B, advantages_BT, mask_BT, valid_BT=None, sums=None,
+                            ratios=None, extra=None):
+        """Log global (all-process) token statistics under `prefix/` and `credit/`.
+
+        `sums` are per-token tensors averaged over valid tokens; `ratios` are `(numerator, denominator)`
+        boolean masks; `extra` are scalars already equal on every process.
+        """
+        mode = "train" if self.model.training else "eval"
+        valid_BT = mask_BT.bool() if valid_BT is None else valid_BT
+        # Weights are defined where A != 0; there they are the method's multiplier of A.
+        nonzero_BT = valid_BT & (advantages_B != 0).unsqueeze(1)
+        safe_adv_B = torch.where(advantages_B != 0, advantages_B, torch.ones_like(advantages_B))
+        weights_N = (advantages_BT / safe_adv_B.unsqueeze(1))[nonzero_BT]
+        stats = {
+            f"{prefix}/mean_weight": (weights_N.sum(), nonzero_BT.sum()),
+            f"{prefix}/weight_sq": ((weights_N**2).sum(), nonzero_BT.sum()),
+            "credit/adv_abs_mean": (advantages_BT[valid_BT].abs().sum(), valid_BT.sum()),
+        }
+        for name, values_BT in (sums or {}).items():
+            stats[f"{prefix}/{name}"] = (values_BT.float()[valid_BT].sum(), valid_BT.sum())
+        for name, (numerator_BT, denominator_BT) in (ratios or {}).items():
+            stats[f"{prefix}/{name}"] = (numerator_BT.sum(), denominator_BT.sum())
+        totals = torch.stack([torch.stack([s.float(), c.float()]) for s, c in stats.values()])
+        totals = self.accelerator.reduce(totals.to(self.accelerator.device), reduction="sum")
+        means = {name: s / c if c > 0 else float("nan") for name, (s, c) in zip(stats, totals.tolist())}
+        mean_sq = means.pop(f"{prefix}/weight_sq")
+        means[f"{prefix}/weight_std"] = math.sqrt(max(mean_sq - means[f"{prefix}/mean_weight"] ** 2, 0.0))
+        local_max = weights_N.max() if weights_N.numel() else torch.tensor(float("nan"))
+        means[f"{prefix}/weight_max"] = self._global_nanmax(local_max)
+        means.update({f"{prefix}/{name}": float(value) for name, value in (extra or {}).items()})
+        for name, value in means.items():
+            self._metrics[mode][name].append(value)
+
+    def _global_nanmax(self, value: torch.Tensor) -> float:
+        gathered = self.accelerator.gather(value.reshape(1).float().to(self.accelerator.device))
+        gathered = gathered[~torch.isnan(gathered)]
+        return gathered.max().item() if gathered.numel() else float("nan")
+
+
+def _final_hidden(model, input_ids, attention_mask) -> torch.Tensor:
+    """`(b, L, H)` final (post-norm) hidden states, without computing the LM head."""
+    return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+@contextmanager
+def _full_lm_head(model):
+    """Yield the full `(V, H)` LM-head weight and bias, gathering them under DeepSpeed ZeRO-3 or FSDP2."""
+    head = model.get_output_embeddings()
+    params = [p for p in (head.weight, head.bias) if p is not None]
+    if any(hasattr(p, "ds_id") for p in params):  # ZeRO-3 partitions parameters and tags them with ds_id
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            yield head.weight, head.bias
+        return
+    from torch.distributed.tensor import DTensor
+
+    # FSDP2 shards parameters as DTensors; the streamed product needs the whole head.
+    yield tuple(p.full_tensor() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))

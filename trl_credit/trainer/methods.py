@@ -1,0 +1,117 @@
+"""The public single-method trainer/config pairs: `TACOTrainer`, `EAPOTrainer`, `TIDETrainer`.
+
+Each config only re-declares what the paper's recipe changes; each trainer is `CreditGRPOTrainer` pinned
+to one method, with the paper's metadata for model cards and Hub tags.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass, field
+
+from .config import CreditGRPOConfig
+from .credit_trainer import CreditGRPOTrainer
+
+_CLIP_HIGHER_HELP = "Upper clipping bound epsilon_high; the paper's recipe uses clip-higher (0.2 / 0.28)."
+
+
+@dataclass
+class TACOConfig(CreditGRPOConfig):
+    r"""
+    Configuration for [`TACOTrainer`]: [`CreditGRPOConfig`] with `credit_method="taco"` and the paper's recipe
+    (clip-higher `epsilon_high=0.28`, no KL, token-mean `dapo` aggregation, which are TRL's defaults otherwise).
+    """
+
+    credit_method: str = field(default="taco", metadata={"help": "Token-level credit method (fixed to 'taco')."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": _CLIP_HIGHER_HELP})
+
+
+@dataclass
+class EAPOConfig(CreditGRPOConfig):
+    r"""
+    Configuration for [`EAPOTrainer`]: [`CreditGRPOConfig`] with `credit_method="eapo"` and the paper's recipe
+    (clip-higher `epsilon_high=0.28`, `dapo` loss, `scale_rewards="group"`, `beta=0`).
+    """
+
+    credit_method: str = field(default="eapo", metadata={"help": "Token-level credit method (fixed to 'eapo')."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": _CLIP_HIGHER_HELP})
+
+
+@dataclass
+class TIDEConfig(CreditGRPOConfig):
+    r"""
+    Configuration for [`TIDETrainer`]: [`CreditGRPOConfig`] with `credit_method="tide"`. TIDE replaces the KL
+    penalty (`beta=0`, TRL's default) with deviation-driven credit; it builds DAPO's recipe, so clip-higher is on.
+    """
+
+    credit_method: str = field(default="tide", metadata={"help": "Token-level credit method (fixed to 'tide')."})
+    epsilon_high: float | None = field(default=0.28, metadata={"help": _CLIP_HIGHER_HELP})
+
+
+class TACOTrainer(CreditGRPOTrainer):
+    """GRPO with TACO: positive credit of implausible tail tokens is shrunk (statistics from the training forward)."""
+
+    config_class = TACOConfig
+    _credit_method = "taco"
+    _tag_names = ["trl", "grpo", "trl-credit", "taco"]
+    _name = "TACO"
+    _paper = {
+        "title": "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
+        "id": "2607.07976",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{taco2026,
+                title        = {{When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning}},
+                year         = 2026,
+                eprint       = {arXiv:2607.07976},
+            }"""),
+    }
+
+
+class EAPOTrainer(CreditGRPOTrainer):
+    """GRPO with EAPO: credit moves to high-entropy tokens on success and to low-entropy tokens on failure."""
+
+    config_class = EAPOConfig
+    _credit_method = "eapo"
+    _tag_names = ["trl", "grpo", "trl-credit", "eapo"]
+    _name = "EAPO"
+    _paper = {
+        "title": "Surprising Success, Repeated Failure: Entropy-Guided Credit Assignment for Exploration in LLM Reasoning",
+        "id": "2609.33781",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{eapo2026,
+                title        = {{Surprising Success, Repeated Failure: Entropy-Guided Credit Assignment for Exploration in LLM Reasoning}},
+                year         = 2026,
+                eprint       = {arXiv:2609.33781},
+            }"""),
+    }
+
+
+class TIDETrainer(CreditGRPOTrainer):
+    """GRPO with TIDE: credit follows the entropy-gated Hellinger deviation of the policy from a reference."""
+
+    config_class = TIDEConfig
+    _credit_method = "tide"
+    _tag_names = ["trl", "grpo", "trl-credit", "tide"]
+    _name = "TIDE"
+    _paper = {
+        "title": "TIDE: Token-Level Credit Assignment via Entropy-Gated Bounded Deviation",
+        "id": "2605.03327",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{tide2026,
+                title        = {{TIDE: Token-Level Credit Assignment via Entropy-Gated Bounded Deviation}},
+                year         = 2026,
+                eprint       = {arXiv:2605.03327},
+            }"""),
+    }
+
+
+# One mapping from method name to its config and trainer: the CLI and the docs read it.
+METHODS = {
+    "grpo": (CreditGRPOConfig, CreditGRPOTrainer),
+    "taco": (TACOConfig, TACOTrainer),
+    "eapo": (EAPOConfig, EAPOTrainer),
+    "tide": (TIDEConfig, TIDETrainer),
+}
