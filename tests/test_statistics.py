@@ -1,0 +1,40 @@
+"""The streamed Hellinger/entropy statistics against the naive full-logit computation."""
+
+import pytest
+import torch
+
+from trl_credit.statistics import hellinger_and_entropy, hellinger_and_entropy_naive
+
+
+@pytest.mark.parametrize("token_chunk,vocab_chunk", [(1, 1000), (37, 129), (500, 10_000)])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_streamed_matches_naive(token_chunk, vocab_chunk, temperature):
+    g = torch.Generator().manual_seed(0)
+    n, h, v = 120, 24, 3000
+    hidden = torch.randn(n, h, generator=g)
+    ref_hidden = hidden + 0.5 * torch.randn(n, h, generator=g)
+    weight = torch.randn(v, h, generator=g)
+    ref_weight = weight + 0.2 * torch.randn(v, h, generator=g)
+    bias = torch.randn(v, generator=g)
+    streamed = hellinger_and_entropy(
+        hidden, ref_hidden, weight, ref_weight, bias, None, temperature, token_chunk, vocab_chunk
+    )
+    naive = hellinger_and_entropy_naive(hidden, ref_hidden, weight, ref_weight, bias, None, temperature)
+    for got, want in zip(streamed, naive):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    deviation, entropy = streamed
+    assert (deviation >= 0).all() and (deviation <= 1).all() and deviation.mean() > 0.01
+    assert (entropy >= 0).all() and (entropy <= torch.log(torch.tensor(float(v))) + 1e-4).all()
+
+
+def test_identical_models_have_zero_deviation_and_extreme_logits_stay_finite():
+    hidden = torch.randn(10, 8) * 100  # very peaked distributions
+    weight = torch.randn(500, 8)
+    deviation, entropy = hellinger_and_entropy(hidden, hidden, weight, vocab_chunk_size=64)
+    assert deviation.abs().max() < 1e-5
+    assert torch.isfinite(entropy).all() and (entropy >= 0).all()
+
+
+def test_bad_chunk_size_is_rejected():
+    with pytest.raises(ValueError, match="chunk sizes must be >= 1"):
+        hellinger_and_entropy(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(4, 3), vocab_chunk_size=0)
