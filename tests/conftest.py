@@ -43,7 +43,12 @@ def make_tiny_tokenizer():
 
 
 def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 16):
-    """A 2-layer random Qwen2 causal LM sized to `tokenizer`."""
+    """A 2-layer random Qwen2 causal LM sized to `tokenizer`.
+
+    Weights are drawn with std 0.5 (not HF's 0.02) so that next-token distributions are peaked and
+    varied, like a real model's, instead of uniformly flat: entropy quantiles and deviations then
+    carry signal.
+    """
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
@@ -51,7 +56,7 @@ def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 16):
         vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+        bos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False, initializer_range=0.5,
     )
     return Qwen2ForCausalLM(config)
 
@@ -68,3 +73,30 @@ def tiny_model_dir(tmp_path, tiny_tokenizer):
     make_tiny_model(tiny_tokenizer).save_pretrained(path)
     tiny_tokenizer.save_pretrained(path)
     return str(path)
+
+
+def tiny_prompt_dataset(n_prompts: int = 8):
+    """Conversational prompts of the kind the tiny tokenizer knows."""
+    from datasets import Dataset
+
+    prompts = [[{"role": "user", "content": f"what is {a} + {b} ?"}] for a in range(n_prompts) for b in (1,)]
+    return Dataset.from_dict({"prompt": prompts, "solution": [str(a + 1) for a in range(n_prompts)]})
+
+
+def length_reward(completions, **kwargs):
+    """A reward that varies within groups, so advantages are non-zero."""
+    return [float(len(c[0]["content"].split()) % 4) for c in completions]
+
+
+def tiny_config(method: str, output_dir, **overrides):
+    """CPU-sane config for a 3-step run on the tiny model; `overrides` win."""
+    from trl_credit import CreditGRPOConfig
+
+    settings = dict(
+        credit_method=method, use_cpu=True, bf16=False, gradient_checkpointing=False,
+        per_device_train_batch_size=4, num_generations=4, max_completion_length=8, max_steps=3,
+        logging_steps=1, report_to="none", save_strategy="no", learning_rate=5e-2, seed=0,
+        dataloader_num_workers=0,
+    )
+    settings.update(overrides)
+    return CreditGRPOConfig(output_dir=str(output_dir), **settings)

@@ -72,32 +72,48 @@ class CreditGRPOTrainer(GRPOTrainer):
         self.credit_method = args.credit_method
         self._taco_batch = None  # the micro-batch whose TACO advantages the next training forward fills in
         self._rollout_entropies = None  # list that captures the first policy forward of a generation batch
+        initial_copy = self._copy_initial_model(model, args, kwargs.get("peft_config"))
         super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
-        self._tide_reference = self._create_tide_reference() if self.credit_method == "tide" else None
+        self._tide_reference = self._prepare_tide_reference(initial_copy) if self.credit_method == "tide" else None
 
     # ----------------------------------------------------------------------------------------- TIDE reference
 
-    def _create_tide_reference(self):
+    @staticmethod
+    def _copy_initial_model(model, args, peft_config):
+        """A copy of an in-memory policy, taken before TRL patches and wraps it, when TIDE needs its own reference.
+
+        TIDE needs no copy when TRL keeps a reference anyway (`beta != 0`) or with PEFT (the adapter is
+        disabled instead). A policy given by name is reloaded from it later, as TRL does.
+        """
+        if args.credit_method != "tide" or isinstance(model, str) or is_peft_model(model) or peft_config is not None:
+            return None
+        if args.tide_reference == "ref" and args.beta != 0.0:
+            return None
+        return copy.deepcopy(model)
+
+    def _prepare_tide_reference(self, initial_copy):
         """The model TIDE measures deviation against, prepared like TRL prepares its reference model.
 
-        Returns `None` when no separate copy is needed: TRL's own reference (`beta != 0`) or, with PEFT,
+        Returns `None` when no separate model is needed: TRL's own reference (`beta != 0`) or, with PEFT,
         the policy with its adapter disabled.
         """
         policy = self.accelerator.unwrap_model(self.model)
         self._check_tide_support(policy)
         if self.args.tide_reference == "ref" and (self.ref_model is not None or is_peft_model(policy)):
             return None
-        if self.args.tide_reference == "old" and (is_peft_model(policy) or self.is_deepspeed_enabled or self.is_fsdp_enabled):
+        if self.args.tide_reference == "old" and (
+            is_peft_model(policy) or self.is_deepspeed_enabled or self.is_fsdp_enabled
+        ):
             raise ValueError(
                 "tide_reference='old' keeps a full copy of the policy that is refreshed every generation batch; it "
                 "is supported without PEFT, DeepSpeed and FSDP. Use tide_reference='ref' there."
             )
-        if self.is_deepspeed_enabled:
-            # ZeRO-3 may already have partitioned the policy's parameters: reload the initial weights instead.
-            init_kwargs = dict(self.args.model_init_kwargs or {}, device_map=None, dtype=policy.dtype)
+        reference = initial_copy
+        if reference is None:  # the policy was given by name: load the initial weights again, like TRL's reference
+            init_kwargs = dict(self.args.model_init_kwargs or {}, dtype=policy.dtype)
+            if self.is_deepspeed_enabled or self.accelerator.num_processes > 1:
+                init_kwargs["device_map"] = None
             reference = create_model_from_path(get_config_model_id(policy.config), **init_kwargs)
-        else:
-            reference = copy.deepcopy(policy)
         reference.requires_grad_(False)
         disable_dropout_in_model(reference)
         if self.is_deepspeed_enabled:
@@ -259,7 +275,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             self._taco_batch = None
 
     def _get_per_token_logps_and_entropies(self, model, *args, compute_entropy=False, **kwargs):
-        capture_rollout = self._rollout_entropies is not None and not self._rollout_entropies
+        # Only the policy's forward computes entropies (TRL patches the reference's head for log-probs only).
+        capture_rollout = self._rollout_entropies is not None and not self._rollout_entropies and model is self.model
         fill_taco = self._taco_batch is not None
         logps_BT, entropy_BT, aux_loss = super()._get_per_token_logps_and_entropies(
             model, *args, compute_entropy=compute_entropy or capture_rollout or fill_taco, **kwargs

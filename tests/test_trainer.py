@@ -1,0 +1,280 @@
+"""Training runs through TRL's own loss: every method, loss type and batching option.
+
+An independent recorder wraps TRL's `GRPOTrainer` methods (which `CreditGRPOTrainer` reaches through
+`super()`): at generation time it recomputes each method's statistics the plain way (full logits, torch
+quantiles), and at loss time it checks that the advantages TRL's `_compute_loss` actually consumed are
+the pure function's output for that micro-batch. This also guards the TRL version: if TRL stopped
+reading `inputs["advantages"]` after the training forward, or stopped accepting `(B, T)`, these fail.
+"""
+
+import math
+
+import pytest
+import torch
+from trl import GRPOTrainer
+
+from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from trl_credit import CreditGRPOTrainer, EAPOConfig, EAPOTrainer, TACOConfig, TACOTrainer, TIDEConfig, TIDETrainer
+from trl_credit.methods import eapo_advantages, eapo_kappa, taco_advantages, tide_advantages
+from trl_credit.statistics import hellinger_and_entropy_naive
+
+METHODS = ["grpo", "taco", "eapo", "tide"]
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
+
+
+def _row_key(prompt_ids, completion_ids):
+    return tuple(prompt_ids.tolist()) + (-1,) + tuple(completion_ids.tolist())
+
+
+def _inputs(batch):
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+    return input_ids, attention_mask, mask
+
+
+def _naive_logps(model, input_ids, attention_mask, completion_len, temperature):
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -completion_len - 1 : -1]
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+class AdvantageRecorder:
+    """Expected token advantages computed outside the trainer, checked where TRL consumes them."""
+
+    def __init__(self, monkeypatch, trainer):
+        self.trainer = trainer
+        self.expected = {}
+        self.checked_batches = 0
+        original_generate = GRPOTrainer._generate_and_score_completions
+        original_loss = GRPOTrainer._compute_loss
+
+        def generate(trainer_self, inputs):
+            batch = original_generate(trainer_self, inputs)
+            self._expect_generation(batch)
+            return batch
+
+        def compute_loss(trainer_self, model, inputs):
+            expected = self._expect_taco(inputs) if trainer.credit_method == "taco" else None
+            loss = original_loss(trainer_self, model, inputs)
+            self._check(inputs, expected)
+            return loss
+
+        monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate)
+        monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+
+    @torch.no_grad()
+    def _expect_generation(self, batch):
+        trainer, args = self.trainer, self.trainer.args
+        if trainer.credit_method not in ("eapo", "tide"):
+            return
+        input_ids, attention_mask, mask = _inputs(batch)
+        completion_len = batch["completion_ids"].size(1)
+        logp_policy = _naive_logps(trainer.model, input_ids, attention_mask, completion_len, trainer.temperature)
+        entropy = -(logp_policy.exp() * logp_policy).sum(-1)
+        if trainer.credit_method == "eapo":
+            valid = entropy[mask.bool()]
+            bounds = (0.0, 0.0)  # every token masked: no statistic
+            if valid.numel():
+                bounds = tuple(torch.quantile(valid, q).item() for q in args.eapo_quantiles)
+            kappa = eapo_kappa(args.eapo_kappa, trainer.state.global_step, args.eapo_kappa_decay_steps)
+            expected = eapo_advantages(batch["advantages"], entropy, mask, kappa=kappa, entropy_bounds=bounds)
+        else:
+            reference = trainer._tide_reference or trainer.ref_model
+            logp_ref = _naive_logps(reference, input_ids, attention_mask, completion_len, trainer.temperature)
+            deviation = (1 - torch.exp(0.5 * (logp_policy + logp_ref)).sum(-1)).clamp(0, 1)
+            vocab = logp_policy.size(-1)
+            expected = tide_advantages(batch["advantages"], deviation, entropy, mask, vocab, args.tide_tau, args.tide_kappa)
+        for i in range(input_ids.size(0)):
+            self.expected[_row_key(batch["prompt_ids"][i], batch["completion_ids"][i])] = expected[i]
+
+    @torch.no_grad()
+    def _expect_taco(self, inputs):
+        trainer = self.trainer
+        input_ids, attention_mask, mask = _inputs(inputs)
+        logps, entropy, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer, trainer.model, input_ids, attention_mask, inputs["completion_ids"].size(1), compute_entropy=True
+        )
+        return taco_advantages(inputs["advantages"], logps, entropy, mask, trainer.args.taco_alpha, trainer.args.taco_lambda)
+
+    def _check(self, inputs, expected):
+        consumed = inputs["advantages"]
+        _, _, mask = _inputs(inputs)
+        method = self.trainer.credit_method
+        if method == "grpo":
+            assert consumed.dim() == 1
+        elif method == "taco":
+            torch.testing.assert_close(consumed, expected, atol=1e-4, rtol=1e-4)
+        else:
+            assert consumed.shape == mask.shape
+            assert (consumed[mask == 0] == 0).all()
+            for i in range(consumed.size(0)):
+                want = self.expected[_row_key(inputs["prompt_ids"][i], inputs["completion_ids"][i])]
+                torch.testing.assert_close(consumed[i], want, atol=1e-4, rtol=1e-4)
+        self.checked_batches += 1
+
+
+def run_training(monkeypatch, tmp_path, method, model=None, trainer_cls=CreditGRPOTrainer, args=None, **overrides):
+    tokenizer = make_tiny_tokenizer()
+    model = make_tiny_model(tokenizer) if model is None else model
+    args = tiny_config(method, tmp_path / "out", **overrides) if args is None else args
+    trainer = trainer_cls(
+        model=model, reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(), processing_class=tokenizer
+    )
+    recorder = AdvantageRecorder(monkeypatch, trainer)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    after = dict(trainer.model.named_parameters())
+    return trainer, recorder, before, after
+
+
+def assert_all_params_changed(before, after):
+    unchanged = [name for name, param in before.items() if torch.equal(param, after[name].detach())]
+    assert not unchanged, f"parameters that did not change: {unchanged}"
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_trains_with_every_loss_type(monkeypatch, tmp_path, method, loss_type):
+    extra = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
+    trainer, recorder, before, after = run_training(monkeypatch, tmp_path, method, loss_type=loss_type, **extra)
+    assert recorder.checked_batches == 3
+    assert_all_params_changed(before, after)
+    logged = trainer.state.log_history[0]
+    if method != "grpo":
+        assert math.isfinite(logged[f"{method}/mean_weight"])
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_iterations": 2},
+        {"gradient_accumulation_steps": 2, "per_device_train_batch_size": 2},
+        {"steps_per_generation": 2},  # off-policy micro-batches: TRL runs the old-log-prob forward
+        {"top_entropy_quantile": 0.5},
+    ],
+    ids=["num_iterations", "grad_accum", "steps_per_generation", "top_entropy"],
+)
+def test_batching_options(monkeypatch, tmp_path, method, options):
+    trainer, recorder, before, after = run_training(monkeypatch, tmp_path, method, **options)
+    assert recorder.checked_batches >= 3
+    assert_all_params_changed(before, after)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_beta_with_reference_model(monkeypatch, tmp_path, tiny_model_dir, method):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    trainer, recorder, before, after = run_training(monkeypatch, tmp_path, method, model=model, beta=0.1)
+    assert trainer.ref_model is not None
+    if method == "tide":
+        assert trainer._tide_reference is None  # TRL's own reference is reused, not copied again
+    assert recorder.checked_batches == 3
+    assert_all_params_changed(before, after)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_mask_truncated_completions(monkeypatch, tmp_path, method):
+    # Completions of 3 tokens from a random model are almost all truncated: their rows must carry no credit.
+    trainer, recorder, _, _ = run_training(
+        monkeypatch, tmp_path, method, mask_truncated_completions=True, max_completion_length=3
+    )
+    assert recorder.checked_batches == 3
+    assert all(math.isfinite(entry.get("loss", 0.0)) for entry in trainer.state.log_history)
+
+
+@pytest.mark.parametrize(
+    "method,neutral",
+    [("grpo", {}), ("taco", {"taco_lambda": 0.0}), ("eapo", {"eapo_kappa": 0.0}), ("tide", {"tide_kappa": 0.0, "tide_tau": 1e6})],
+)
+def test_parity_with_grpo_trainer(tmp_path, method, neutral):
+    """A neutral setting of each method gives GRPOTrainer's losses, gradient norms and final weights."""
+    tokenizer = make_tiny_tokenizer()
+    dataset = tiny_prompt_dataset()
+    common = dict(max_steps=2, num_iterations=2, learning_rate=1e-2)
+
+    credit = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
+        args=tiny_config(method, tmp_path / "credit", **common, **neutral), train_dataset=dataset,
+    )
+    credit.train()
+    plain_args = tiny_config("grpo", tmp_path / "plain", **common)
+    plain = GRPOTrainer(
+        model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
+        args=plain_args, train_dataset=dataset,
+    )
+    plain.train()
+    for got, want in zip(credit.state.log_history[:-1], plain.state.log_history[:-1]):
+        assert got["loss"] == pytest.approx(want["loss"], abs=1e-6)
+        assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
+    for (name, p_credit), (_, p_plain) in zip(credit.model.named_parameters(), plain.model.named_parameters()):
+        torch.testing.assert_close(p_credit, p_plain, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_single_method_trainers_use_their_configs_and_paper_metadata(tmp_path):
+    tokenizer = make_tiny_tokenizer()
+    for trainer_cls, config_cls, method in [
+        (TACOTrainer, TACOConfig, "taco"), (EAPOTrainer, EAPOConfig, "eapo"), (TIDETrainer, TIDEConfig, "tide"),
+    ]:
+        args = config_cls(
+            output_dir=str(tmp_path / method), use_cpu=True, bf16=False, gradient_checkpointing=False,
+            per_device_train_batch_size=4, num_generations=4, max_completion_length=4, report_to="none",
+        )
+        assert args.credit_method == method and args.epsilon_high == 0.28
+        trainer = trainer_cls(
+            model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
+            train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
+        )
+        assert method in trainer._tag_names and trainer._paper["id"]
+        with pytest.raises(ValueError, match=f"trains with credit_method='{method}'"):
+            other = "taco" if method != "taco" else "eapo"
+            trainer_cls(
+                model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
+                args=tiny_config(other, tmp_path / "x"), train_dataset=tiny_prompt_dataset(),
+            )
+
+
+def test_plain_grpo_config_is_refused(tmp_path):
+    from trl import GRPOConfig
+
+    tokenizer = make_tiny_tokenizer()
+    with pytest.raises(TypeError, match="needs a CreditGRPOConfig"):
+        CreditGRPOTrainer(
+            model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
+            args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False), train_dataset=tiny_prompt_dataset(),
+        )
+
+
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("credit_method", "ppo", "credit_method must be one of"),
+        ("taco_alpha", 0.0, r"taco_alpha must be in \(0, 1\]"),
+        ("taco_lambda", 1.2, r"taco_lambda must be in \[0, 1\]"),
+        ("eapo_kappa", -0.1, "eapo_kappa must be finite and >= 0"),
+        ("eapo_kappa_decay_steps", -1, "eapo_kappa_decay_steps must be >= 0"),
+        ("eapo_quantiles", [0.9, 0.1], "eapo_quantiles must be two values"),
+        ("tide_tau", 0.0, "tide_tau must be finite and > 0"),
+        ("tide_distance", "kl", "tide_distance must be one of"),
+        ("tide_reference", "base", "tide_reference must be one of"),
+        ("tide_vocab_chunk_size", 0, "tide_vocab_chunk_size must be >= 1"),
+    ],
+)
+def test_config_validation_names_bad_value(tmp_path, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config("grpo", tmp_path, **{field: value})
+
+
+def test_eapo_kappa_decays_linearly(monkeypatch, tmp_path):
+    trainer, recorder, _, _ = run_training(monkeypatch, tmp_path, "eapo", eapo_kappa_decay_steps=2)
+    kappas = [entry["eapo/kappa"] for entry in trainer.state.log_history if "eapo/kappa" in entry]
+    assert kappas == pytest.approx([math.log(4), math.log(4) / 2, 0.0])
+
+
+def test_tide_old_reference_tracks_previous_policy(monkeypatch, tmp_path):
+    trainer, recorder, before, after = run_training(monkeypatch, tmp_path, "tide", tide_reference="old")
+    deviations = [entry["tide/mean_deviation"] for entry in trainer.state.log_history if "tide/mean_deviation" in entry]
+    assert deviations[0] == pytest.approx(0.0, abs=1e-6)  # nothing has moved before the first batch
+    assert deviations[1] > 0
+    assert_all_params_changed(before, after)
