@@ -337,6 +337,11 @@ _JS = """
     }
     count.textContent = shown + ' shown';
   }
+  // Filters can be preset from the address (?step=3&sign=pos&threshold=0.5), which makes views shareable.
+  const query = new URLSearchParams(location.search);
+  if (query.has('step')) step.value = query.get('step');
+  if (query.has('sign')) sign.value = query.get('sign');
+  if (thr && query.has('threshold')) thr.value = query.get('threshold');
   for (const el of [step, sign, thr]) if (el) el.addEventListener('input', apply);
   document.addEventListener('mouseover', (e) => {
     if (e.target.classList && e.target.classList.contains('tok')) info.textContent = e.target.title;
@@ -381,7 +386,8 @@ def render_token_credit_html(
 
     Each token's background is `weight_hex(Â/A)`; hovering shows its log-prob, entropy and method
     statistic. Filters: step, sign of the sequence advantage, and a threshold on the method statistic
-    (completions whose largest statistic is below it are hidden, tokens below it are dimmed).
+    (completions whose largest statistic is below it are hidden, tokens below it are dimmed); they can
+    be preset from the address, e.g. `token_credit.html?step=3&sign=pos&threshold=0.5`.
     """
     steps = sorted({record["step"] for record in records})
     statistic_names = sorted({record["statistic_name"] for record in records if record["statistic_name"]})
