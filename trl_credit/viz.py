@@ -430,6 +430,15 @@ def write_token_credit_html(
     return path
 
 
+def embed_html(records: Sequence[dict[str, Any]], *, height: int = 600, title: str = "Token credit") -> str:
+    """The page as an `<iframe srcdoc>` for notebooks (`IPython.display.HTML(embed_html(records))`).
+
+    The iframe isolates the page's CSS and script from the notebook's, and needs no file or server.
+    """
+    page = html.escape(render_token_credit_html(records, title=title), quote=True)
+    return f'<iframe srcdoc="{page}" style="width: 100%; height: {int(height)}px; border: 1px solid #ddd"></iframe>'
+
+
 # --------------------------------------------------------------------------------------------------
 # PNG
 # --------------------------------------------------------------------------------------------------
