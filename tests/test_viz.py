@@ -59,6 +59,21 @@ def test_record_zero_advantage_has_unit_weights_and_no_statistic():
     assert record["statistic"] is None and record["statistic_name"] is None
 
 
+def test_records_from_batch(tiny_tokenizer):
+    ids_BT = torch.tensor([tiny_tokenizer.convert_tokens_to_ids(["so", "7", "<pad>"]),
+                           tiny_tokenizer.convert_tokens_to_ids(["the", "answer", "is"])])
+    mask_BT = ids_BT != tiny_tokenizer.pad_token_id
+    advantages_B = torch.tensor([1.0, -1.0])
+    records = viz.token_credit_records_from_batch(
+        step=5, method="tide", prompts=["p0", "p1"], completions=["so 7", "the answer is"], rewards_B=torch.tensor([1.0, 0.0]),
+        advantages_B=advantages_B, completion_ids_BT=ids_BT, token_advantages_BT=advantages_B[:, None] * torch.full((2, 3), 1.5),
+        logps_BT=torch.zeros(2, 3), entropies_BT=torch.ones(2, 3), mask_BT=mask_BT, tokenizer=tiny_tokenizer,
+        statistic_BT=torch.rand(2, 3), max_records=2,
+    )
+    assert [r["tokens"] for r in records] == [["so", "7"], ["the", "answer", "is"]]
+    assert records[1]["weights"] == [1.5, 1.5, 1.5] and records[1]["statistic_name"] == "deviation"
+
+
 def test_record_rejects_misaligned_inputs():
     with pytest.raises(viz.TokenCreditError, match="positions"):
         viz.token_credit_record(
@@ -151,6 +166,13 @@ def test_inspect_missing_run_dir_exits_2(tmp_path, capsys):
     assert inspect_main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "does not exist" in err[0] and "log_token_credit=True" in err[1]
+
+
+def test_dispatcher_runs_inspect(tmp_path, capsys):
+    from trl_credit.cli import main as cli_main
+
+    assert cli_main(["inspect", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.startswith("trl-credit inspect: ")
 
 
 def test_inspect_writes_html_and_png(tmp_path):

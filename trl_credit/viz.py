@@ -155,6 +155,42 @@ def token_credit_record(
     }
 
 
+def token_credit_records_from_batch(
+    *,
+    step: int,
+    method: str,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    rewards_B,
+    advantages_B,
+    completion_ids_BT,
+    token_advantages_BT,
+    logps_BT,
+    entropies_BT,
+    mask_BT,
+    tokenizer,
+    statistic_BT=None,
+    statistic_name: str | None = None,
+    max_records: int | None = None,
+) -> list[dict[str, Any]]:
+    """`token_credit_record` for the first `max_records` rows of a batch (all rows when `None`).
+
+    The `_B` inputs are `(B,)` and the `_BT` inputs `(B, T)` tensors of the completion tokens; `prompts`
+    and `completions` hold the `B` texts. Rows are taken in batch order: pass a shuffled or strided
+    batch to sample across prompt groups.
+    """
+    rows = range(len(completions) if max_records is None else min(max_records, len(completions)))
+    return [
+        token_credit_record(
+            step=step, method=method, prompt=prompts[row], completion=completions[row], reward=float(rewards_B[row]),
+            advantage=float(advantages_B[row]), token_ids=completion_ids_BT[row], token_advantages=token_advantages_BT[row],
+            logps=logps_BT[row], entropies=entropies_BT[row], mask=mask_BT[row], tokenizer=tokenizer,
+            statistic=None if statistic_BT is None else statistic_BT[row], statistic_name=statistic_name,
+        )
+        for row in rows
+    ]
+
+
 def validate_record(record: dict[str, Any]) -> dict[str, Any]:
     """Check that `record` follows the schema (keys present, per-token lists of equal length)."""
     missing = [key for key in RECORD_KEYS if key not in record]
