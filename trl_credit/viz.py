@@ -346,7 +346,7 @@ body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 .header { font-size: .85em; color: #555; margin-bottom: .3em; }
 .prompt { font-size: .85em; color: #777; white-space: pre-wrap; margin-bottom: .4em; }
 .tokens { font-family: ui-monospace, "DejaVu Sans Mono", monospace; white-space: pre-wrap; line-height: 1.9; }
-.tok { border-right: 1px solid #fff; padding: 1px 0; }
+.tok { box-shadow: inset -1px 0 rgba(0, 0, 0, .15); padding: 1px 0; }  /* separates neighbouring white tokens */
 .tok.dim { opacity: .25; }
 .tok:hover { outline: 1px solid #333; }
 .controls input[type=number] { width: 6em; }
@@ -551,7 +551,7 @@ def render_token_credit_png(
         for index, line, column, chunk in pieces:
             y = first_line + 1 + line
             color = [c / 255 for c in weight_rgb(record["weights"][index], log2_range)]
-            ax.add_patch(Rectangle((column, y + 0.08), len(chunk), 0.84, facecolor=color, edgecolor="white", lw=0.4))
+            ax.add_patch(Rectangle((column, y + 0.08), len(chunk), 0.84, facecolor=color, edgecolor="#cccccc", lw=0.4))
             ax.text(column, y + 0.5, chunk, **text_style)
         if len(record["tokens"]) > max_tokens:
             last_line = pieces[-1][1] if pieces else 0
