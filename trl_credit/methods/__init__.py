@@ -4,7 +4,7 @@ Each function maps GRPO's sequence advantages `(B,)` plus per-token statistics `
 advantages `(B, T)`; see `docs/` and the specification for the formulas.
 """
 
-from .eapo import eapo_advantages, eapo_entropy_bounds, eapo_kappa, quantile_linear
+from .eapo import eapo_advantages, eapo_entropy_bounds, eapo_kappa, eapo_normalized_entropy, quantile_linear
 from .taco import taco_advantages, taco_tail_risk
 from .tide import DISTANCES, tide_advantages, tide_scores
 
@@ -13,6 +13,7 @@ __all__ = [
     "eapo_advantages",
     "eapo_entropy_bounds",
     "eapo_kappa",
+    "eapo_normalized_entropy",
     "quantile_linear",
     "taco_advantages",
     "taco_tail_risk",

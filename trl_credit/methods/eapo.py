@@ -42,6 +42,11 @@ def eapo_kappa(kappa: float, step: int, decay_steps: int) -> float:
     return kappa * max(0.0, 1.0 - step / decay_steps)
 
 
+def eapo_normalized_entropy(entropy_BT: torch.Tensor, q_lo: float, q_hi: float) -> torch.Tensor:
+    """`h = clamp((H - q_lo) / (q_hi - q_lo + 1e-8), 0, 1)`: entropy min-max normalised between the bounds."""
+    return ((entropy_BT - q_lo) / (q_hi - q_lo + _EPS)).clamp(0.0, 1.0)
+
+
 @torch.no_grad()
 def eapo_advantages(
     advantages_B: torch.Tensor,
@@ -86,7 +91,7 @@ def eapo_advantages(
 
     # Masked positions are zeroed before exp() so that garbage there cannot overflow.
     entropy_BT = torch.where(valid_BT, entropy_BT, torch.full_like(entropy_BT, q_lo))
-    h_BT = ((entropy_BT - q_lo) / (q_hi - q_lo + _EPS)).clamp(0.0, 1.0)
+    h_BT = eapo_normalized_entropy(entropy_BT, q_lo, q_hi)
     ratio_BT = torch.exp(kappa * torch.sign(adv_B).unsqueeze(1) * h_BT)
     weight_BT = ratio_BT / masked_mean_B(ratio_BT, valid_BT).clamp(min=_EPS).unsqueeze(1)
     token_adv_BT = adv_B.unsqueeze(1) * weight_BT

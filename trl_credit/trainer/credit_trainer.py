@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -26,11 +27,20 @@ from accelerate.utils import is_peft_model
 from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import create_model_from_path, disable_dropout_in_model, get_config_model_id, use_adapter
+from trl.trainer.utils import (
+    create_model_from_path,
+    disable_dropout_in_model,
+    get_comet_experiment_url,
+    get_config_model_id,
+    get_trackio_space_url,
+    use_adapter,
+)
+from transformers import is_wandb_available
 
 from ..methods import (
     eapo_advantages,
     eapo_kappa,
+    eapo_normalized_entropy,
     quantile_linear,
     taco_advantages,
     taco_tail_risk,
@@ -39,6 +49,9 @@ from ..methods import (
 )
 from ..statistics import hellinger_and_entropy
 from .config import CreditGRPOConfig
+
+if is_wandb_available():
+    import wandb
 
 _ENTROPY_PAD = -1e9  # sentinel for padding gathered entropies; real entropies are >= 0
 
@@ -135,6 +148,7 @@ class CreditGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------- generation batch
 
     def _generate_and_score_completions(self, inputs):
+        statistic_BT = None  # the method's per-token statistic, kept for the token-credit log
         if self.credit_method != "eapo":
             batch = super()._generate_and_score_completions(inputs)
         else:
@@ -146,9 +160,11 @@ class CreditGRPOTrainer(GRPOTrainer):
             # The first policy forward TRL runs is the old-log-prob one, when it runs at all; otherwise it
             # may have been the reference forward, so the capture is discarded.
             entropy_BT = captured[0] if captured and "old_per_token_logps" in batch else None
-            batch["advantages"] = self._eapo_advantages(batch, entropy_BT)
+            batch["advantages"], statistic_BT = self._eapo_advantages(batch, entropy_BT)
         if self.credit_method == "tide":
-            batch["advantages"] = self._tide_advantages(batch)
+            batch["advantages"], statistic_BT = self._tide_advantages(batch)
+        if self.args.log_token_credit and self.model.training and self.state.global_step % self.args.logging_steps == 0:
+            self._log_token_credit(batch, statistic_BT)
         return batch
 
     def _valid_mask(self, batch) -> torch.Tensor:
@@ -185,7 +201,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._log_credit_metrics(
             "eapo", batch["advantages"], advantages_BT, mask_BT, extra={"q_lo": q_lo, "q_hi": q_hi, "kappa": kappa}
         )
-        return advantages_BT
+        return advantages_BT, eapo_normalized_entropy(entropy_BT, q_lo, q_hi)
 
     def _global_entropy_quantiles(self, entropy_BT, mask_BT, quantiles) -> tuple[float, float]:
         """Entropy quantiles over the valid tokens of the whole generation batch, on every process."""
@@ -216,7 +232,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         if args.tide_reference == "old":
             # The next batch measures deviation from the policy as it is now.
             self._tide_reference.load_state_dict(self.accelerator.unwrap_model(self.model).state_dict())
-        return advantages_BT
+        return advantages_BT, deviation_BT
 
     @torch.no_grad()
     def _tide_statistics(self, batch, mask_BT) -> tuple[torch.Tensor, torch.Tensor]:
@@ -304,6 +320,93 @@ class CreditGRPOTrainer(GRPOTrainer):
         return advantages_BT
 
     # ---------------------------------------------------------------------------------------------- logging
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = rewards_per_func  # (all processes' rows, reward funcs): for the token log
+        return rewards_per_func
+
+    @torch.no_grad()
+    def _log_token_credit(self, batch, statistic_BT) -> None:
+        """Append per-token credit of a few completions to `output_dir/token_credit.jsonl`.
+
+        Rows are spread over the local batch so that several prompt groups appear. Every process runs the
+        small forward (ZeRO-3 forwards are collective); only the main process writes.
+        """
+        from ..viz import append_token_credit, token_credit_records_from_batch
+
+        num_rows = batch["completion_ids"].size(0)
+        rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
+        sub = {key: batch[key][rows] for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+        sub.update({key: batch[key][rows] for key in ("tool_mask",) if key in batch})
+        mask_bT = self._valid_mask(sub)
+        input_ids = torch.cat([sub["prompt_ids"], sub["completion_ids"]], dim=1)
+        attention_mask = torch.cat([sub["prompt_mask"], sub["completion_mask"]], dim=1)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps_bT, entropy_bT, _ = self._get_per_token_logps_and_entropies(
+                self.model, input_ids, attention_mask, sub["completion_ids"].size(1), compute_entropy=True
+            )
+        advantages = batch["advantages"][rows]
+        advantages_b = advantages if advantages.dim() == 1 else self._sequence_advantages_B(advantages, mask_bT)
+        if self.credit_method == "taco":
+            # What the first training forward will compute on these rows: the policy has not moved yet.
+            advantages = taco_advantages(advantages_b, logps_bT, entropy_bT, mask_bT, self.args.taco_alpha, self.args.taco_lambda)
+            statistic_BT = taco_tail_risk(logps_bT.float(), entropy_bT.float(), self.args.taco_alpha)
+        elif statistic_BT is not None:
+            statistic_BT = statistic_BT[rows]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1) * mask_bT
+        if not self.accelerator.is_main_process:
+            return
+        first_row = self.accelerator.process_index * num_rows
+        rewards_per_func = self._last_rewards_per_func[first_row + rows.to(self._last_rewards_per_func.device)]
+        rewards_b = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
+        decode = lambda ids_bT, m_bT: [  # noqa: E731
+            self.processing_class.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(ids_bT, m_bT)
+        ]
+        records = token_credit_records_from_batch(
+            step=self.state.global_step, method=self.credit_method,
+            prompts=decode(sub["prompt_ids"], sub["prompt_mask"]),
+            completions=decode(sub["completion_ids"], sub["completion_mask"]),
+            rewards_B=rewards_b.cpu(), advantages_B=advantages_b.cpu(), completion_ids_BT=sub["completion_ids"].cpu(),
+            token_advantages_BT=advantages.cpu(), logps_BT=logps_bT.cpu(), entropies_BT=entropy_bT.cpu(),
+            mask_BT=mask_bT.cpu(), tokenizer=self.processing_class,
+            statistic_BT=None if statistic_BT is None else statistic_BT.cpu(),
+        )
+        append_token_credit(self.args.output_dir, records)
+
+    @staticmethod
+    def _sequence_advantages_B(advantages_BT, mask_BT) -> torch.Tensor:
+        """Recover `A_i` from EAPO/TIDE token advantages, whose per-response mean over valid tokens is `A_i`."""
+        return (advantages_BT * mask_BT).sum(1) / mask_BT.sum(1).clamp(min=1)
+
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's card, extended with the credit method, its hyperparameters and paper, and training plots."""
+        if not self.is_world_process_zero():
+            return
+        from ..model_card import generate_credit_model_card, load_eval_summaries
+        from ..plots import save_training_plots
+
+        policy = self.accelerator.unwrap_model(self.model)
+        base_model = get_config_model_id(policy.config)
+        plots = save_training_plots(self.state.log_history, self.args.output_dir) if self.state.log_history else []
+        card = generate_credit_model_card(
+            base_model=None if os.path.isdir(base_model) else base_model,
+            model_name=model_name or os.path.basename(os.path.normpath(self.args.output_dir)),
+            hub_model_id=self.hub_model_id,
+            dataset_name=dataset_name,
+            method=self.credit_method,
+            hyperparameters=self.args.credit_hyperparameters(),
+            tags=[*self._tag_names, self.credit_method, *(tags or [])],
+            plots=plots,
+            eval_summary=load_eval_summaries(self.args.output_dir) or None,
+            wandb_url=wandb.run.url if is_wandb_available() and wandb.run is not None else None,
+            trackio_url=get_trackio_space_url(),
+            comet_url=get_comet_experiment_url(),
+            trainer_name=self._name,
+            paper=self._paper,
+        )
+        card.save(os.path.join(self.args.output_dir, "README.md"))
 
     @torch.no_grad()
     def _log_credit_metrics(self, prefix, advantages_B, advantages_BT, mask_BT, valid_BT=None, sums=None,
