@@ -54,14 +54,19 @@ def main() -> None:
         out.flush()
 
 
+def _is_math(parsed: list) -> bool:
+    # Math-Verify falls back to the raw string when sympy cannot read an answer.
+    return any(not isinstance(value, str) for value in parsed)
+
+
 def _check(request: dict, parse_answer, verify) -> dict:
     gold = parse_answer(request["gold"])
-    if not gold:
+    if not _is_math(gold):
         return {"status": "gold_unparseable", "correct": False}
     if "pred" not in request:
         return {"status": "ok", "correct": False}
     pred = parse_answer(request["pred"])
-    if not pred:
+    if not _is_math(pred):  # a raw string never equals a sympy gold answer
         return {"status": "pred_unparseable", "correct": False}
     return {"status": "ok", "correct": bool(verify(gold, pred, timeout_seconds=None))}
 
