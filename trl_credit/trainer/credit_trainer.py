@@ -322,8 +322,16 @@ class CreditGRPOTrainer(GRPOTrainer):
     # ---------------------------------------------------------------------------------------------- logging
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        from ..rewards import REWARD_STATS
+
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards_per_func  # (all processes' rows, reward funcs): for the token log
+        # Answers our math rewards could not score (timeouts, unparseable LaTeX), summed over processes.
+        counts = REWARD_STATS.snapshot_and_reset()
+        totals = self.accelerator.reduce(torch.tensor(list(counts.values()), device=self.accelerator.device), "sum")
+        mode = "train" if self.model.training else "eval"
+        for name, total in zip(counts, totals.tolist()):
+            self._metrics[mode][name].append(float(total))
         return rewards_per_func
 
     @torch.no_grad()

@@ -1,0 +1,111 @@
+"""`trl-credit` and `trl-credit grpo`: help, bad input (exit 2, one line, before any model) and a real run."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trl_credit.cli import main as cli_main
+from trl_credit.cli.grpo import parse_arguments, reward_summary
+from trl_credit.resources import packaged_dir
+
+RECIPES = sorted(p for p in packaged_dir("configs").glob("*.yaml"))
+
+
+def test_top_level_help_and_unknown_command(capsys):
+    assert cli_main(["--help"]) == 0
+    assert "grpo" in capsys.readouterr().out
+    assert cli_main(["fly"]) == 2
+    assert "unknown command 'fly'" in capsys.readouterr().err
+
+
+def test_grpo_help_shows_method_options_with_paper_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["grpo", "--method", "taco", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--taco_alpha", "--taco_lambda", "--eapo_kappa", "--tide_tau", "--accelerate_config"):
+        assert option in out
+    assert "0.01" in out and "0.9" in out
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Any attempt to resolve or load a model fails the test: errors must come first."""
+    import trl_credit.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was reported")
+
+    monkeypatch.setattr(trl_credit.models, "resolve_model_path", refuse)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--method", "ppo"], "--method 'ppo' is not a credit method"),
+        (["--bogus_flag", "1"], "unknown arguments"),
+        (["--method", "taco", "--taco_lambda", "3"], "taco_lambda must be in [0, 1]"),
+        (["--method", "eapo", "--tide_tau", "0.3"], "tide_tau is a TIDE option, but the method is eapo"),
+        (["--method", "eapo", "--config", "configs/taco_qwen3_1.7b_base.yaml"], "given with a config for method taco"),
+        (["--dataset_name", "no-such-source"], "unknown dataset 'no-such-source'"),
+        (["--dataset_name", "gsm8k", "--prompt_column", "nope"], "'nope'"),
+        (["--reward_funcs", "telepathy"], "unknown reward 'telepathy'"),
+        (["--config", "/nonexistent.yaml"], "cannot read --config"),
+        (["--accelerate_config", "no-such-config"], "neither a file nor a packaged config"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_before_any_model(capsys, no_model_loading, argv, message):
+    assert cli_main(["grpo", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trl-credit grpo: error:")
+    assert message in err[0]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_parses_into_the_config_classes(recipe):
+    # GPU recipes ask for bf16, which TrainingArguments refuses on a CPU-only machine: override just that.
+    script_args, training_args, model_args, _ = parse_arguments(["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"])
+    config = yaml.safe_load(recipe.read_text())
+    assert training_args.credit_method == script_args.method == config.get("method", "grpo")
+    for key, value in config.items():
+        parsed = [getattr(args, key) for args in (script_args, training_args, model_args) if hasattr(args, key)]
+        assert parsed, f"{recipe.name}: {key} did not reach any argument class"
+    if script_args.accelerate_config:
+        from trl_credit.resources import accelerate_config_path
+
+        assert accelerate_config_path(script_args.accelerate_config).is_file()
+
+
+def test_flags_override_yaml_defaults():
+    _, training_args, _, _ = parse_arguments(["--method", "taco", "--learning_rate", "3e-4", "--taco_alpha", "0.05"])
+    assert training_args.learning_rate == 3e-4 and training_args.taco_alpha == 0.05
+    assert training_args.max_completion_length == 48  # from the packaged quickstart recipe
+
+
+def test_reward_summary_is_honest():
+    history = [{"reward": r} for r in (0.1, 0.2, 0.1, 0.5, 0.6, 0.4)]
+    assert reward_summary(history).startswith("reward improved: mean 0.150")
+    assert reward_summary(list(reversed(history))).startswith("reward did not improve")
+
+
+def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8)))
+    recipe = tmp_path / "recipe.yaml"
+    output_dir = tmp_path / "run"
+    recipe.write_text(yaml.safe_dump({
+        "method": "taco", "model_name_or_path": tiny_model_dir, "dataset_name": str(data),
+        "reward_funcs": ["accuracy", "format"], "output_dir": str(output_dir), "use_cpu": True, "bf16": False,
+        "gradient_checkpointing": False, "per_device_train_batch_size": 4, "num_generations": 4,
+        "max_completion_length": 6, "max_steps": 2, "logging_steps": 1, "report_to": "none",
+        "save_strategy": "no", "log_token_credit": True,
+    }))
+    assert cli_main(["grpo", "--config", str(recipe), "--taco_lambda", "0.5"]) == 0
+    produced = {p.name for p in output_dir.iterdir()}
+    assert {"model.safetensors", "README.md", "plots", "token_credit.jsonl", "trainer_state.json"} <= produced or (
+        {"model.safetensors", "README.md", "plots", "token_credit.jsonl"} <= produced
+    )
+    card = (output_dir / "README.md").read_text()
+    assert "taco_lambda" in card and "0.5" in card and "2607.07976" in card
