@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset  # noqa: E402
+from conftest import make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset  # noqa: E402
 
 import trl_credit  # noqa: E402
 from trl_credit import CreditGRPOTrainer  # noqa: E402
@@ -39,6 +39,11 @@ from trl_credit.statistics import hellinger_and_entropy  # noqa: E402
 METHODS = ("grpo", "taco", "eapo", "tide")
 STEPS = 3
 ROW_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+
+
+def char_reward(completions, **kwargs):
+    """Varies within a group even when every completion has the maximal number of tokens."""
+    return [float(len(c[0]["content"]) % 7) for c in completions]
 
 
 def _cpu(tensor):
@@ -98,7 +103,7 @@ def train_all_methods(out: Path) -> None:
             method, out / method, max_steps=STEPS, taco_alpha=0.5,  # alpha 0.5: enough tail tokens to compare
         )
         trainer = RecordingTrainer(
-            model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
+            model=make_tiny_model(tokenizer), reward_funcs=char_reward, args=args,
             train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
         )
         assert trainer.accelerator.num_processes == 2, trainer.accelerator.state
