@@ -255,7 +255,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
         positions = slice(prompt_len - 1, prompt_len - 1 + completion_len)
         step = self._forward_batch_size()
-        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+        with (
+            disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+            _unsharded_root(policy),
+            _unsharded_root(reference) if reference is not policy else nullcontext(),
+        ):
             for start in range(0, input_ids.size(0), step):
                 rows = slice(start, start + step)
                 rows_valid_bT = valid_BT[rows]
@@ -459,6 +463,26 @@ class CreditGRPOTrainer(GRPOTrainer):
 def _final_hidden(model, input_ids, attention_mask) -> torch.Tensor:
     """`(b, L, H)` final (post-norm) hidden states, without computing the LM head."""
     return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+@contextmanager
+def _unsharded_root(model):
+    """Under FSDP2, gather the root module's own parameters (embeddings, final norm, LM head) for the duration.
+
+    `_final_hidden` calls the decoder directly, which skips the root's pre-forward hook that normally unshards them;
+    the decoder layers are their own FSDP units and unshard in their own hooks. No-op for any other model (ZeRO-3
+    hooks every sub-module, so calling the decoder there gathers what it needs).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
 
 
 @contextmanager
