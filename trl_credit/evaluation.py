@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from .data import PreparedDataset, prepare_math_dataset
-from .rewards import DEFAULT_VERIFY_TIMEOUT_S, REWARD_STATS, check_answers
+from .rewards import DEFAULT_VERIFY_TIMEOUT_S, check_answers, tally
 
 logger = logging.getLogger(__name__)
 
@@ -331,16 +331,15 @@ def run_evaluation(
         backend = build_backend(config, resolve_model_path(config.model_name_or_path))
 
     started = time.monotonic()
-    completions = backend.generate(problems["prompt"], config.n)
+    completions = backend.generate(list(problems["prompt"]), config.n)
     generation_s = time.monotonic() - started
     if len(completions) != len(problems) or any(len(group) != config.n for group in completions):
         raise RuntimeError(f"the backend returned {[len(g) for g in completions]} completions, expected {config.n} each")
 
-    REWARD_STATS.snapshot_and_reset()
     texts = [c.text for group in completions for c in group]
     golds = [gold for gold in problems["solution"] for _ in range(config.n)]
-    checks = check_answers(texts, golds, timeout_s=config.verify_timeout)
-    scoring = REWARD_STATS.snapshot_and_reset()
+    # Tallied here rather than in REWARD_STATS, whose counts belong to a trainer running in the same process.
+    checks = check_answers(texts, golds, timeout_s=config.verify_timeout, count=False)
 
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -372,7 +371,7 @@ def run_evaluation(
         "n": config.n,
         **summarize(num_correct, config.n, config.k, lengths),
         "dropped_rows": prepared.num_dropped,
-        "scoring": {key.removeprefix("rewards/"): value for key, value in scoring.items()},
+        "scoring": tally(checks),
         "generation_seconds": round(generation_s, 3),
         "config": asdict(config),
     }
