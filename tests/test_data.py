@@ -190,6 +190,10 @@ def test_local_parquet_with_explicit_columns(tmp_path):
     datasets.Dataset.from_list([{"q": "3 * 3?", "gold": "9", "other": 1}]).to_parquet(str(path))
     dataset = load_math_dataset(str(path), prompt_column="q", answer_column="gold")
     assert dataset["solution"] == ["9"] and dataset["problem"] == ["3 * 3?"]
+    array = tmp_path / "p.json"  # a JSON array, with a conversational prompt column
+    array.write_text(json.dumps([{"prompt": [{"role": "user", "content": "2 * 4?"}], "ground_truth": "8"}]))
+    dataset = load_math_dataset(str(array))
+    assert dataset["problem"] == ["2 * 4?"] and dataset["solution"] == ["8"]
 
 
 def test_custom_hub_id_uses_load_dataset(monkeypatch):

@@ -36,7 +36,7 @@ BOXED_INSTRUCTION = "Please reason step by step, and put your final answer withi
 """Appended to every problem (the DeepSeek-R1 / Open-R1 math instruction)."""
 
 AnswerFormat = Literal["plain", "gsm8k", "boxed", "auto"]
-LOCAL_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 CHAIN_SUM_DEFAULTS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 CHAIN_SUM_SIZE = 1000  # rows generated when `num_samples` is not given
 _CHAIN_SUM_TEST_SEED_OFFSET = 1_000_003  # the test split is drawn from a different seed than the train split
@@ -171,6 +171,25 @@ def _read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _read_local(path: Path) -> list[dict]:
+    """Rows of a `.parquet`, `.jsonl` or `.json` file (a list of objects, or one object a line).
+
+    Read directly rather than through `datasets.load_dataset`, which would cache a copy and print progress bars.
+    """
+    if path.suffix == ".parquet":
+        import pyarrow.parquet
+
+        return pyarrow.parquet.read_table(path).to_pylist()
+    text = path.read_text(encoding="utf-8").strip()
+    if path.suffix == ".json" and text.startswith("["):
+        rows = json.loads(text)
+    else:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if not all(isinstance(row, dict) for row in rows):
+        raise ValueError(f"{path}: expected one JSON object per row")
+    return rows
+
+
 def _chain_sum_rows(split: str, size: int, seed: int, task_options: dict | None) -> list[dict]:
     import reasoning_gym  # imported here: 1 s, and only the chain_sum source needs it
 
@@ -270,7 +289,7 @@ def prepare_math_dataset(
     prompt_column, answer_column = _resolve_columns(present, prompt_column, answer_column, source)
 
     # Visit the rows in a seeded random order when subsampling, so that dropped rows are replaced and only the
-    # golds of the rows kept are parsed (parsing all 7,500 MATH golds takes ~10 s).
+    # golds of the rows kept are parsed (parsing all 7,500 MATH golds takes ~35 s on 2 cores).
     order = list(range(len(rows)))
     if num_samples is not None:
         random.Random(seed).shuffle(order)
@@ -355,7 +374,7 @@ def _read_custom(source: str, split: str | None) -> list[dict]:
             raise ValueError(f"dataset file {source} does not exist")
         if split not in (None, "train"):
             raise ValueError(f"bad split {split!r}: a local file has a single split; leave the split unset")
-        return datasets.load_dataset(LOCAL_SUFFIXES[path.suffix], data_files=str(path), split="train").to_list()
+        return _read_local(path)
     if path.exists() or source.count("/") != 1:
         raise ValueError(
             f"unknown dataset {source!r}: use a named source ({', '.join(SOURCES)}), a local "

@@ -221,9 +221,11 @@ class RewardStats:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(self.KEYS, 0)
 
-    def add(self, key: str, count: int = 1) -> None:
+    def add(self, counts: dict[str, int]) -> None:
+        """Add counts keyed like `KEYS` (e.g. the output of `tally`)."""
         with self._lock:
-            self._counts[key] += count
+            for key, value in counts.items():
+                self._counts[key] += value
 
     def snapshot_and_reset(self) -> dict[str, int]:
         """Counts since the previous call, keyed `rewards/<name>` (ready for the trainer's metrics), then zeroed."""
@@ -277,10 +279,17 @@ def check_answers(
     for i, response in zip(to_verify, responses):
         checks[i] = AnswerCheck(response["correct"], response["status"], extracted[i])
     if count:
-        for check in checks:
-            if check.status in _STATUS_COUNTER:
-                REWARD_STATS.add(_STATUS_COUNTER[check.status])
+        REWARD_STATS.add(tally(checks))
     return checks
+
+
+def tally(checks: Sequence[AnswerCheck]) -> dict[str, int]:
+    """How many `checks` timed out, failed to parse, or had no answer (the keys of `RewardStats.KEYS`)."""
+    counts = dict.fromkeys(RewardStats.KEYS, 0)
+    for check in checks:
+        if check.status in _STATUS_COUNTER:
+            counts[_STATUS_COUNTER[check.status]] += 1
+    return counts
 
 
 def parseable_golds(golds: Sequence[str], *, timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S) -> list[bool]:

@@ -1,0 +1,68 @@
+"""`trl-credit eval`: avg@n, pass@k and mean completion length of a model on a math data set.
+
+Example (offline):
+
+    trl-credit eval --model_name_or_path smollm2-135m-instruct --dataset_name chain_sum --num_problems 20 \
+        --n 4 --max_new_tokens 64
+
+Every input is checked before the model is loaded: a bad flag or value, an unknown data set, a missing column
+or a missing vLLM exits with status 2 and one line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from transformers import HfArgumentParser
+
+from ..evaluation import EvalConfig, check_backend_available, check_model_reference, prepare_eval_data, run_evaluation
+
+PROG = "trl-credit eval"
+
+
+class _UsageError(Exception):
+    """A command-line problem, reported as one line."""
+
+
+class _Parser(HfArgumentParser):
+    def error(self, message: str):  # argparse would print the whole usage block, then exit
+        raise _UsageError(message)
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def main(argv: list[str]) -> int:
+    """Run `trl-credit eval` with the arguments `argv` (without the command name); return the exit status."""
+    parser = _Parser(EvalConfig, prog=PROG, description=__doc__.split("\n\n")[0])
+    try:
+        config, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+        if remaining:
+            raise _UsageError(f"unrecognized arguments: {' '.join(remaining)}")
+        check_model_reference(config.model_name_or_path)
+        check_backend_available(config.backend)
+    except SystemExit as exit_:  # --help
+        return int(exit_.code or 0)
+    except (_UsageError, ValueError) as error:
+        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    try:
+        prepared = prepare_eval_data(config)
+    except ValueError as error:  # unknown source, bad split, missing column: the message names the problem
+        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        return 2
+    except Exception as error:  # noqa: BLE001 - an unknown Hub id, the Hub unreachable offline, an unreadable file
+        print(f"{PROG}: error: cannot load dataset {config.dataset_name!r}: {_one_line(error)}", file=sys.stderr)
+        return 2
+
+    summary = run_evaluation(config, prepared=prepared)
+    metrics = {key: value for key, value in summary.items() if key.startswith(("avg@", "pass@"))}
+    print(json.dumps({**metrics, "mean_completion_length": summary["mean_completion_length"],
+                      "num_problems": summary["num_problems"], "output_dir": config.output_dir}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
