@@ -1,7 +1,6 @@
 """`trl-credit` and `trl-credit grpo`: help, bad input (exit 2, one line, before any model) and a real run."""
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
@@ -69,7 +68,7 @@ def test_every_recipe_parses_into_the_config_classes(recipe):
     script_args, training_args, model_args, _ = parse_arguments(["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"])
     config = yaml.safe_load(recipe.read_text())
     assert training_args.credit_method == script_args.method == config.get("method", "grpo")
-    for key, value in config.items():
+    for key in config:
         parsed = [getattr(args, key) for args in (script_args, training_args, model_args) if hasattr(args, key)]
         assert parsed, f"{recipe.name}: {key} did not reach any argument class"
     if script_args.accelerate_config:

@@ -11,12 +11,11 @@ import math
 
 import pytest
 import torch
+from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
 from trl import GRPOTrainer
 
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
 from trl_credit import CreditGRPOTrainer, EAPOConfig, EAPOTrainer, TACOConfig, TACOTrainer, TIDEConfig, TIDETrainer
 from trl_credit.methods import eapo_advantages, eapo_kappa, taco_advantages, tide_advantages
-from trl_credit.statistics import hellinger_and_entropy_naive
 
 METHODS = ["grpo", "taco", "eapo", "tide"]
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]

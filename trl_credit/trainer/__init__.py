@@ -1,16 +1,5 @@
-from .config import CREDIT_METHODS, CreditGRPOConfig
-from .credit_trainer import CreditGRPOTrainer
-from .methods import METHODS, EAPOConfig, EAPOTrainer, TACOConfig, TACOTrainer, TIDEConfig, TIDETrainer
+"""The credit-assignment GRPO trainer, its config, and the single-method pairs (re-exported by `trl_credit`)."""
 
-__all__ = [
-    "CREDIT_METHODS",
-    "METHODS",
-    "CreditGRPOConfig",
-    "CreditGRPOTrainer",
-    "EAPOConfig",
-    "EAPOTrainer",
-    "TACOConfig",
-    "TACOTrainer",
-    "TIDEConfig",
-    "TIDETrainer",
-]
+from .config import CREDIT_METHODS, CreditGRPOConfig  # noqa: F401
+from .credit_trainer import CreditGRPOTrainer  # noqa: F401
+from .methods import METHODS, EAPOConfig, EAPOTrainer, TACOConfig, TACOTrainer, TIDEConfig, TIDETrainer  # noqa: F401

@@ -48,6 +48,17 @@ class TIDEConfig(CreditGRPOConfig):
     epsilon_high: float | None = field(default=0.28, metadata={"help": _CLIP_HIGHER_HELP})
 
 
+def _paper(title: str, arxiv_id: str, key: str) -> dict:
+    """TRL's `_paper` record: title, arXiv id and a BibTeX entry (the model card cites it)."""
+    citation = textwrap.dedent(f"""\
+        @article{{{key},
+            title        = {{{{{title}}}}},
+            year         = 2026,
+            eprint       = {{arXiv:{arxiv_id}}},
+        }}""")
+    return {"title": title, "id": arxiv_id, "citation": citation}
+
+
 class TACOTrainer(CreditGRPOTrainer):
     """GRPO with TACO: positive credit of implausible tail tokens is shrunk (statistics from the training forward)."""
 
@@ -55,17 +66,11 @@ class TACOTrainer(CreditGRPOTrainer):
     _credit_method = "taco"
     _tag_names = ["trl", "grpo", "trl-credit", "taco"]
     _name = "TACO"
-    _paper = {
-        "title": "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
-        "id": "2607.07976",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @article{taco2026,
-                title        = {{When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning}},
-                year         = 2026,
-                eprint       = {arXiv:2607.07976},
-            }"""),
-    }
+    _paper = _paper(
+        "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
+        "2607.07976",
+        "taco2026",
+    )
 
 
 class EAPOTrainer(CreditGRPOTrainer):
@@ -75,17 +80,11 @@ class EAPOTrainer(CreditGRPOTrainer):
     _credit_method = "eapo"
     _tag_names = ["trl", "grpo", "trl-credit", "eapo"]
     _name = "EAPO"
-    _paper = {
-        "title": "Surprising Success, Repeated Failure: Entropy-Guided Credit Assignment for Exploration in LLM Reasoning",
-        "id": "2609.33781",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @article{eapo2026,
-                title        = {{Surprising Success, Repeated Failure: Entropy-Guided Credit Assignment for Exploration in LLM Reasoning}},
-                year         = 2026,
-                eprint       = {arXiv:2609.33781},
-            }"""),
-    }
+    _paper = _paper(
+        "Surprising Success, Repeated Failure: Entropy-Guided Credit Assignment for Exploration in LLM Reasoning",
+        "2609.33781",
+        "eapo2026",
+    )
 
 
 class TIDETrainer(CreditGRPOTrainer):
@@ -95,17 +94,9 @@ class TIDETrainer(CreditGRPOTrainer):
     _credit_method = "tide"
     _tag_names = ["trl", "grpo", "trl-credit", "tide"]
     _name = "TIDE"
-    _paper = {
-        "title": "TIDE: Token-Level Credit Assignment via Entropy-Gated Bounded Deviation",
-        "id": "2605.03327",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @article{tide2026,
-                title        = {{TIDE: Token-Level Credit Assignment via Entropy-Gated Bounded Deviation}},
-                year         = 2026,
-                eprint       = {arXiv:2605.03327},
-            }"""),
-    }
+    _paper = _paper(
+        "TIDE: Token-Level Credit Assignment via Entropy-Gated Bounded Deviation", "2605.03327", "tide2026"
+    )
 
 
 # One mapping from method name to its config and trainer: the CLI and the docs read it.
