@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import warnings
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -82,6 +83,12 @@ class CreditGRPOTrainer(GRPOTrainer):
                 f"{type(self).__name__} trains with credit_method={self._credit_method!r}, but args.credit_method is "
                 f"{args.credit_method!r}; use CreditGRPOTrainer to choose the method from the config"
             )
+        if args.hub_token:
+            warnings.warn(
+                "hub_token is pickled into training_args.bin, which push_to_hub uploads; log in with `hf auth login` "
+                "or set HF_TOKEN instead",
+                stacklevel=2,
+            )
         self.credit_method = args.credit_method
         self._taco_batch = None  # the micro-batch whose TACO advantages the next training forward fills in
         self._rollout_entropies = None  # list that captures the first policy forward of a generation batch
@@ -137,7 +144,7 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     @staticmethod
     def _check_tide_support(policy) -> None:
-        config = policy.config.get_text_config() if hasattr(policy.config, "get_text_config") else policy.config
+        config = policy.config.get_text_config()
         for name in ("final_logit_softcapping", "logit_scale"):
             if getattr(config, name, None) not in (None, 1.0):
                 raise ValueError(
