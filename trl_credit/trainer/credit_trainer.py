@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from contextlib import contextmanager, nullcontext
 
 import torch
 from accelerate.utils import is_peft_model
+from safetensors.torch import load_model, save_model
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.models.utils import disable_gradient_checkpointing
@@ -41,6 +45,9 @@ from ..statistics import hellinger_and_entropy
 from .config import CreditGRPOConfig
 
 _ENTROPY_PAD = -1e9  # sentinel for padding gathered entropies; real entropies are >= 0
+TIDE_OLD_REFERENCE_NAME = "tide_old_reference.safetensors"  # checkpoint file of TIDE's 'old' reference
+
+logger = logging.get_logger(__name__)
 
 
 class CreditGRPOTrainer(GRPOTrainer):
@@ -263,6 +270,30 @@ class CreditGRPOTrainer(GRPOTrainer):
                 deviation_BT[rows][rows_valid_bT] = deviation_n
                 entropy_BT[rows][rows_valid_bT] = entropy_n
         return deviation_BT, entropy_BT
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        # TIDE's 'old' reference is the policy of the previous generation batch, not the checkpoint's weights.
+        if self.credit_method == "tide" and self.args.tide_reference == "old" and self.args.should_save:
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            path = os.path.join(self._get_output_dir(trial=trial), folder, TIDE_OLD_REFERENCE_NAME)
+            save_model(self.accelerator.unwrap_model(self._tide_reference), path)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or self.credit_method != "tide" or self.args.tide_reference != "old":
+            return
+        path = os.path.join(checkpoint, TIDE_OLD_REFERENCE_NAME)
+        if os.path.exists(path):
+            load_model(self.accelerator.unwrap_model(self._tide_reference), path, device=str(self.accelerator.device))
+        else:
+            logger.warning(
+                f"{checkpoint} has no {TIDE_OLD_REFERENCE_NAME}: TIDE's 'old' reference starts from the resumed policy "
+                "instead of the policy of the previous generation batch."
+            )
+            self._tide_reference.load_state_dict(self.accelerator.unwrap_model(self.model).state_dict())
 
     # ------------------------------------------------------------------------------------- training forward
 
