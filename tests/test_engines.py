@@ -24,7 +24,7 @@ import yaml
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
 from test_trainer import AdvantageRecorder, assert_all_params_changed
 from trl_credit import CreditGRPOTrainer
-from trl_credit.trainer.credit_trainer import _full_lm_head, _unsharded_root
+from trl_credit.trainer.credit_trainer import _full_lm_head, _unsharded_root, _vocab_size
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "accelerate"
@@ -103,6 +103,17 @@ def test_full_lm_head_zero3_branch_with_fake_deepspeed(monkeypatch):
         assert events == [("enter", [(6, 4), (6,)], None)]  # read-only gather (no modifier rank) of weight and bias
         assert weight is head.weight and bias is head.bias
     assert events[-1] == ("exit",)
+
+
+def test_vocab_size_of_a_zero3_partitioned_head():
+    """UNIT TEST OF THE BRANCH ONLY: ZeRO-3 leaves a partitioned parameter empty and records its shape as `ds_shape`
+    (deepspeed/runtime/zero/partition_parameters.py); TIDE's entropy gate divides by log of the vocabulary size."""
+    model = make_tiny_model(make_tiny_tokenizer())
+    vocab = model.lm_head.weight.shape[0]
+    assert _vocab_size(model) == vocab
+    weight = model.lm_head.weight
+    weight.ds_shape, weight.data = weight.shape, torch.empty(0)
+    assert _vocab_size(model) == vocab
 
 
 # ---------------------------------------------------------------------------------------- vLLM-style rollouts

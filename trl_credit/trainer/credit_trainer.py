@@ -207,7 +207,7 @@ class CreditGRPOTrainer(GRPOTrainer):
     def _tide_advantages(self, batch) -> torch.Tensor:
         mask_BT = self._valid_mask(batch)
         deviation_BT, entropy_BT = self._tide_statistics(batch, mask_BT)
-        vocab_size = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.shape[0]
+        vocab_size = _vocab_size(self.accelerator.unwrap_model(self.model))
         args = self.args
         advantages_BT = tide_advantages(
             batch["advantages"], deviation_BT, entropy_BT, mask_BT, vocab_size,
@@ -383,6 +383,15 @@ class CreditGRPOTrainer(GRPOTrainer):
 def _final_hidden(model, input_ids, attention_mask) -> torch.Tensor:
     """`(b, L, H)` final (post-norm) hidden states, without computing the LM head."""
     return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def _vocab_size(model) -> int:
+    """Rows of the LM head; ZeRO-3 empties partitioned parameters (`shape == (0,)`) and keeps the shape in `ds_shape`.
+
+    An FSDP2 DTensor reports its global shape, so it needs nothing special.
+    """
+    weight = model.get_output_embeddings().weight
+    return getattr(weight, "ds_shape", weight.shape)[0]
 
 
 @contextmanager
