@@ -234,3 +234,31 @@ def test_gpu_check_cpu_smoke_run():
     results = gpu_check.main(["--device", "cpu", "--tiny", "--steps", "1", "--prompts", "2", "--max_completion_length", "4"])
     assert [r["method"] for r in results] == ["grpo", "taco", "eapo", "tide"]
     assert all(r["steps"] == 1 and r["step_s"] > 0 for r in results)
+
+
+# ------------------------------------------------------------------------------------------ multi-node SLURM
+
+
+def test_slurm_multinode_dry_run(tmp_path):
+    """The SLURM example parses, puts vLLM on the last node, and writes per-node accelerate configs that load."""
+    import os
+    import subprocess
+
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    script = ROOT / "examples" / "slurm_multinode.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    env = dict(os.environ, DRY_RUN="1", NODELIST="n1 n2 n3", RUN_DIR=str(tmp_path), METHOD="eapo")
+    proc = subprocess.run(["bash", str(script), "--max_steps", "7"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    server, train = [line for line in proc.stdout.splitlines() if line.startswith(("srun", "trl-credit"))]
+    assert "--nodelist=n3 trl vllm-serve" in server
+    assert train.startswith("trl-credit grpo --method eapo")
+    for flag in ("--use_vllm", "--vllm_mode server", "--vllm_server_host n3", "--max_steps 7",
+                 f"--accelerate_config {tmp_path}/accelerate_node0.yaml"):
+        assert flag in train, flag
+    config = load_config_from_file(str(tmp_path / "accelerate_node0.yaml"))
+    assert (config.num_machines, config.num_processes, config.machine_rank) == (2, 16, 0)
+    assert config.main_process_ip == "n1" and config.distributed_type.value == "DEEPSPEED"
+    one_node = subprocess.run(["bash", str(script)], env=dict(env, NODELIST="n1"), capture_output=True, text=True)
+    assert one_node.returncode == 2 and "at least 2 nodes" in one_node.stderr
