@@ -173,6 +173,7 @@ class ISRecorder(CreditGRPOTrainer):
 @pytest.mark.parametrize("method", ["grpo", "taco", "eapo", "tide"])
 @pytest.mark.parametrize("is_mode", ["token_truncate", "sequence_mask"])
 def test_vllm_importance_sampling_path(monkeypatch, tmp_path, method, is_mode):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     tokenizer = make_tiny_tokenizer()
     args = tiny_config(method, tmp_path / "out", vllm_importance_sampling_mode=is_mode, vllm_importance_sampling_clip_max=2.0)
     trainer = ISRecorder(
