@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import make_tiny_model, make_tiny_tokenizer
+
 from trl_credit.methods import eapo_advantages, eapo_kappa, taco_advantages, taco_tail_risk, tide_advantages
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,6 +25,10 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 from accelerate.utils import is_peft_model
+from safetensors.torch import load_model, save_model
+from transformers import is_wandb_available
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.utils import logging
 from trl import GRPOTrainer
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.models.utils import disable_gradient_checkpointing
@@ -36,7 +40,6 @@ from trl.trainer.utils import (
     get_trackio_space_url,
     use_adapter,
 )
-from transformers import is_wandb_available
 
 from ..methods import (
     eapo_advantages,
@@ -55,6 +58,9 @@ if is_wandb_available():
     import wandb
 
 _ENTROPY_PAD = -1e9  # sentinel for padding gathered entropies; real entropies are >= 0
+TIDE_OLD_REFERENCE_NAME = "tide_old_reference.safetensors"  # checkpoint file of TIDE's 'old' reference
+
+logger = logging.get_logger(__name__)
 
 
 class CreditGRPOTrainer(GRPOTrainer):
@@ -223,7 +229,7 @@ class CreditGRPOTrainer(GRPOTrainer):
     def _tide_advantages(self, batch) -> torch.Tensor:
         mask_BT = self._valid_mask(batch)
         deviation_BT, entropy_BT = self._tide_statistics(batch, mask_BT)
-        vocab_size = self.accelerator.unwrap_model(self.model).get_output_embeddings().weight.shape[0]
+        vocab_size = _vocab_size(self.accelerator.unwrap_model(self.model))
         args = self.args
         advantages_BT = tide_advantages(
             batch["advantages"], deviation_BT, entropy_BT, mask_BT, vocab_size,
@@ -286,6 +292,30 @@ class CreditGRPOTrainer(GRPOTrainer):
                 deviation_BT[rows][rows_valid_bT] = deviation_n
                 entropy_BT[rows][rows_valid_bT] = entropy_n
         return deviation_BT, entropy_BT
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        # TIDE's 'old' reference is the policy of the previous generation batch, not the checkpoint's weights.
+        if self.credit_method == "tide" and self.args.tide_reference == "old" and self.args.should_save:
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            path = os.path.join(self._get_output_dir(trial=trial), folder, TIDE_OLD_REFERENCE_NAME)
+            save_model(self.accelerator.unwrap_model(self._tide_reference), path)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or self.credit_method != "tide" or self.args.tide_reference != "old":
+            return
+        path = os.path.join(checkpoint, TIDE_OLD_REFERENCE_NAME)
+        if os.path.exists(path):
+            load_model(self.accelerator.unwrap_model(self._tide_reference), path, device=str(self.accelerator.device))
+        else:
+            logger.warning(
+                f"{checkpoint} has no {TIDE_OLD_REFERENCE_NAME}: TIDE's 'old' reference starts from the resumed policy "
+                "instead of the policy of the previous generation batch."
+            )
+            self._tide_reference.load_state_dict(self.accelerator.unwrap_model(self.model).state_dict())
 
     # ------------------------------------------------------------------------------------- training forward
 
@@ -470,6 +500,15 @@ class CreditGRPOTrainer(GRPOTrainer):
 def _final_hidden(model, input_ids, attention_mask) -> torch.Tensor:
     """`(b, L, H)` final (post-norm) hidden states, without computing the LM head."""
     return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+def _vocab_size(model) -> int:
+    """Rows of the LM head; ZeRO-3 empties partitioned parameters (`shape == (0,)`) and keeps the shape in `ds_shape`.
+
+    An FSDP2 DTensor reports its global shape, so it needs nothing special.
+    """
+    weight = model.get_output_embeddings().weight
+    return getattr(weight, "ds_shape", weight.shape)[0]
 
 
 @contextmanager

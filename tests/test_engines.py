@@ -1,0 +1,264 @@
+"""Scale-out engines as far as a CPU allows: accelerate configs, the ZeRO-3 head branch, vLLM-style rollouts, gpu_check.
+
+* The accelerate YAMLs load with accelerate's own config loader and mirror TRL's.
+* vLLM is emulated by a `rollout_func` returning completions and sampling log-probs, with `use_vllm` switched on
+  after construction: TRL's real vLLM code then runs the old-log-prob forward, computes the importance-sampling
+  ratio and multiplies the per-token loss by it. EAPO must reuse that forward's entropies (no extra forward) and
+  every method's token advantages must be the pure functions' output.
+* FSDP2 is tested for real with two processes in `test_multiprocess.py`; DeepSpeed is not installed in CI, so its
+  ZeRO-3 branch of `_full_lm_head` is checked here against a *fake* `deepspeed` module (a unit test of the branch
+  only, clearly not a product test).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from test_trainer import AdvantageRecorder, assert_all_params_changed
+
+from trl_credit import CreditGRPOTrainer
+from trl_credit.trainer.credit_trainer import _full_lm_head, _unsharded_root, _vocab_size
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs" / "accelerate"
+
+
+# ------------------------------------------------------------------------------------------- accelerate configs
+
+
+@pytest.mark.parametrize(
+    "name,distributed_type,extra",
+    [
+        ("single_gpu", "NO", {}),
+        ("multi_gpu", "MULTI_GPU", {}),
+        ("zero2", "DEEPSPEED", {"zero_stage": 2}),
+        ("zero3", "DEEPSPEED", {"zero_stage": 3, "zero3_init_flag": True}),
+        ("fsdp2", "FSDP", {"fsdp_version": 2}),
+    ],
+)
+def test_accelerate_configs_load_and_mirror_trl(name, distributed_type, extra):
+    import trl
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    path = CONFIGS / f"{name}.yaml"
+    config = load_config_from_file(str(path))
+    assert config.distributed_type.value == distributed_type
+    assert config.mixed_precision == "bf16" and config.num_machines == 1
+    section = config.deepspeed_config if distributed_type == "DEEPSPEED" else config.fsdp_config
+    for key, value in extra.items():
+        assert section[key] == value, key
+    ours = yaml.safe_load(path.read_text())
+    theirs = yaml.safe_load((Path(trl.__file__).parent / "accelerate_configs" / f"{name}.yaml").read_text())
+    assert ours == theirs
+
+
+def test_accelerate_launch_parser_accepts_the_configs():
+    """`accelerate launch --config_file` fills every field from each YAML without complaint."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    for path in sorted(CONFIGS.glob("*.yaml")):
+        args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+        args, defaults, _ = _validate_launch_command(args)
+        assert defaults is not None and args.num_processes == defaults.num_processes
+        assert args.use_deepspeed == (defaults.distributed_type.value == "DEEPSPEED")
+        assert args.use_fsdp == (defaults.distributed_type.value == "FSDP")
+
+
+# ------------------------------------------------------------------------------------------------- LM head
+
+
+def test_full_lm_head_and_unsharded_root_are_identity_without_sharding():
+    model = make_tiny_model(make_tiny_tokenizer())
+    with _unsharded_root(model), _full_lm_head(model) as (weight, bias):
+        assert weight is model.lm_head.weight and bias is None
+
+
+def test_full_lm_head_zero3_branch_with_fake_deepspeed(monkeypatch):
+    """UNIT TEST OF THE BRANCH ONLY (fake `deepspeed` module): parameters tagged with `ds_id`, as ZeRO-3 tags its
+    partitioned parameters, are gathered with `deepspeed.zero.GatheredParameters` for the duration of the block."""
+    events = []
+
+    @contextmanager
+    def gathered_parameters(params, modifier_rank=None):
+        events.append(("enter", [tuple(p.shape) for p in params], modifier_rank))
+        yield
+        events.append(("exit",))
+
+    fake = types.ModuleType("deepspeed")
+    fake.zero = types.SimpleNamespace(GatheredParameters=gathered_parameters)
+    monkeypatch.setitem(sys.modules, "deepspeed", fake)
+    head = torch.nn.Linear(4, 6, bias=True)
+    for param in head.parameters():
+        param.ds_id = 0
+    model = types.SimpleNamespace(get_output_embeddings=lambda: head)
+    with _full_lm_head(model) as (weight, bias):
+        assert events == [("enter", [(6, 4), (6,)], None)]  # read-only gather (no modifier rank) of weight and bias
+        assert weight is head.weight and bias is head.bias
+    assert events[-1] == ("exit",)
+
+
+def test_vocab_size_of_a_zero3_partitioned_head():
+    """UNIT TEST OF THE BRANCH ONLY: ZeRO-3 leaves a partitioned parameter empty and records its shape as `ds_shape`
+    (deepspeed/runtime/zero/partition_parameters.py); TIDE's entropy gate divides by log of the vocabulary size."""
+    model = make_tiny_model(make_tiny_tokenizer())
+    vocab = model.lm_head.weight.shape[0]
+    assert _vocab_size(model) == vocab
+    weight = model.lm_head.weight
+    weight.ds_shape, weight.data = weight.shape, torch.empty(0)
+    assert _vocab_size(model) == vocab
+
+
+# ---------------------------------------------------------------------------------------- vLLM-style rollouts
+
+
+class FakeVLLMGeneration:
+    """Stands in for TRL's `VLLMGeneration`; only `sync_weights` is reached when a `rollout_func` generates."""
+
+    def __init__(self):
+        self.syncs = 0
+
+    def sync_weights(self):
+        self.syncs += 1
+
+
+def make_rollout_func(max_tokens=6, noise=0.3):
+    """Completions sampled from the policy, with log-probs perturbed like an inference engine's (bf16 kernels...)."""
+    generator = torch.Generator().manual_seed(0)
+
+    @torch.no_grad()
+    def rollout(prompts, trainer):
+        tokenizer, model = trainer.processing_class, trainer.accelerator.unwrap_model(trainer.model)
+        prompt_ids, completion_ids, logprobs = [], [], []
+        for prompt in prompts:
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+            completion, token_logps = [], []
+            for _ in range(max_tokens):
+                logits = model(input_ids=torch.tensor([ids + completion])).logits[0, -1].float() / trainer.temperature
+                logp = torch.log_softmax(logits, dim=-1)
+                token = torch.multinomial(logp.exp(), 1, generator=generator).item()
+                completion.append(token)
+                token_logps.append(logp[token].item() + noise * torch.randn(1, generator=generator).item())
+            prompt_ids.append(ids)
+            completion_ids.append(completion)
+            logprobs.append(token_logps)
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
+
+    return rollout
+
+
+class ISRecorder(CreditGRPOTrainer):
+    """Records the importance-sampling ratios and how often EAPO needed its own entropy forward."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.is_ratios, self.extra_entropy_forwards = [], 0
+
+    def _policy_entropies(self, batch):
+        self.extra_entropy_forwards += 1
+        return super()._policy_entropies(batch)
+
+    def _compute_loss(self, model, inputs):
+        self.is_ratios.append(inputs["importance_sampling_ratio"])
+        return super()._compute_loss(model, inputs)
+
+
+@pytest.mark.parametrize("method", ["grpo", "taco", "eapo", "tide"])
+@pytest.mark.parametrize("is_mode", ["token_truncate", "sequence_mask"])
+def test_vllm_importance_sampling_path(monkeypatch, tmp_path, method, is_mode):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
+    tokenizer = make_tiny_tokenizer()
+    args = tiny_config(method, tmp_path / "out", vllm_importance_sampling_mode=is_mode, vllm_importance_sampling_clip_max=2.0)
+    trainer = ISRecorder(
+        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer, rollout_func=make_rollout_func(),
+    )
+    # What `use_vllm=True` would set up, minus the engine: TRL's generation-batch and loss code take the vLLM branch.
+    trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
+    assert trainer.vllm_importance_sampling_correction
+    recorder = AdvantageRecorder(monkeypatch, trainer)  # independent recomputation of the consumed advantages
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+
+    assert recorder.checked_batches == 3
+    assert trainer.vllm_generation.syncs == 3  # one weight sync per generation batch
+    assert trainer.extra_entropy_forwards == 0  # EAPO read the old-log-prob forward's entropies
+    ratios = torch.cat([r.flatten() for r in trainer.is_ratios])
+    assert ratios.numel() and (ratios != 1).any()  # the correction really multiplied the per-token loss
+    log = trainer.state.log_history[0]
+    assert "sampling/importance_sampling_ratio/mean" in log
+    assert_all_params_changed(before, dict(trainer.model.named_parameters()))
+
+
+def test_eapo_without_old_logps_runs_one_entropy_forward(tmp_path):
+    """Contrast for the test above: on-policy without vLLM there is no old-log-prob forward to reuse."""
+    tokenizer = make_tiny_tokenizer()
+    trainer = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=tiny_config("eapo", tmp_path / "out"),
+        train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
+    )
+    calls = []
+    original = trainer._policy_entropies
+    trainer._policy_entropies = lambda batch: calls.append(1) or original(batch)
+    trainer.train()
+    assert len(calls) == 3
+
+
+# ------------------------------------------------------------------------------------------------- gpu_check
+
+
+def _gpu_check():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu_check
+
+
+def test_gpu_check_refuses_clearly_without_cuda(monkeypatch):
+    gpu_check = _gpu_check()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="CUDA is not available"):
+        gpu_check.main(["--model", "unused"])
+
+
+def test_gpu_check_cpu_smoke_run():
+    gpu_check = _gpu_check()
+    results = gpu_check.main(["--device", "cpu", "--tiny", "--steps", "1", "--prompts", "2", "--max_completion_length", "4"])
+    assert [r["method"] for r in results] == ["grpo", "taco", "eapo", "tide"]
+    assert all(r["steps"] == 1 and r["step_s"] > 0 for r in results)
+
+
+# ------------------------------------------------------------------------------------------ multi-node SLURM
+
+
+def test_slurm_multinode_dry_run(tmp_path):
+    """The SLURM example parses, puts vLLM on the last node, and writes per-node accelerate configs that load."""
+    import os
+    import subprocess
+
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    script = ROOT / "examples" / "slurm_multinode.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    env = dict(os.environ, DRY_RUN="1", NODELIST="n1 n2 n3", RUN_DIR=str(tmp_path), METHOD="eapo")
+    proc = subprocess.run(["bash", str(script), "--max_steps", "7"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    server, train = [line for line in proc.stdout.splitlines() if line.startswith(("srun", "trl-credit"))]
+    assert "--nodelist=n3 trl vllm-serve" in server
+    assert train.startswith("trl-credit grpo --method eapo")
+    for flag in ("--use_vllm", "--vllm_mode server", "--vllm_server_host n3", "--max_steps 7",
+                 f"--accelerate_config {tmp_path}/accelerate_node0.yaml"):
+        assert flag in train, flag
+    config = load_config_from_file(str(tmp_path / "accelerate_node0.yaml"))
+    assert (config.num_machines, config.num_processes, config.machine_rank) == (2, 16, 0)
+    assert config.main_process_ip == "n1" and config.distributed_type.value == "DEEPSPEED"
+    one_node = subprocess.run(["bash", str(script)], env=dict(env, NODELIST="n1"), capture_output=True, text=True)
+    assert one_node.returncode == 2 and "at least 2 nodes" in one_node.stderr

@@ -1,0 +1,89 @@
+"""Resuming from a checkpoint continues a run exactly: same method state, same advantages, same weights.
+
+Run A trains 4 steps and saves checkpoint-2 on the way; run B is a fresh trainer built like A (from the initial
+model, as a resumed job is) that resumes from A's checkpoint-2. Transformers restores the RNG states, so B generates
+the same completions as A at steps 3-4, and every logged metric of those steps (rewards, losses, gradient norms, the
+method's statistics: EAPO's decayed kappa and quantiles, TIDE's deviation from its reference) and the final weights
+must equal A's. TIDE's 'old' reference (the policy of the previous generation batch) is not in the model weights:
+the trainer saves it next to them, and this test fails without that.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+
+from trl_credit import CreditGRPOTrainer
+from trl_credit.trainer.credit_trainer import TIDE_OLD_REFERENCE_NAME
+
+TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
+
+
+def _trainer(method, output_dir, **overrides):
+    tokenizer = make_tiny_tokenizer()
+    settings = dict(max_steps=4, save_strategy="steps", save_steps=2) | overrides
+    args = tiny_config(method, output_dir, **settings)
+    return CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
+        train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
+    )
+
+
+def _step_logs(trainer, steps):
+    return {e["step"]: e for e in trainer.state.log_history if "loss" in e and e["step"] in steps}
+
+
+@pytest.mark.parametrize(
+    "method,overrides",
+    [
+        ("grpo", {}),
+        ("taco", {}),
+        ("eapo", {"eapo_kappa_decay_steps": 4}),
+        ("tide", {}),
+        ("tide", {"tide_reference": "old"}),
+    ],
+    ids=["grpo", "taco", "eapo-kappa-decay", "tide-ref", "tide-old"],
+)
+def test_resume_equals_uninterrupted_run(tmp_path, method, overrides):
+    uninterrupted = _trainer(method, tmp_path / "a", **overrides)
+    uninterrupted.train()
+    checkpoint = tmp_path / "a" / "checkpoint-2"
+    assert checkpoint.is_dir()
+    assert (checkpoint / TIDE_OLD_REFERENCE_NAME).exists() == (overrides.get("tide_reference") == "old")
+
+    resumed = _trainer(method, tmp_path / "b", **overrides)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 4
+
+    want, got = _step_logs(uninterrupted, {3, 4}), _step_logs(resumed, {3, 4})
+    assert sorted(got) == [3, 4]
+    for step in (3, 4):
+        keys = set(want[step]) - TIMING_KEYS
+        assert keys == set(got[step]) - TIMING_KEYS
+        for key in sorted(keys):
+            if want[step][key] is None:
+                assert got[step][key] is None, key
+            else:
+                assert got[step][key] == pytest.approx(want[step][key], rel=1e-5, abs=1e-7), f"step {step}: {key}"
+    if method == "eapo":
+        assert [got[s]["eapo/kappa"] for s in (3, 4)] == pytest.approx([math.log(4) / 2, math.log(4) / 4])
+    if method == "tide":
+        assert got[3]["tide/mean_deviation"] > 0
+    for (name, p_want), (_, p_got) in zip(uninterrupted.model.named_parameters(), resumed.model.named_parameters()):
+        torch.testing.assert_close(p_got, p_want, atol=1e-7, rtol=1e-6, msg=name)
+
+
+def test_tide_old_checkpoint_without_reference_falls_back_to_resumed_policy(tmp_path, caplog):
+    """A checkpoint written without the reference file (e.g. by an older version) resumes with a warning."""
+    first = _trainer("tide", tmp_path / "a", tide_reference="old", max_steps=2)
+    first.train()
+    checkpoint = tmp_path / "a" / "checkpoint-2"
+    os.remove(checkpoint / TIDE_OLD_REFERENCE_NAME)
+    resumed = _trainer("tide", tmp_path / "b", tide_reference="old", max_steps=3)
+    with caplog.at_level("WARNING"):
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert TIDE_OLD_REFERENCE_NAME in caplog.text
+    (entry,) = [e for e in resumed.state.log_history if e.get("step") == 3 and "loss" in e]
+    assert entry["tide/mean_deviation"] == pytest.approx(0.0, abs=1e-6)  # reference = the resumed policy itself
