@@ -81,14 +81,14 @@ class RecordingTrainer(CreditGRPOTrainer):
         return batch
 
     def _eapo_advantages(self, batch, entropy_BT):
-        advantages_BT = super()._eapo_advantages(batch, entropy_BT)
+        advantages_BT, statistic_BT = super()._eapo_advantages(batch, entropy_BT)
         self._record(batch, advantages_BT)
-        return advantages_BT
+        return advantages_BT, statistic_BT
 
     def _tide_advantages(self, batch):
-        advantages_BT = super()._tide_advantages(batch)
+        advantages_BT, statistic_BT = super()._tide_advantages(batch)
         self._record(batch, advantages_BT)
-        return advantages_BT
+        return advantages_BT, statistic_BT
 
     def _taco_advantages(self, batch, logps_BT, entropy_BT):
         advantages_BT = super()._taco_advantages(batch, logps_BT, entropy_BT)
