@@ -128,12 +128,12 @@ def train_all_methods(out: Path) -> None:
 
 @torch.no_grad()
 def check_fsdp2_tide_helpers(out: Path, rank: int) -> None:
-    """TIDE's `_final_hidden` + `_full_lm_head` on an FSDP2-sharded policy/reference equal the unsharded result."""
+    """TIDE's `final_hidden` + `full_lm_head` on an FSDP2-sharded policy/reference equal the unsharded result."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from trl_credit.trainer.credit_trainer import _final_hidden, _full_lm_head, _unsharded_root
+    from trl_credit.trainer.engines import final_hidden, full_lm_head, unsharded_root
 
     tokenizer = make_tiny_tokenizer()
     plain_policy, plain_reference = make_tiny_model(tokenizer, seed=1), make_tiny_model(tokenizer, seed=2)
@@ -147,18 +147,18 @@ def check_fsdp2_tide_helpers(out: Path, rank: int) -> None:
     attention_mask = torch.ones_like(input_ids)
 
     def statistics(policy_model, reference_model):
-        with _unsharded_root(policy_model), _unsharded_root(reference_model):
-            hidden = _final_hidden(policy_model, input_ids, attention_mask).flatten(0, 1)
-            ref_hidden = _final_hidden(reference_model, input_ids, attention_mask).flatten(0, 1)
-            with _full_lm_head(policy_model) as (weight, bias), _full_lm_head(reference_model) as (ref_weight, ref_bias):
+        with unsharded_root(policy_model), unsharded_root(reference_model):
+            hidden = final_hidden(policy_model, input_ids, attention_mask).flatten(0, 1)
+            ref_hidden = final_hidden(reference_model, input_ids, attention_mask).flatten(0, 1)
+            with full_lm_head(policy_model) as (weight, bias), full_lm_head(reference_model) as (ref_weight, ref_bias):
                 return hellinger_and_entropy(hidden, ref_hidden, weight, ref_weight, bias, ref_bias, vocab_chunk_size=32)
 
     head_was_sharded = isinstance(policy.lm_head.weight, DTensor)
     local_rows = policy.lm_head.weight.to_local().shape[0]
     deviation, entropy = statistics(policy, reference)
     want_deviation, want_entropy = statistics(plain_policy, plain_reference)
-    # Outside the context the root is sharded again; the head alone is gathered by `_full_lm_head`.
-    with _full_lm_head(policy) as (weight, _):
+    # Outside the context the root is sharded again; the head alone is gathered by `full_lm_head`.
+    with full_lm_head(policy) as (weight, _):
         full_head_equal = torch.equal(weight, plain_policy.lm_head.weight)
     result = {
         "head_was_sharded": head_was_sharded,

@@ -6,7 +6,7 @@
   ratio and multiplies the per-token loss by it. EAPO must reuse that forward's entropies (no extra forward) and
   every method's token advantages must be the pure functions' output.
 * FSDP2 is tested for real with two processes in `test_multiprocess.py`; DeepSpeed is not installed in CI, so its
-  ZeRO-3 branch of `_full_lm_head` is checked here against a *fake* `deepspeed` module (a unit test of the branch
+  ZeRO-3 branch of `full_lm_head` is checked here against a *fake* `deepspeed` module (a unit test of the branch
   only, clearly not a product test).
 """
 
@@ -24,7 +24,7 @@ from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_c
 from test_trainer import AdvantageRecorder, assert_all_params_changed
 
 from trl_credit import CreditGRPOTrainer
-from trl_credit.trainer.credit_trainer import _full_lm_head, _unsharded_root, _vocab_size
+from trl_credit.trainer.engines import full_lm_head, unsharded_root, vocab_size
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "accelerate"
@@ -76,7 +76,7 @@ def test_accelerate_launch_parser_accepts_the_configs():
 
 def test_full_lm_head_and_unsharded_root_are_identity_without_sharding():
     model = make_tiny_model(make_tiny_tokenizer())
-    with _unsharded_root(model), _full_lm_head(model) as (weight, bias):
+    with unsharded_root(model), full_lm_head(model) as (weight, bias):
         assert weight is model.lm_head.weight and bias is None
 
 
@@ -98,7 +98,7 @@ def test_full_lm_head_zero3_branch_with_fake_deepspeed(monkeypatch):
     for param in head.parameters():
         param.ds_id = 0
     model = types.SimpleNamespace(get_output_embeddings=lambda: head)
-    with _full_lm_head(model) as (weight, bias):
+    with full_lm_head(model) as (weight, bias):
         assert events == [("enter", [(6, 4), (6,)], None)]  # read-only gather (no modifier rank) of weight and bias
         assert weight is head.weight and bias is head.bias
     assert events[-1] == ("exit",)
@@ -109,10 +109,10 @@ def test_vocab_size_of_a_zero3_partitioned_head():
     (deepspeed/runtime/zero/partition_parameters.py); TIDE's entropy gate divides by log of the vocabulary size."""
     model = make_tiny_model(make_tiny_tokenizer())
     vocab = model.lm_head.weight.shape[0]
-    assert _vocab_size(model) == vocab
+    assert vocab_size(model) == vocab
     weight = model.lm_head.weight
     weight.ds_shape, weight.data = weight.shape, torch.empty(0)
-    assert _vocab_size(model) == vocab
+    assert vocab_size(model) == vocab
 
 
 # ---------------------------------------------------------------------------------------- vLLM-style rollouts

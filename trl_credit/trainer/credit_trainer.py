@@ -21,7 +21,7 @@ import copy
 import math
 import os
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import torch
 from accelerate.utils import is_peft_model
@@ -53,6 +53,7 @@ from ..methods import (
 )
 from ..statistics import hellinger_and_entropy
 from .config import CreditGRPOConfig
+from .engines import final_hidden, full_lm_head, unsharded_root, vocab_size
 
 if is_wandb_available():
     import wandb
@@ -203,7 +204,8 @@ class CreditGRPOTrainer(GRPOTrainer):
     def _forward_batch_size(self) -> int:
         return self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
 
-    def _eapo_advantages(self, batch, entropy_BT: torch.Tensor | None) -> torch.Tensor:
+    def _eapo_advantages(self, batch, entropy_BT: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """EAPO's `(B, T)` advantages and the normalised entropy `h` (for the token-credit log)."""
         mask_BT = self._valid_mask(batch)
         entropy_BT = (self._policy_entropies(batch) if entropy_BT is None else entropy_BT).detach().float()
         q_lo, q_hi = self._global_entropy_quantiles(entropy_BT, mask_BT, self.args.eapo_quantiles)
@@ -226,18 +228,19 @@ class CreditGRPOTrainer(GRPOTrainer):
             return 0.0, 0.0
         return quantile_linear(gathered_N, quantiles[0]).item(), quantile_linear(gathered_N, quantiles[1]).item()
 
-    def _tide_advantages(self, batch) -> torch.Tensor:
+    def _tide_advantages(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """TIDE's `(B, T)` advantages and the deviation `d` (for the token-credit log)."""
         mask_BT = self._valid_mask(batch)
         deviation_BT, entropy_BT = self._tide_statistics(batch, mask_BT)
-        vocab_size = _vocab_size(self.accelerator.unwrap_model(self.model))
+        num_vocab = vocab_size(self.accelerator.unwrap_model(self.model))
         args = self.args
         advantages_BT = tide_advantages(
-            batch["advantages"], deviation_BT, entropy_BT, mask_BT, vocab_size,
+            batch["advantages"], deviation_BT, entropy_BT, mask_BT, num_vocab,
             tau=args.tide_tau, kappa=args.tide_kappa, distance=args.tide_distance,
         )
         valid_BT = mask_BT.bool()
-        gate_BT = (entropy_BT / math.log(vocab_size)).clamp(0, 1)
-        score_BT = tide_scores(deviation_BT, entropy_BT, vocab_size, args.tide_kappa)
+        gate_BT = (entropy_BT / math.log(num_vocab)).clamp(0, 1)
+        score_BT = tide_scores(deviation_BT, entropy_BT, num_vocab, args.tide_kappa)
         self._log_credit_metrics(
             "tide", batch["advantages"], advantages_BT, mask_BT,
             sums={"mean_deviation": deviation_BT, "mean_gate": gate_BT, "mean_score": score_BT}, valid_BT=valid_BT,
@@ -270,19 +273,19 @@ class CreditGRPOTrainer(GRPOTrainer):
         step = self._forward_batch_size()
         with (
             disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
-            _unsharded_root(policy),
-            _unsharded_root(reference) if reference is not policy else nullcontext(),
+            unsharded_root(policy),
+            unsharded_root(reference) if reference is not policy else nullcontext(),
         ):
             for start in range(0, input_ids.size(0), step):
                 rows = slice(start, start + step)
                 rows_valid_bT = valid_BT[rows]
                 if not rows_valid_bT.any():
                     continue
-                hidden_nH = _final_hidden(policy, input_ids[rows], attention_mask[rows])[:, positions][rows_valid_bT]
+                hidden_nH = final_hidden(policy, input_ids[rows], attention_mask[rows])[:, positions][rows_valid_bT]
                 with reference_context:
-                    ref_hidden_nH = _final_hidden(reference, input_ids[rows], attention_mask[rows])[:, positions]
+                    ref_hidden_nH = final_hidden(reference, input_ids[rows], attention_mask[rows])[:, positions]
                 ref_hidden_nH = ref_hidden_nH[rows_valid_bT]
-                with _full_lm_head(policy) as (weight_VH, bias_V), _full_lm_head(reference) as (ref_weight_VH, ref_bias_V):
+                with full_lm_head(policy) as (weight_VH, bias_V), full_lm_head(reference) as (ref_weight_VH, ref_bias_V):
                     deviation_n, entropy_n = hellinger_and_entropy(
                         hidden_nH, ref_hidden_nH, weight_VH, ref_weight_VH, bias_V, ref_bias_V,
                         temperature=self.temperature,
@@ -496,53 +499,3 @@ class CreditGRPOTrainer(GRPOTrainer):
         gathered = gathered[~torch.isnan(gathered)]
         return gathered.max().item() if gathered.numel() else float("nan")
 
-
-def _final_hidden(model, input_ids, attention_mask) -> torch.Tensor:
-    """`(b, L, H)` final (post-norm) hidden states, without computing the LM head."""
-    return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-
-def _vocab_size(model) -> int:
-    """Rows of the LM head; ZeRO-3 empties partitioned parameters (`shape == (0,)`) and keeps the shape in `ds_shape`.
-
-    An FSDP2 DTensor reports its global shape, so it needs nothing special.
-    """
-    weight = model.get_output_embeddings().weight
-    return getattr(weight, "ds_shape", weight.shape)[0]
-
-
-@contextmanager
-def _unsharded_root(model):
-    """Under FSDP2, gather the root module's own parameters (embeddings, final norm, LM head) for the duration.
-
-    `_final_hidden` calls the decoder directly, which skips the root's pre-forward hook that normally unshards them;
-    the decoder layers are their own FSDP units and unshard in their own hooks. No-op for any other model (ZeRO-3
-    hooks every sub-module, so calling the decoder there gathers what it needs).
-    """
-    from torch.distributed.fsdp import FSDPModule
-
-    if not isinstance(model, FSDPModule):
-        yield
-        return
-    model.unshard()
-    try:
-        yield
-    finally:
-        model.reshard()
-
-
-@contextmanager
-def _full_lm_head(model):
-    """Yield the full `(V, H)` LM-head weight and bias, gathering them under DeepSpeed ZeRO-3 or FSDP2."""
-    head = model.get_output_embeddings()
-    params = [p for p in (head.weight, head.bias) if p is not None]
-    if any(hasattr(p, "ds_id") for p in params):  # ZeRO-3 partitions parameters and tags them with ds_id
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(params):
-            yield head.weight, head.bias
-        return
-    from torch.distributed.tensor import DTensor
-
-    # FSDP2 shards parameters as DTensors; the streamed product needs the whole head.
-    yield tuple(p.full_tensor() if isinstance(p, DTensor) else p for p in (head.weight, head.bias))
