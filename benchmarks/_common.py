@@ -46,6 +46,28 @@ def interleaved_medians(fns: dict, repeats: int, inner: int = 1, warmup: int = 1
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def paired_ratios(fns: dict, reference: str, repeats: int, inner: int = 1, warmup: int = 1) -> dict[str, float]:
+    """Median over rounds of (time of each function / time of `reference` in the same round).
+
+    Each round calls every function `inner` times, round-robin; pairing each sample with the reference
+    measured moments before cancels the slow drifts of a shared machine.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    ratios = {name: [] for name in fns}
+    for _ in range(repeats):
+        times = {}
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(inner):
+                fn()
+            times[name] = time.perf_counter() - start
+        for name in fns:
+            ratios[name].append(times[name] / times[reference])
+    return {name: statistics.median(values) for name, values in ratios.items()}
+
+
 def peak_rss_bytes() -> int:
     """This process's resident-set high-water mark (`VmHWM`), in bytes."""
     with open("/proc/self/status") as f:
