@@ -4,11 +4,13 @@
     python benchmarks/step_overhead.py --model smollm2           # SmolLM2-135M-Instruct (or --model /path/to/hf/folder)
     python benchmarks/step_overhead.py --model smollm2 --device cuda
 
-One persistent worker process per method (`grpo`, `taco`, `eapo`, `tide`) builds the same model, data and seed
-and starts `trainer.train()`. A callback pauses every worker after each chunk of `--steps` optimizer steps, and the
-parent releases them one at a time, round-robin, `--repeats` times: the methods take turns on the same cores, so
+Timing: one process builds a trainer per method (`grpo`, `taco`, `eapo`, `tide`, and for the tiny model a second
+`grpo`, the control) from the same model, data and seed, and runs each `trainer.train()` in its own thread. A
+callback pauses a trainer after each chunk of `--steps` optimizer steps; the main thread releases them one at a
+time, round-robin, `--repeats` times, so the methods take turns on the same cores and never run concurrently, and
 machine-wide slowdowns hit them alike. Completions are forced to the full `max_completion_length`
 (`min_new_tokens`), so every method processes the same number of tokens whatever its policy samples.
+Memory: each method then trains a few steps alone in its own process.
 
 Reported per method, as ratios to `grpo`:
 
@@ -39,11 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402  (sets sys.path and offline environment)
 
 METHODS = ["grpo", "taco", "eapo", "tide"]
+CONTROL = "grpo-control"  # a second, identical grpo worker: its ratio to grpo is the run's noise floor
 HOOKS = {  # the trainer methods whose time is the method's own cost
     "taco": ["_taco_advantages"],
     "eapo": ["_eapo_advantages"],
     "tide": ["_tide_advantages"],
     "grpo": [],
+    CONTROL: [],
 }
 
 
@@ -61,29 +65,30 @@ def resolve_model(name: str) -> str:
     return name
 
 
-# ------------------------------------------------------------------------------------------------ worker
+# ------------------------------------------------------------------------------------------------ workers
 
 
-def worker(args) -> None:
-    """Train one method; after every chunk of steps report on stdout and wait for a line on stdin."""
+def setup_worker(args):
     import warnings
 
     import torch
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
-    from transformers import AutoTokenizer, TrainerCallback
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    sys.path.insert(0, str(_common.REPO_ROOT / "tests"))
 
+
+def build_trainer(args, method: str, total_steps: int, callback):
+    """The same model, data, seed and config for every method; `callback` gets the per-step timings."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_prompt_dataset
     from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
 
-    sys.path.insert(0, str(_common.REPO_ROOT / "tests"))
-    from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_prompt_dataset
-
-    method, cuda = args.worker, args.device == "cuda"
-    total_steps = 1 + args.steps * args.repeats
     if args.model == "tiny":
         tokenizer = make_tiny_tokenizer()
         model = make_tiny_model(tokenizer, seed=0, hidden_size=args.tiny_hidden)
@@ -92,20 +97,16 @@ def worker(args) -> None:
         model = args.model  # by path: TRL (and TIDE's reference) load it
     prompts = tiny_prompt_dataset(n_prompts=max(8, total_steps * args.batch // args.generations))
     config = CreditGRPOConfig(
-        output_dir=f"/tmp/trl-credit-bench-{method}-{os.getpid()}", credit_method=method,
-        use_cpu=not cuda, bf16=False, gradient_checkpointing=False, seed=0, learning_rate=1e-5,
+        output_dir=f"/tmp/trl-credit-bench-{method}-{os.getpid()}", credit_method="grpo" if method == CONTROL else method,
+        use_cpu=args.device != "cuda", bf16=False, gradient_checkpointing=False, seed=0, learning_rate=1e-5,
         per_device_train_batch_size=args.batch, num_generations=args.generations,
         max_completion_length=args.completion_length, generation_kwargs={"min_new_tokens": args.completion_length},
         max_steps=total_steps, logging_steps=1, report_to="none", save_strategy="no", dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True,
     )
-    rss_before = _common.current_rss_bytes()
     trainer = CreditGRPOTrainer(model, reward_funcs=length_reward, args=config, train_dataset=prompts,
                                 processing_class=tokenizer)
-    rss_built = _common.current_rss_bytes()
-
-    hook_time = [0.0]
-    for name in HOOKS[method]:
+    for name in HOOKS[method]:  # time the method's own hooks
         original = getattr(trainer, name)
 
         def timed(*a, _original=original, **k):
@@ -113,17 +114,24 @@ def worker(args) -> None:
             try:
                 return _original(*a, **k)
             finally:
-                hook_time[0] += time.perf_counter() - start
+                callback.hook_time += time.perf_counter() - start
 
         setattr(trainer, name, timed)
+    trainer.add_callback(callback)
+    return trainer
+
+
+def make_pacer(chunk: int, pause):
+    """A callback recording step times (after one warm-up step) and calling `pause()` every `chunk` steps."""
+    from transformers import TrainerCallback
 
     class Pacer(TrainerCallback):
         def __init__(self):
             self.steps, self.trl_step_times, self.credit = [], [], []
-            self.start = self.credit_at_start = 0.0
+            self.start = self.hook_time = self.hook_at_start = 0.0
 
         def on_step_begin(self, *_, **__):
-            self.credit_at_start = hook_time[0]
+            self.hook_at_start = self.hook_time
             self.start = time.perf_counter()
 
         def on_log(self, _args, state, control, logs=None, **kwargs):
@@ -133,61 +141,100 @@ def worker(args) -> None:
         def on_step_end(self, _args, state, control, **kwargs):
             if state.global_step > 1:  # step 1 is warm-up (lazy initialisation, first allocations)
                 self.steps.append(time.perf_counter() - self.start)
-                self.credit.append(hook_time[0] - self.credit_at_start)
-            elif cuda:
-                torch.cuda.reset_peak_memory_stats()
-            if (state.global_step - 1) % args.steps == 0:
-                report(final=False)
-                sys.stdin.readline()  # wait for our turn
+                self.credit.append(self.hook_time - self.hook_at_start)
+            if (state.global_step - 1) % chunk == 0:
+                pause(state.global_step)
 
-    pacer = Pacer()
+    return Pacer()
 
-    def report(final: bool):
-        result = {"method": method, "final": final, "steps": pacer.steps, "trl_step_times": pacer.trl_step_times,
-                  "credit": pacer.credit, "peak_rss": _common.peak_rss_bytes(), "rss_before": rss_before,
-                  "rss_built": rss_built}
-        if cuda:
-            result["cuda_peak"] = torch.cuda.max_memory_allocated()
-        print("RESULT " + json.dumps(result), flush=True)
 
-    trainer.add_callback(pacer)
+def timing_worker(args) -> dict:
+    """All methods in this one process, one thread each, released one chunk at a time, round-robin.
+
+    Sharing a process removes process-to-process differences (heap layout, cache placement) that otherwise bias
+    the ratios by several percent; the threads never run concurrently.
+    """
+    import queue
+    import threading
+
+    setup_worker(args)
+    total_steps = 1 + args.steps * args.repeats
+    paused, go = queue.Queue(), {m: threading.Event() for m in args.methods}
+    pacers, threads = {}, {}
+
+    for method in args.methods:
+        def pause(step, _method=method):
+            paused.put(_method)
+            go[_method].wait()
+            go[_method].clear()
+
+        pacers[method] = make_pacer(args.steps, pause)
+        trainer = build_trainer(args, method, total_steps, pacers[method])
+        threads[method] = threading.Thread(target=trainer.train, name=method, daemon=True)
+        threads[method].start()
+        assert paused.get() == method  # warm-up step done; it waits for its first turn
+    for round_index in range(args.repeats):
+        for method in args.methods:
+            go[method].set()
+            assert paused.get() == method
+        print(f"round {round_index + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+    for method in args.methods:
+        go[method].set()
+        threads[method].join()
+    return {m: {"steps": p.steps, "trl_step_times": p.trl_step_times, "credit": p.credit} for m, p in pacers.items()}
+
+
+def memory_worker(args) -> dict:
+    """One method in its own process: peak memory of a short run (1 warm-up + `--steps` steps)."""
+    import torch
+
+    setup_worker(args)
+    cuda = args.device == "cuda"
+
+    def pause(step):
+        if step == 1 and cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    rss_before = _common.current_rss_bytes()
+    trainer = build_trainer(args, args.worker, 1 + args.steps, make_pacer(1, pause))
+    rss_built = _common.current_rss_bytes()
     trainer.train()
-    report(final=True)
+    result = {"peak_rss": _common.peak_rss_bytes(), "rss_before": rss_before, "rss_built": rss_built}
+    if cuda:
+        result["cuda_peak"] = torch.cuda.max_memory_allocated()
+    return result
 
 
 # ------------------------------------------------------------------------------------------------ parent
 
 
+def run_worker(args, role: str, parallel: list | None = None):
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--resolved-model", args.model, "--worker", role]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    if parallel is not None:
+        parallel.append(proc)
+        return proc
+    return collect(proc, role)
+
+
+def collect(proc, role):
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        sys.exit(f"worker {role} failed with exit code {proc.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def run(args) -> dict:
-    base_cmd = [sys.executable, __file__, *sys.argv[1:], "--resolved-model", args.model]
-    workers = {}
+    results = {m: {} for m in args.methods}
+    # Memory: one process per method, in parallel for the tiny model, one after the other otherwise.
+    parallel = [] if args.model == "tiny" else None
+    procs = {m: run_worker(args, m, parallel) for m in args.methods}
+    for method, proc in procs.items():
+        results[method].update(collect(proc, method) if parallel is not None else proc)
+    timings = run_worker(args, "timing")
     for method in args.methods:
-        workers[method] = subprocess.Popen(
-            [*base_cmd, "--worker", method], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-        )
-
-    def wait_result(method):
-        proc = workers[method]
-        for line in proc.stdout:
-            if line.startswith("RESULT "):
-                return json.loads(line[len("RESULT "):])
-        raise RuntimeError(f"worker {method} exited with {proc.wait()} before reporting")
-
-    latest = {}
-    # Start-up (imports, model build, warm-up step) happens in parallel; each worker then waits at its first pause.
-    for method in args.methods:
-        latest[method] = wait_result(method)
-    for round_index in range(args.repeats):
-        for method in args.methods:  # one method at a time: the others are blocked on stdin
-            workers[method].stdin.write("go\n")
-            workers[method].stdin.flush()
-            latest[method] = wait_result(method)
-        print(f"round {round_index + 1}/{args.repeats} done", file=sys.stderr, flush=True)
-    for method in args.methods:
-        workers[method].stdin.close()
-        latest[method] = wait_result(method)  # the final report after train() returns
-        workers[method].wait()
-    return latest
+        results[method].update(timings[method])
+    return results
 
 
 def summarise(args, results) -> str:
@@ -228,18 +275,27 @@ def main():
     parser.add_argument("--tiny-hidden", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
+    parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=None,
+                        help=f"also run '{CONTROL}', a second grpo worker (default: on for tiny)")
+    parser.add_argument("--worker", choices=[*METHODS, CONTROL, "timing"], help=argparse.SUPPRESS)
     parser.add_argument("--resolved-model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     tiny = args.model == "tiny"
-    args.steps = args.steps or (4 if tiny else 2)
-    args.repeats = args.repeats or (5 if tiny else 3)
+    args.steps = args.steps or (5 if tiny else 2)
+    args.repeats = args.repeats or (10 if tiny else 3)
     args.completion_length = args.completion_length or (64 if tiny else 32)
     if args.worker:
         args.model = args.resolved_model
-        return worker(args)
+        args.methods = [*args.methods, *([CONTROL] if (args.control if args.control is not None else tiny) else [])]
+        if "grpo" not in args.methods:
+            args.methods.insert(0, "grpo")
+        result = timing_worker(args) if args.worker == "timing" else memory_worker(args)
+        print(json.dumps(result), flush=True)
+        return
     if "grpo" not in args.methods:
         args.methods = ["grpo", *args.methods]
+    if args.control if args.control is not None else tiny:
+        args.methods.append(CONTROL)
     label = args.model
     args.model = resolve_model(args.model)
 
@@ -256,9 +312,14 @@ def main():
 step (G = {args.generations}), exactly {args.completion_length} completion tokens each, {args.device.upper()}, {_common.machine_note()}.
 {args.repeats} round-robin rounds of {args.steps} optimizer steps per method (after 1 warm-up step), median over the
 {args.repeats * args.steps} timed steps of each; whole run {elapsed / 60:.1f} min. What each column measures: see the docstring
-of `benchmarks/step_overhead.py` (peak memory on CPU = the worker process's peak resident set, one process per method).
+of `benchmarks/step_overhead.py` (peak memory on CPU = peak resident set of a process that trains only that method).
 
-{table}"""
+{table}
+"""
+    if CONTROL in args.methods:
+        body += f"""
+`{CONTROL}` is a second, identical `grpo` worker: its distance from 1.000x is this run's noise floor for the
+step-time ratios. The "own hooks" column is timed inside each step: the method's cost without that noise."""
     section = "step_overhead_" + ("tiny" if tiny else "model") + ("_cuda" if args.device == "cuda" else "")
     title = f"Step overhead vs GRPO: {'tiny model' if tiny else label}, {args.device.upper()}"
     _common.write_section(section, title, body)
