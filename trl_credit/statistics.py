@@ -7,11 +7,17 @@ For N token positions with final hidden states `h` (policy) and `h_ref` (referen
   distributions, and
 * the policy entropy `H = -sum_v p_v log p_v`.
 
-Both follow from three online log-sum-exp accumulators over vocabulary chunks:
-`log Z_p`, `log Z_q` and `log sum_v exp((l_v + l'_v) / 2)`, since
-`sum_v sqrt(p_v q_v) = exp(LSE((l + l') / 2) - (log Z_p + log Z_q) / 2)`, and the entropy is
-`log s - u / s` with `s = sum exp(l - m)` and `u = sum exp(l - m) (l - m)` for the running max `m`.
-Peak extra memory is O(token_chunk_size x vocab_chunk_size) instead of O(N x V).
+Both follow from online log-sum-exp accumulators over vocabulary chunks, kept per token in base 2 (the
+`log2(e) / temperature` scale is folded into the hidden states, so the kernel calls `exp2`, cheaper than `exp` on
+CPU). With `e = 2^(l - m)` and `e' = 2^(l' - m')` relative to the running maxima of the policy and reference logits:
+
+* `s = sum e`, `s' = sum e'` (normalisers), `u = sum e (l - m)` (so `H = ln 2 (log2 s - u / s)`);
+* `g = sum sqrt(e e')`, so `sum_v sqrt(p_v q_v) = g / sqrt(s s')`: the Bhattacharyya sum costs a multiply and a
+  square root per logit instead of a third exponential.
+
+Each `(token chunk x vocabulary chunk)` block is computed into one of three preallocated buffers and updated in
+place, so the extra memory is `3 x token_chunk_size x vocab_chunk_size` floats plus O(N), whatever N and V; the
+vocabulary loop is outermost so that each LM-head chunk is cast to float32 once.
 """
 
 from __future__ import annotations
@@ -94,7 +100,7 @@ def hellinger_and_entropy(
             ref_nC.sub_(max_q[rows].unsqueeze(1))
             torch.exp2(logits_nC, out=exp_nC)
             chunk_sum_p = exp_nC.sum(dim=1)
-            chunk_moment_p = torch.linalg.vecdot(exp_nC, logits_nC)
+            chunk_moment_p = logits_nC.mul_(exp_nC).sum(dim=1)  # in place: vecdot would allocate an (n, c) product
             chunk_sum_q = ref_nC.exp2_().sum(dim=1)
             chunk_geo = exp_nC.mul_(ref_nC).sqrt_().sum(dim=1)
             if old is None:
