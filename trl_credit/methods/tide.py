@@ -92,11 +92,12 @@ def tide_advantages(
     if max_log2 + math.log2(max(valid_BT.shape[1], 1)) > 120:
         if max_log2 > 120:  # tau < ~0.012: shift each row by its own largest valid score
             row_max_B = torch.where(valid_BT.bool(), logits_BT, -math.inf).amax(dim=1).clamp(min=0.0)
-            logits_BT.sub_(row_max_B.unsqueeze(1))
+            logits_BT.sub_(row_max_B.unsqueeze(1)).clamp_(max=0.0)  # masked scores may exceed the valid max
         else:
             logits_BT.sub_(max_log2)
     exp_BT = logits_BT.exp2_().mul_(valid_BT)
     # w = count * softmax, so A w = exp * (A * count / sum); a row without valid tokens gets 0.
     count_B = valid_BT.sum(dim=1)
-    scale_B = advantages_B.float() * count_B / exp_BT.sum(dim=1).clamp(min=1e-30)
+    # A row with valid tokens sums to >= 2^-120 (see the shift above); an empty one to 0, with count 0.
+    scale_B = advantages_B.float() * count_B / exp_BT.sum(dim=1).clamp(min=torch.finfo(torch.float32).tiny)
     return exp_BT.mul_(scale_B.unsqueeze(1))
