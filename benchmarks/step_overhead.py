@@ -158,6 +158,7 @@ def timing_worker(args) -> dict:
     import threading
 
     setup_worker(args)
+    parts = instrument_parts()
     total_steps = 1 + args.steps * args.repeats
     paused, go = queue.Queue(), {m: threading.Event() for m in args.methods}
     pacers, threads = {}, {}
@@ -181,7 +182,45 @@ def timing_worker(args) -> dict:
     for method in args.methods:
         go[method].set()
         threads[method].join()
-    return {m: {"steps": p.steps, "trl_step_times": p.trl_step_times, "credit": p.credit} for m, p in pacers.items()}
+    return {m: {"steps": p.steps, "trl_step_times": p.trl_step_times, "credit": p.credit,
+                "parts": {k: v / max(len(p.steps) + 1, 1) for k, v in parts.get(m, {}).items()}}
+            for m, p in pacers.items()}
+
+
+PARTS = {  # (module attribute or trainer method) -> label, inside the hooks timed above
+    "_final_hidden": "hidden-state forwards (policy + reference)",
+    "hellinger_and_entropy": "streamed Hellinger/entropy",
+    "_policy_entropies": "rollout-entropy forward",
+}
+
+
+def instrument_parts() -> dict:
+    """Accumulate the time of the expensive parts of each method's hooks, per thread (= method), per call."""
+    import threading
+
+    from trl_credit.trainer import credit_trainer
+
+    totals: dict = {}
+
+    def wrap(owner, name):
+        original = getattr(owner, name)
+
+        def timed(*a, **k):
+            start = time.perf_counter()
+            try:
+                return original(*a, **k)
+            finally:
+                method = threading.current_thread().name
+                label = PARTS[name]
+                totals.setdefault(method, {}).setdefault(label, 0.0)
+                totals[method][label] += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+    wrap(credit_trainer, "_final_hidden")
+    wrap(credit_trainer, "hellinger_and_entropy")
+    wrap(credit_trainer.CreditGRPOTrainer, "_policy_entropies")
+    return totals
 
 
 def memory_worker(args) -> dict:
@@ -255,6 +294,11 @@ def summarise(args, results) -> str:
             g, g0 = r["peak_rss"] - r["rss_built"], base["peak_rss"] - base["rss_built"]
             growth = f"{g / 2**20:.0f} MiB ({(g - g0) / 2**20:+.0f})"
         rows.append([f"`{method}`", f"{step / base_step:.3f}x", f"{trl / base_trl:.3f}x", f"{credit:.1%}", mem, growth])
+    breakdown = []
+    for method in args.methods:
+        for label, seconds in sorted(results[method].get("parts", {}).items()):
+            breakdown.append(f"{method}: {label} {seconds / base_step:.1%} of a grpo step")
+    args.breakdown = "; ".join(breakdown)
     header = ["method", "step time / grpo", "TRL `step_time` / grpo", "own hooks / grpo step",
               "peak memory (ratio to grpo)", "peak growth in training (vs grpo)"]
     if args.device == "cuda":
@@ -315,6 +359,10 @@ step (G = {args.generations}), exactly {args.completion_length} completion token
 of `benchmarks/step_overhead.py` (peak memory on CPU = peak resident set of a process that trains only that method).
 
 {table}
+"""
+    if args.breakdown:
+        body += f"""
+Inside the hooks (per step, includes the warm-up step's share): {args.breakdown}.
 """
     if CONTROL in args.methods:
         body += f"""

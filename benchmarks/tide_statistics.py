@@ -148,7 +148,7 @@ def main():
     parser.add_argument("--vocab-chunk", type=int, default=16384)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--budget-gb", type=float, default=6.0, help="largest predicted naive peak to run")
+    parser.add_argument("--budget-gb", type=float, default=4.0, help="largest predicted naive peak to run")
     parser.add_argument("--max-streamed", type=float, default=1.7e9, help="largest N x V for the streamed path")
     parser.add_argument("--qwen3-tokenizer", default=TOKENIZER_GUESS)
     parser.add_argument("--no-write", action="store_true")
