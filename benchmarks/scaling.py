@@ -125,7 +125,7 @@ def main():
 
 * training step of GRPO itself: generation 2 N_params + forward/backward 6 N_params = {step_flops / 1e9:.0f} GFLOP;
 * TACO: 0 extra FLOPs of model compute (statistics come from the training forward); reshaping ~{reshaping[-1]['ratios']['taco'] * reshaping[-1]['floor_ns']:.0f} ns
-  per token on this CPU (table above) -- for 1M tokens per step, ~{reshaping[-1]['ratios']['taco'] * reshaping[-1]['floor_ns'] * 1e-3:.0f} ms;
+  per token on this CPU (table above) -- for 1M tokens per step, ~{reshaping[-1]["ratios"]["taco"] * reshaping[-1]["floor_ns"]:.1f} ms;
 * EAPO: one extra no-grad forward, 2 N_params = {eapo_extra / 1e9:.0f} GFLOP = {eapo_extra / step_flops:.0%} of the step's FLOPs (0 when TRL
   already runs the old-log-prob forward: off-policy steps or vLLM importance sampling, which it reuses);
 * TIDE: policy + reference hidden-state forwards 2 x 2 N_params = {4 * params / 1e9:.0f} GFLOP, plus the two LM heads
