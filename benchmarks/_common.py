@@ -93,15 +93,14 @@ def available_memory_bytes() -> int:
     raise RuntimeError("MemAvailable not found in /proc/meminfo")
 
 
-def machine_note() -> str:
+def machine_note(threads: int | None = None) -> str:
+    """One line describing the machine; `threads` = the torch threads the measuring process used."""
     import platform
 
     import torch
 
-    return (
-        f"{platform.machine()}, {os.cpu_count()} CPU cores (shared), torch {torch.__version__}, "
-        f"{torch.get_num_threads()} torch thread(s)"
-    )
+    threads = torch.get_num_threads() if threads is None else threads
+    return f"{platform.machine()}, {os.cpu_count()} CPU cores (shared), torch {torch.__version__}, {threads} torch thread(s)"
 
 
 def markdown_table(header: list[str], rows: list[list]) -> str:

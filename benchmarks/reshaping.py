@@ -144,7 +144,7 @@ def main():
     if args.no_write:
         return
     body = f"""`python benchmarks/reshaping.py --batch {args.batch} --length {args.length} --repeats {args.repeats}`;
-B x T = {args.batch} x {args.length} float32, TRL's int32 0/1 mask, {_common.machine_note()}. Median of
+B x T = {args.batch} x {args.length} float32, TRL's int32 0/1 mask, {_common.machine_note(args.threads)}. Median of
 {args.repeats} interleaved rounds ({args.inner} calls each) of the ratio to the floor timed in the same round; absolute floor
 time in parentheses, for scale only.
 `eapo` is the reshaping with precomputed batch bounds (how the trainer calls it); `eapo_quantiles` is the bound

@@ -358,7 +358,7 @@ def main():
     model_desc = (f"tiny random Qwen2 (tests/conftest.py, hidden {args.tiny_hidden}, 2 layers, vocab ~150)" if tiny
                   else f"`{label}` ({args.model})")
     body = f"""`python benchmarks/step_overhead.py --model {label} --device {args.device}`: {model_desc}; {args.batch} completions per
-step (G = {args.generations}), exactly {args.completion_length} completion tokens each, {args.device.upper()}, {_common.machine_note()}.
+step (G = {args.generations}), exactly {args.completion_length} completion tokens each, {args.device.upper()}, {_common.machine_note(args.threads)}.
 {args.repeats} round-robin rounds of {args.steps} optimizer steps per method (after 1 warm-up step), median over the
 {args.repeats * args.steps} timed steps of each; whole run {elapsed / 60:.1f} min. What each column measures: see the docstring
 of `benchmarks/step_overhead.py` (peak memory on CPU = peak resident set of a process that trains only that method).

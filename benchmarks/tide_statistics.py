@@ -206,7 +206,7 @@ def main():
         return
     body = f"""`python benchmarks/tide_statistics.py --hidden {args.hidden}`: H = {args.hidden} (smaller than real models -- Qwen2.5-0.5B has
 896, 32B has 5120 -- to keep CPU time sane: the matmul share of both paths grows with H), chunks {args.token_chunk} tokens x
-{args.vocab_chunk} vocabulary rows (the trainer's defaults), {_common.machine_note()}. Median of {args.repeats} interleaved runs;
+{args.vocab_chunk} vocabulary rows (the trainer's defaults), {_common.machine_note(args.threads)}. Median of {args.repeats} interleaved runs;
 whole run {elapsed / 60:.1f} min. {vocab_note}
 
 {table}
