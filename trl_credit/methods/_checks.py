@@ -78,10 +78,3 @@ def check_range(name: str, value: float, low: float, high: float, low_open: bool
     if not (above and below):
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
         raise ValueError(f"{name} must be in {interval}, got {value}")
-
-
-def masked_mean_B(values_BT: torch.Tensor, valid_BT: torch.Tensor) -> torch.Tensor:
-    """Mean over the valid positions of each row; 0 for a row without any."""
-    counts_B = valid_BT.sum(dim=1)
-    total_B = torch.where(valid_BT, values_BT, torch.zeros_like(values_BT)).sum(dim=1)
-    return total_B / counts_B.clamp(min=1)
