@@ -38,3 +38,31 @@ def test_identical_models_have_zero_deviation_and_extreme_logits_stay_finite():
 def test_bad_chunk_size_is_rejected():
     with pytest.raises(ValueError, match="chunk sizes must be >= 1"):
         hellinger_and_entropy(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(4, 3), vocab_chunk_size=0)
+
+
+@pytest.mark.parametrize("token_chunk,vocab_chunk", [(4096, 100_000), (7, 3000), (64, 1)])
+def test_streamed_edge_chunks_low_precision_heads_and_both_biases(token_chunk, vocab_chunk):
+    g = torch.Generator().manual_seed(1)
+    n, h, v = 50, 16, 3000
+    hidden = torch.randn(n, h, generator=g) * 3
+    ref_hidden = torch.randn(n, h, generator=g) * 3  # unrelated: deviations close to 1
+    weight = torch.randn(v, h, generator=g).bfloat16()
+    ref_weight = torch.randn(v, h, generator=g).bfloat16()
+    bias, ref_bias = torch.randn(v, generator=g), torch.randn(v, generator=g)
+    args = (hidden, ref_hidden, weight, ref_weight, bias, ref_bias, 0.7)
+    streamed = hellinger_and_entropy(*args, token_chunk_size=token_chunk, vocab_chunk_size=vocab_chunk)
+    for got, want in zip(streamed, hellinger_and_entropy_naive(*args)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert streamed[0].mean() > 0.5
+
+
+def test_streamed_matches_float64():
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(40, 32, generator=g)
+    weight = torch.randn(5000, 32, generator=g) * 0.4
+    ref_weight = weight + 0.05 * torch.randn(5000, 32, generator=g)
+    deviation, entropy = hellinger_and_entropy(hidden, hidden, weight, ref_weight, vocab_chunk_size=777)
+    logp = torch.log_softmax(hidden.double() @ weight.double().T, -1)
+    logq = torch.log_softmax(hidden.double() @ ref_weight.double().T, -1)
+    torch.testing.assert_close(deviation.double(), 1 - torch.exp(0.5 * (logp + logq)).sum(-1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(entropy.double(), -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=1e-6)

@@ -7,44 +7,26 @@ For N token positions with final hidden states `h` (policy) and `h_ref` (referen
   distributions, and
 * the policy entropy `H = -sum_v p_v log p_v`.
 
-Both follow from three online log-sum-exp accumulators over vocabulary chunks:
-`log Z_p`, `log Z_q` and `log sum_v exp((l_v + l'_v) / 2)`, since
-`sum_v sqrt(p_v q_v) = exp(LSE((l + l') / 2) - (log Z_p + log Z_q) / 2)`, and the entropy is
-`log s - u / s` with `s = sum exp(l - m)` and `u = sum exp(l - m) (l - m)` for the running max `m`.
-Peak extra memory is O(token_chunk_size x vocab_chunk_size) instead of O(N x V).
+Both follow from online log-sum-exp accumulators over vocabulary chunks, kept per token in base 2 (the
+`log2(e) / temperature` scale is folded into the hidden states, so the kernel calls `exp2`, cheaper than `exp` on
+CPU). With `e = 2^(l - m)` and `e' = 2^(l' - m')` relative to the running maxima of the policy and reference logits:
+
+* `s = sum e`, `s' = sum e'` (normalisers), `u = sum e (l - m)` (so `H = ln 2 (log2 s - u / s)`);
+* `g = sum sqrt(e e')`, so `sum_v sqrt(p_v q_v) = g / sqrt(s s')`: the Bhattacharyya sum costs a multiply and a
+  square root per logit instead of a third exponential.
+
+Each `(token chunk x vocabulary chunk)` block is computed into one of three preallocated buffers and updated in
+place, so the extra memory is `3 x token_chunk_size x vocab_chunk_size` floats plus O(N), whatever N and V; the
+vocabulary loop is outermost so that each LM-head chunk is cast to float32 once.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-
-class _OnlineLogSumExp:
-    """Running `m = max l`, `s = sum exp(l - m)` and, optionally, `u = sum exp(l - m) (l - m)` per row."""
-
-    def __init__(self, rows: int, device, with_entropy: bool = False):
-        self.max_N = torch.full((rows,), -torch.inf, device=device)
-        self.sum_N = torch.zeros(rows, device=device)
-        self.moment_N = torch.zeros(rows, device=device) if with_entropy else None
-
-    def update(self, logits_NC: torch.Tensor) -> None:
-        new_max_N = torch.maximum(self.max_N, logits_NC.max(dim=1).values)
-        shift_N = self.max_N - new_max_N  # <= 0; -inf on the first chunk
-        rescale_N = torch.exp(shift_N)
-        centred_NC = logits_NC - new_max_N.unsqueeze(1)
-        exp_NC = torch.exp(centred_NC)
-        if self.moment_N is not None:
-            # Re-centre the old moment on the new max: (l - m) = (l - m_old) + (m_old - m_new).
-            shift_N = torch.nan_to_num(shift_N, neginf=0.0)  # the first chunk has nothing to re-centre
-            self.moment_N = rescale_N * (self.moment_N + shift_N * self.sum_N) + (exp_NC * centred_NC).sum(dim=1)
-        self.sum_N = rescale_N * self.sum_N + exp_NC.sum(dim=1)
-        self.max_N = new_max_N
-
-    def logsumexp(self) -> torch.Tensor:
-        return self.max_N + torch.log(self.sum_N)
-
-    def entropy(self) -> torch.Tensor:
-        return torch.log(self.sum_N) - self.moment_N / self.sum_N
+_LOG2E = 1.0 / math.log(2.0)
 
 
 def _chunk_logits(hidden_NH, weight_VH, bias_V, start, end, temperature):
@@ -82,25 +64,66 @@ def hellinger_and_entropy(
         raise ValueError(f"chunk sizes must be >= 1, got {token_chunk_size} and {vocab_chunk_size}")
     ref_weight_VH = weight_VH if ref_weight_VH is None else ref_weight_VH
     num_tokens, vocab_size = hidden_NH.shape[0], weight_VH.shape[0]
-    deviation_N = torch.empty(num_tokens, device=hidden_NH.device)
-    entropy_N = torch.empty(num_tokens, device=hidden_NH.device)
-    for t0 in range(0, num_tokens, token_chunk_size):
-        t1 = min(t0 + token_chunk_size, num_tokens)
-        h_nH, h_ref_nH = hidden_NH[t0:t1].float(), ref_hidden_NH[t0:t1].float()
-        policy = _OnlineLogSumExp(t1 - t0, hidden_NH.device, with_entropy=True)
-        reference = _OnlineLogSumExp(t1 - t0, hidden_NH.device)
-        geometric = _OnlineLogSumExp(t1 - t0, hidden_NH.device)
-        for v0 in range(0, vocab_size, vocab_chunk_size):
-            v1 = min(v0 + vocab_chunk_size, vocab_size)
-            logits_nC = _chunk_logits(h_nH, weight_VH, bias_V, v0, v1, temperature)
-            ref_logits_nC = _chunk_logits(h_ref_nH, ref_weight_VH, ref_bias_V, v0, v1, temperature)
-            policy.update(logits_nC)
-            reference.update(ref_logits_nC)
-            geometric.update(0.5 * (logits_nC + ref_logits_nC))
-        log_bc_n = geometric.logsumexp() - 0.5 * (policy.logsumexp() + reference.logsumexp())
-        deviation_N[t0:t1] = (1.0 - torch.exp(log_bc_n)).clamp(0.0, 1.0)
-        entropy_N[t0:t1] = policy.entropy().clamp(min=0.0)
+    device = hidden_NH.device
+    # Logits in base 2 (scaled by log2(e) / temperature, folded into the (n, H) hidden chunk): exp2 instead of exp.
+    scale = _LOG2E / temperature
+    # Per token: running max m, sum s = sum 2^(l - m), moment u = sum 2^(l - m) (l - m) of the policy; max and sum
+    # of the reference; and g = sum sqrt(2^(l - m) 2^(l' - m')), the Bhattacharyya sum relative to both maxes.
+    max_p, sum_p, moment_p = (torch.zeros(num_tokens, device=device) for _ in range(3))
+    max_q, sum_q, geo = (torch.zeros(num_tokens, device=device) for _ in range(3))
+    # Three reusable (token chunk x vocab chunk) blocks: no allocation (and no page faults) inside the loops.
+    block = min(token_chunk_size, max(num_tokens, 1)) * min(vocab_chunk_size, vocab_size)
+    logits_flat, ref_flat, exp_flat = (torch.empty(block, device=device) for _ in range(3))
+    # Vocabulary outermost: each head chunk is cast to float32 once, whatever the number of token chunks.
+    for v0 in range(0, vocab_size, vocab_chunk_size):
+        v1 = min(v0 + vocab_chunk_size, vocab_size)
+        weight_CH = weight_VH[v0:v1].float()
+        ref_weight_CH = weight_CH if ref_weight_VH is weight_VH else ref_weight_VH[v0:v1].float()
+        bias_C = None if bias_V is None else bias_V[v0:v1].float() * scale
+        ref_bias_C = None if ref_bias_V is None else ref_bias_V[v0:v1].float() * scale
+        for t0 in range(0, num_tokens, token_chunk_size):
+            t1 = min(t0 + token_chunk_size, num_tokens)
+            n, c = t1 - t0, v1 - v0
+            logits_nC = _scaled_logits(hidden_NH[t0:t1], weight_CH, bias_C, scale, logits_flat[: n * c].view(n, c))
+            ref_nC = _scaled_logits(ref_hidden_NH[t0:t1], ref_weight_CH, ref_bias_C, scale, ref_flat[: n * c].view(n, c))
+            exp_nC = exp_flat[: n * c].view(n, c)
+            rows = slice(t0, t1)
+            if v0 == 0:
+                old = None
+                max_p[rows], max_q[rows] = logits_nC.amax(dim=1), ref_nC.amax(dim=1)
+            else:
+                old = max_p[rows].clone(), max_q[rows].clone()
+                torch.maximum(max_p[rows], logits_nC.amax(dim=1), out=max_p[rows])
+                torch.maximum(max_q[rows], ref_nC.amax(dim=1), out=max_q[rows])
+            logits_nC.sub_(max_p[rows].unsqueeze(1))  # l - m <= 0
+            ref_nC.sub_(max_q[rows].unsqueeze(1))
+            torch.exp2(logits_nC, out=exp_nC)
+            chunk_sum_p = exp_nC.sum(dim=1)
+            chunk_moment_p = logits_nC.mul_(exp_nC).sum(dim=1)  # in place: vecdot would allocate an (n, c) product
+            chunk_sum_q = ref_nC.exp2_().sum(dim=1)
+            chunk_geo = exp_nC.mul_(ref_nC).sqrt_().sum(dim=1)
+            if old is None:
+                sum_p[rows], moment_p[rows], sum_q[rows], geo[rows] = chunk_sum_p, chunk_moment_p, chunk_sum_q, chunk_geo
+            else:
+                shift_p, shift_q = old[0] - max_p[rows], old[1] - max_q[rows]  # <= 0
+                rescale_p, rescale_q = torch.exp2(shift_p), torch.exp2(shift_q)
+                # Re-centre the old moment on the new max: (l - m_new) = (l - m_old) + (m_old - m_new).
+                moment_p[rows] = rescale_p * (moment_p[rows] + shift_p * sum_p[rows]) + chunk_moment_p
+                sum_p[rows] = rescale_p * sum_p[rows] + chunk_sum_p
+                sum_q[rows] = rescale_q * sum_q[rows] + chunk_sum_q
+                geo[rows] = torch.sqrt(rescale_p * rescale_q) * geo[rows] + chunk_geo
+    bhattacharyya_N = geo / torch.sqrt(sum_p * sum_q)
+    deviation_N = (1.0 - bhattacharyya_N).clamp(0.0, 1.0)
+    entropy_N = ((torch.log2(sum_p) - moment_p / sum_p) * math.log(2.0)).clamp(min=0.0)  # bits -> nats
     return deviation_N, entropy_N
+
+
+def _scaled_logits(hidden_nH, weight_CH, bias_C, scale, out_nC):
+    """`(hidden @ weight.T + bias) * scale` into `out_nC`; the scale goes on the small `(n, H)` side."""
+    torch.mm(hidden_nH.float() * scale, weight_CH.T, out=out_nC)
+    if bias_C is not None:
+        out_nC.add_(bias_C)
+    return out_nC
 
 
 @torch.no_grad()

@@ -11,7 +11,9 @@ import math
 
 import torch
 
-from ._checks import check_inputs, check_range
+from ._checks import check_range, prepare_inputs
+
+_LOG2E = 1.0 / math.log(2.0)
 
 DISTANCES = ("squared_hellinger", "hellinger")
 
@@ -59,20 +61,43 @@ def tide_advantages(
         raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
     if int(vocab_size) < 2:
         raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
-    valid_BT = check_inputs(advantages_B, mask_BT, deviation_BT=deviation_BT, entropy_BT=entropy_BT)
-    # Rounding in a chunked computation can give d slightly outside [0, 1]; anything further is a bug upstream.
-    deviation_BT = deviation_BT.float()
-    if ((deviation_BT[valid_BT] < -1e-4) | (deviation_BT[valid_BT] > 1 + 1e-4)).any():
-        raise ValueError("deviation_BT must be a squared Hellinger distance in [0, 1] at valid positions")
-    deviation_BT = deviation_BT.clamp(0.0, 1.0)
+    valid_BT, (deviation_BT, entropy_BT) = prepare_inputs(
+        advantages_B, mask_BT, deviation_BT=deviation_BT, entropy_BT=entropy_BT
+    )  # valid_BT: float 0/1 mask
+    log_vocab = math.log(vocab_size)
+    # One min/max pass each: the range check, and whether the clamps below can be skipped.
+    d_min, d_max = (float(v) for v in torch.aminmax(deviation_BT))
+    if d_min < -1e-4 or d_max > 1 + 1e-4:  # garbage under the mask may be out of range: check valid positions only
+        deviation_BT = torch.where(valid_BT.bool(), deviation_BT, 0.0)
+        d_min, d_max = (float(v) for v in torch.aminmax(deviation_BT))
+        # Rounding in a chunked computation can give d slightly outside [0, 1]; anything further is a bug upstream.
+        if d_min < -1e-4 or d_max > 1 + 1e-4:
+            raise ValueError("deviation_BT must be a squared Hellinger distance in [0, 1] at valid positions")
+    if d_min < 0.0 or d_max > 1.0:
+        deviation_BT = deviation_BT.clamp(0.0, 1.0)
     if distance == "hellinger":
         deviation_BT = deviation_BT.sqrt()
+    h_min, h_max = (float(v) for v in torch.aminmax(entropy_BT))
 
-    score_BT = tide_scores(deviation_BT, entropy_BT, vocab_size, kappa)
-    logits_BT = torch.where(valid_BT, score_BT / tau, torch.full_like(score_BT, -math.inf))
-    # An all-masked row would softmax to NaN; give it zeros (its tokens are masked out anyway).
-    has_valid_B = valid_BT.any(dim=1, keepdim=True)
-    softmax_BT = torch.softmax(torch.where(has_valid_B, logits_BT, torch.zeros_like(logits_BT)), dim=1)
-    weight_BT = valid_BT.sum(dim=1, keepdim=True).float() * softmax_BT
-    token_adv_BT = advantages_B.float().unsqueeze(1) * weight_BT
-    return torch.where(valid_BT, token_adv_BT, torch.zeros_like(token_adv_BT))
+    # Scores s = d * gate in [0, 1], scaled by log2(e) / tau for exp2 (cheaper than exp on CPU).
+    if kappa == 1.0 and 0.0 <= h_min and h_max <= log_vocab:  # the default: no clamp, no pow
+        logits_BT = torch.mul(deviation_BT, entropy_BT).mul_(_LOG2E / (tau * log_vocab))
+    else:
+        logits_BT = torch.mul(entropy_BT, 1.0 / log_vocab).clamp_(0.0, 1.0).pow_(kappa).mul_(deviation_BT)
+        logits_BT.mul_(_LOG2E / tau)
+    # Softmax over the valid tokens of each row. Scores are bounded, so a constant shift replaces the row max:
+    # none while a row sum cannot overflow, else the top score 1 / tau (exp2 then stays >= 2^-116, no underflow
+    # to 0 of a whole row).
+    max_log2 = _LOG2E / tau
+    if max_log2 + math.log2(max(valid_BT.shape[1], 1)) > 120:
+        if max_log2 > 120:  # tau < ~0.012: shift each row by its own largest valid score
+            row_max_B = torch.where(valid_BT.bool(), logits_BT, -math.inf).amax(dim=1).clamp(min=0.0)
+            logits_BT.sub_(row_max_B.unsqueeze(1)).clamp_(max=0.0)  # masked scores may exceed the valid max
+        else:
+            logits_BT.sub_(max_log2)
+    exp_BT = logits_BT.exp2_().mul_(valid_BT)
+    # w = count * softmax, so A w = exp * (A * count / sum); a row without valid tokens gets 0.
+    count_B = valid_BT.sum(dim=1)
+    # A row with valid tokens sums to >= 2^-120 (see the shift above); an empty one to 0, with count 0.
+    scale_B = advantages_B.float() * count_B / exp_BT.sum(dim=1).clamp(min=torch.finfo(torch.float32).tiny)
+    return exp_BT.mul_(scale_B.unsqueeze(1))

@@ -1,0 +1,382 @@
+"""Training-step overhead of each credit method relative to plain GRPO, measured in one run.
+
+    python benchmarks/step_overhead.py --model tiny              # default, ~3-4 min on 2 shared CPU cores
+    python benchmarks/step_overhead.py --model smollm2           # SmolLM2-135M-Instruct (or --model /path/to/hf/folder)
+    python benchmarks/step_overhead.py --model smollm2 --device cuda
+
+Timing: one process builds a trainer per method (`grpo`, `taco`, `eapo`, `tide`, and for the tiny model a second
+`grpo`, the control) from the same model, data and seed, and runs each `trainer.train()` in its own thread. A
+callback pauses a trainer after each chunk of `--steps` optimizer steps; the main thread releases them one at a
+time, round-robin, `--repeats` times, so the methods take turns on the same cores and never run concurrently, and
+machine-wide slowdowns hit them alike. Completions are forced to the full `max_completion_length`
+(`min_new_tokens`), so every method processes the same number of tokens whatever its policy samples.
+Memory: each method then trains a few steps alone in its own process.
+
+Reported per method, as ratios to `grpo`:
+
+* step time: the median wall time of an optimizer step (callback `on_step_begin` -> `on_step_end`: generation,
+  rewards, the method's statistics, forward/backward, optimizer), after one warm-up step; TRL's own logged
+  `step_time` (generation + forward/backward, without the optimizer step) is reported next to it;
+* credit time: the median per-step time spent in the method's own trainer hooks (EAPO: rollout-entropy forward +
+  quantiles + reshaping; TIDE: policy and reference hidden-state forwards + streamed statistics + reshaping;
+  TACO: reshaping inside the training forward), as a fraction of grpo's step time;
+* peak memory. CPU: the worker's resident-set high-water mark (`VmHWM` of /proc/self/status) -- the whole process
+  (Python, torch, TRL, model, optimizer state, activations, TIDE's reference copy), one process per method so
+  nothing is shared; also the growth of that peak during training over the RSS after the trainer was built.
+  CUDA: `torch.cuda.max_memory_allocated()` over the timed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402  (sets sys.path and offline environment)
+
+METHODS = ["grpo", "taco", "eapo", "tide"]
+CONTROL = "grpo-control"  # a second, identical grpo worker: its ratio to grpo is the run's noise floor
+HOOKS = {  # the trainer methods whose time is the method's own cost
+    "taco": ["_taco_advantages"],
+    "eapo": ["_eapo_advantages"],
+    "tide": ["_tide_advantages"],
+    "grpo": [],
+    CONTROL: [],
+}
+
+
+def resolve_model(name: str) -> str:
+    if name in ("tiny", ""):
+        return "tiny"
+    if name == "smollm2":
+        try:
+            from trl_credit.models import smollm2_135m_instruct_path
+        except ImportError as err:
+            sys.exit(f"--model smollm2 needs trl_credit.models ({err}); pass --model /path/to/a/local/hf/folder")
+        return str(smollm2_135m_instruct_path())
+    if not Path(name).is_dir():
+        sys.exit(f"--model {name!r}: not 'tiny', 'smollm2' or a local folder")
+    return name
+
+
+# ------------------------------------------------------------------------------------------------ workers
+
+
+def setup_worker(args):
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    sys.path.insert(0, str(_common.REPO_ROOT / "tests"))
+
+
+def build_trainer(args, method: str, total_steps: int, callback):
+    """The same model, data, seed and config for every method; `callback` gets the per-step timings."""
+    import torch
+    from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_prompt_dataset
+    from transformers import AutoTokenizer
+
+    from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
+
+    if args.model == "tiny":
+        tokenizer = make_tiny_tokenizer()
+        model = make_tiny_model(tokenizer, seed=0, hidden_size=args.tiny_hidden)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = args.model  # by path: TRL (and TIDE's reference) load it
+    prompts = tiny_prompt_dataset(n_prompts=max(8, total_steps * args.batch // args.generations))
+    config = CreditGRPOConfig(
+        output_dir=f"/tmp/trl-credit-bench-{method}-{os.getpid()}", credit_method="grpo" if method == CONTROL else method,
+        use_cpu=args.device != "cuda", bf16=False, gradient_checkpointing=False, seed=0, learning_rate=1e-5,
+        per_device_train_batch_size=args.batch, num_generations=args.generations,
+        max_completion_length=args.completion_length, generation_kwargs={"min_new_tokens": args.completion_length},
+        max_steps=total_steps, logging_steps=1, report_to="none", save_strategy="no", dataloader_num_workers=0,
+        model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True,
+    )
+    trainer = CreditGRPOTrainer(model, reward_funcs=length_reward, args=config, train_dataset=prompts,
+                                processing_class=tokenizer)
+    for name in HOOKS[method]:  # time the method's own hooks
+        original = getattr(trainer, name)
+
+        def timed(*a, _original=original, **k):
+            start = time.perf_counter()
+            try:
+                return _original(*a, **k)
+            finally:
+                callback.hook_time += time.perf_counter() - start
+
+        setattr(trainer, name, timed)
+    trainer.add_callback(callback)
+    return trainer
+
+
+def make_pacer(chunk: int, pause):
+    """A callback recording step times (after one warm-up step) and calling `pause()` every `chunk` steps."""
+    from transformers import TrainerCallback
+
+    class Pacer(TrainerCallback):
+        def __init__(self):
+            self.steps, self.trl_step_times, self.credit = [], [], []
+            self.start = self.hook_time = self.hook_at_start = 0.0
+
+        def on_step_begin(self, *_, **__):
+            self.hook_at_start = self.hook_time
+            self.start = time.perf_counter()
+
+        def on_log(self, _args, state, control, logs=None, **kwargs):
+            if logs and "step_time" in logs and state.global_step > 1:
+                self.trl_step_times.append(logs["step_time"])
+
+        def on_step_end(self, _args, state, control, **kwargs):
+            if state.global_step > 1:  # step 1 is warm-up (lazy initialisation, first allocations)
+                self.steps.append(time.perf_counter() - self.start)
+                self.credit.append(self.hook_time - self.hook_at_start)
+            if (state.global_step - 1) % chunk == 0:
+                pause(state.global_step)
+
+    return Pacer()
+
+
+def timing_worker(args) -> dict:
+    """All methods in this one process, one thread each, released one chunk at a time, round-robin.
+
+    Sharing a process removes process-to-process differences (heap layout, cache placement) that otherwise bias
+    the ratios by several percent; the threads never run concurrently.
+    """
+    import queue
+    import threading
+
+    setup_worker(args)
+    parts = instrument_parts()
+    total_steps = 1 + args.steps * args.repeats
+    paused, go = queue.Queue(), {m: threading.Event() for m in args.methods}
+    pacers, threads = {}, {}
+
+    for method in args.methods:
+        def pause(step, _method=method):
+            paused.put(_method)
+            go[_method].wait()
+            go[_method].clear()
+
+        pacers[method] = make_pacer(args.steps, pause)
+        trainer = build_trainer(args, method, total_steps, pacers[method])
+        threads[method] = threading.Thread(target=trainer.train, name=method, daemon=True)
+        threads[method].start()
+        assert paused.get() == method  # warm-up step done; it waits for its first turn
+    for round_index in range(args.repeats):
+        for method in args.methods:
+            go[method].set()
+            assert paused.get() == method
+        print(f"round {round_index + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+    for method in args.methods:
+        go[method].set()
+        threads[method].join()
+    return {m: {"steps": p.steps, "trl_step_times": p.trl_step_times, "credit": p.credit,
+                "parts": {k: v / max(len(p.steps) + 1, 1) for k, v in parts.get(m, {}).items()}}
+            for m, p in pacers.items()}
+
+
+PARTS = {  # (module attribute or trainer method) -> label, inside the hooks timed above
+    "_final_hidden": "hidden-state forwards (policy + reference)",
+    "hellinger_and_entropy": "streamed Hellinger/entropy",
+    "_policy_entropies": "rollout-entropy forward",
+}
+
+
+def instrument_parts() -> dict:
+    """Accumulate the time of the expensive parts of each method's hooks, per thread (= method), per call."""
+    import threading
+
+    from trl_credit.trainer import credit_trainer
+
+    totals: dict = {}
+
+    def wrap(owner, name):
+        original = getattr(owner, name)
+
+        def timed(*a, **k):
+            start = time.perf_counter()
+            try:
+                return original(*a, **k)
+            finally:
+                method = threading.current_thread().name
+                label = PARTS[name]
+                totals.setdefault(method, {}).setdefault(label, 0.0)
+                totals[method][label] += time.perf_counter() - start
+
+        setattr(owner, name, timed)
+
+    wrap(credit_trainer, "_final_hidden")
+    wrap(credit_trainer, "hellinger_and_entropy")
+    wrap(credit_trainer.CreditGRPOTrainer, "_policy_entropies")
+    return totals
+
+
+def memory_worker(args) -> dict:
+    """One method in its own process: peak memory of a short run (1 warm-up + `--steps` steps)."""
+    import torch
+
+    setup_worker(args)
+    cuda = args.device == "cuda"
+
+    def pause(step):
+        if step == 1 and cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    rss_before = _common.current_rss_bytes()
+    trainer = build_trainer(args, args.worker, 1 + args.steps, make_pacer(1, pause))
+    rss_built = _common.current_rss_bytes()
+    trainer.train()
+    result = {"peak_rss": _common.peak_rss_bytes(), "rss_before": rss_before, "rss_built": rss_built}
+    if cuda:
+        result["cuda_peak"] = torch.cuda.max_memory_allocated()
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ parent
+
+
+def run_worker(args, role: str, parallel: list | None = None):
+    cmd = [sys.executable, __file__, *sys.argv[1:], "--resolved-model", args.model, "--worker", role]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    if parallel is not None:
+        parallel.append(proc)
+        return proc
+    return collect(proc, role)
+
+
+def collect(proc, role):
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        sys.exit(f"worker {role} failed with exit code {proc.returncode}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run(args) -> dict:
+    results = {m: {} for m in args.methods}
+    # Memory: one process per method, in parallel for the tiny model, one after the other otherwise.
+    parallel = [] if args.model == "tiny" else None
+    procs = {m: run_worker(args, m, parallel) for m in args.methods}
+    for method, proc in procs.items():
+        results[method].update(collect(proc, method) if parallel is not None else proc)
+    # The timing process holds every method's trainer at once: refuse rather than risk the shared machine's memory.
+    needed = sum(r["peak_rss"] - r["rss_before"] for r in results.values()) + max(r["rss_before"] for r in results.values())
+    if needed > 0.7 * _common.available_memory_bytes():
+        sys.exit(f"timing needs ~{needed / 2**30:.1f} GiB in one process, more than 70% of the available memory; "
+                 "pass fewer --methods")
+    timings = run_worker(args, "timing")
+    for method in args.methods:
+        results[method].update(timings[method])
+    return results
+
+
+def summarise(args, results) -> str:
+    base = results["grpo"]
+    base_step = statistics.median(base["steps"])
+    base_trl = statistics.median(base["trl_step_times"]) if base["trl_step_times"] else float("nan")
+    rows = []
+    for method in args.methods:
+        r = results[method]
+        step = statistics.median(r["steps"])
+        trl = statistics.median(r["trl_step_times"]) if r["trl_step_times"] else float("nan")
+        credit = statistics.median(r["credit"]) / base_step
+        if args.device == "cuda":
+            mem = f"{r['cuda_peak'] / 2**20:.0f} MiB, {r['cuda_peak'] / base['cuda_peak']:.2f}x"
+            growth = "n/a"
+        else:
+            mem = f"{r['peak_rss'] / 2**20:.0f} MiB, {r['peak_rss'] / base['peak_rss']:.3f}x"
+            g, g0 = r["peak_rss"] - r["rss_built"], base["peak_rss"] - base["rss_built"]
+            growth = f"{g / 2**20:.0f} MiB ({(g - g0) / 2**20:+.0f})"
+        rows.append([f"`{method}`", f"{step / base_step:.3f}x", f"{trl / base_trl:.3f}x", f"{credit:.1%}", mem, growth])
+    breakdown = []
+    for method in args.methods:
+        for label, seconds in sorted(results[method].get("parts", {}).items()):
+            breakdown.append(f"{method}: {label} {seconds / base_step:.1%} of a grpo step")
+    args.breakdown = "; ".join(breakdown)
+    header = ["method", "step time / grpo", "TRL `step_time` / grpo", "own hooks / grpo step",
+              "peak memory (ratio to grpo)", "peak growth in training (vs grpo)"]
+    if args.device == "cuda":
+        header[4] = "`max_memory_allocated` (ratio to grpo)"
+    return _common.markdown_table(header, rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny", help="'tiny', 'smollm2' or a local HF model folder")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--steps", type=int, default=None, help="optimizer steps per turn (default: tiny 4, else 2)")
+    parser.add_argument("--repeats", type=int, default=None, help="round-robin rounds (default: tiny 5, else 3)")
+    parser.add_argument("--batch", type=int, default=8, help="per-device train batch (completions per step)")
+    parser.add_argument("--generations", type=int, default=4, help="group size G")
+    parser.add_argument("--completion-length", type=int, default=None, help="tokens (default: tiny 64, else 32)")
+    parser.add_argument("--tiny-hidden", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=None,
+                        help=f"also run '{CONTROL}', a second grpo worker (default: on for tiny)")
+    parser.add_argument("--worker", choices=[*METHODS, CONTROL, "timing"], help=argparse.SUPPRESS)
+    parser.add_argument("--resolved-model", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    tiny = args.model == "tiny"
+    args.steps = args.steps or (5 if tiny else 2)
+    args.repeats = args.repeats or (10 if tiny else 3)
+    args.completion_length = args.completion_length or (64 if tiny else 32)
+    if args.worker:
+        args.model = args.resolved_model
+        args.methods = [*args.methods, *([CONTROL] if (args.control if args.control is not None else tiny) else [])]
+        if "grpo" not in args.methods:
+            args.methods.insert(0, "grpo")
+        result = timing_worker(args) if args.worker == "timing" else memory_worker(args)
+        print(json.dumps(result), flush=True)
+        return
+    if "grpo" not in args.methods:
+        args.methods = ["grpo", *args.methods]
+    if args.control if args.control is not None else tiny:
+        args.methods.append(CONTROL)
+    label = args.model
+    args.model = resolve_model(args.model)
+
+    start = time.perf_counter()
+    results = run(args)
+    elapsed = time.perf_counter() - start
+    table = summarise(args, results)
+    print(table)
+    if args.no_write:
+        return
+    model_desc = (f"tiny random Qwen2 (tests/conftest.py, hidden {args.tiny_hidden}, 2 layers, vocab ~150)" if tiny
+                  else f"`{label}` ({args.model})")
+    body = f"""`python benchmarks/step_overhead.py --model {label} --device {args.device}`: {model_desc}; {args.batch} completions per
+step (G = {args.generations}), exactly {args.completion_length} completion tokens each, {args.device.upper()}, {_common.machine_note(args.threads)}.
+{args.repeats} round-robin rounds of {args.steps} optimizer steps per method (after 1 warm-up step), median over the
+{args.repeats * args.steps} timed steps of each; whole run {elapsed / 60:.1f} min. What each column measures: see the docstring
+of `benchmarks/step_overhead.py` (peak memory on CPU = peak resident set of a process that trains only that method).
+
+{table}
+"""
+    if args.breakdown:
+        body += f"""
+Inside the hooks (per step, includes the warm-up step's share): {args.breakdown}.
+"""
+    if CONTROL in args.methods:
+        body += f"""
+`{CONTROL}` is a second, identical `grpo` worker: its distance from 1.000x is this run's noise floor for the
+step-time ratios. The "own hooks" column is timed inside each step: the method's cost without that noise."""
+    section = "step_overhead_" + ("tiny" if tiny else "model") + ("_cuda" if args.device == "cuda" else "")
+    title = f"Step overhead vs GRPO: {'tiny model' if tiny else label}, {args.device.upper()}"
+    _common.write_section(section, title, body)
+
+
+if __name__ == "__main__":
+    main()
