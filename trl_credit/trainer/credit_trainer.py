@@ -9,8 +9,9 @@ Where each statistic comes from (see the specification):
 * TACO reads the current policy's log-probs and entropies from the training forward itself
   (`_compute_loss` -> `_get_per_token_logps_and_entropies`), so it costs no extra forward.
 * EAPO reads the rollout policy's entropies once per generation batch, before TRL shuffles and splits
-  it; the entropy quantiles are gathered over every process. When TRL already runs the old-log-prob
-  forward (off-policy steps, vLLM importance sampling) its entropies are reused.
+  it; the entropy quantiles are gathered over every process. No extra forward runs when TRL already
+  produced them: its old-log-prob forward (off-policy steps, vLLM importance sampling) or, with
+  transformers generation, the LM-head logits of each decoding step.
 * TIDE streams the LM heads of the policy and a frozen reference over token and vocabulary chunks once
   per generation batch to get per-token squared Hellinger distances and entropies.
 """
@@ -98,7 +99,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             )
         self.credit_method = args.credit_method
         self._taco_batch = None  # the micro-batch whose TACO advantages the next training forward fills in
-        self._rollout_entropies = None  # list that captures the first policy forward of a generation batch
+        self._rollout_entropies = None  # EAPO: captures the first policy forward of a generation batch
+        self._generation_entropies = None  # EAPO: captures the LM head's entropies while generating
         initial_copy = self._copy_initial_model(model, args, kwargs.get("peft_config"))
         super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
         self._tide_reference = self._prepare_tide_reference(initial_copy) if self.credit_method == "tide" else None
@@ -166,20 +168,58 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self.credit_method != "eapo":
             batch = super()._generate_and_score_completions(inputs)
         else:
-            self._rollout_entropies = []
+            self._rollout_entropies, self._generation_entropies = [], []
             try:
                 batch = super()._generate_and_score_completions(inputs)
             finally:
-                captured, self._rollout_entropies = self._rollout_entropies, None
-            # The first policy forward TRL runs is the old-log-prob one, when it runs at all; otherwise it
-            # may have been the reference forward, so the capture is discarded.
-            entropy_BT = captured[0] if captured and "old_per_token_logps" in batch else None
-            batch["advantages"], statistic_BT = self._eapo_advantages(batch, entropy_BT)
+                from_forward, self._rollout_entropies = self._rollout_entropies, None
+                from_generation, self._generation_entropies = self._generation_entropies, None
+            batch["advantages"], statistic_BT = self._eapo_advantages(
+                batch, self._reusable_rollout_entropies(batch, from_forward, from_generation)
+            )
         if self.credit_method == "tide":
             batch["advantages"], statistic_BT = self._tide_advantages(batch)
         if self.args.log_token_credit and self.model.training and self.state.global_step % self.args.logging_steps == 0:
             self._log_token_credit(batch, statistic_BT)
         return batch
+
+    def _reusable_rollout_entropies(self, batch, from_forward, from_generation) -> torch.Tensor | None:
+        """Rollout-policy entropies TRL's own passes already produced, or `None` when EAPO needs a forward.
+
+        First choice: the old-log-prob forward. It is the first policy forward TRL runs, when it runs at all;
+        otherwise the first captured forward may have been the reference one, so it only counts with
+        `old_per_token_logps`. Second: the LM-head logits of a single transformers `generate` call (no tools,
+        whose outputs would interleave the completion).
+        """
+        if from_forward and "old_per_token_logps" in batch:
+            return from_forward[0]
+        if len(from_generation) != 1 or from_generation[0] is None or self.tools:
+            return None
+        steps_BT, (num_rows, num_tokens) = from_generation[0], batch["completion_ids"].shape
+        if steps_BT.size(0) != num_rows:
+            return None
+        # Completions were cut after EOS and re-padded; steps past a row's end are masked anyway.
+        steps_BT = steps_BT[:, :num_tokens]
+        return torch.nn.functional.pad(steps_BT, (0, num_tokens - steps_BT.size(1)))
+
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+        if self._generation_entropies is None or self.use_vllm or self.use_transformers_continuous_batching:
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        steps = []
+
+        def record_entropy(module, module_inputs, logits):
+            # One call per decoding step; its last position's distribution sampled the next completion token.
+            logps = torch.log_softmax(logits[:, -1].float() / self.temperature, dim=-1)
+            steps.append(-(logps.exp() * logps).sum(dim=-1))
+
+        head = self.accelerator.unwrap_model(self.model).get_output_embeddings()
+        handle = head.register_forward_hook(record_entropy)
+        try:
+            result = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+        finally:
+            handle.remove()
+        self._generation_entropies.append(torch.stack(steps, dim=1) if steps else None)
+        return result
 
     def _valid_mask(self, batch) -> torch.Tensor:
         mask_BT = batch["completion_mask"]
