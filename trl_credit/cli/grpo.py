@@ -203,6 +203,7 @@ def train(script_args, training_args, model_args) -> None:
     import torch
     from trl import get_peft_config, get_quantization_config
 
+    from ..data import hub_dataset_id
     from ..models import resolve_model_path
     from ..rewards import get_reward_funcs
     from ..trainer import METHODS
@@ -239,11 +240,11 @@ def train(script_args, training_args, model_args) -> None:
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
-    trainer.create_model_card(dataset_name=script_args.dataset_name)
+    trainer.create_model_card(dataset_name=hub_dataset_id(script_args.dataset_name) or script_args.dataset_name)
     trainer.accelerator.print(f"trl-credit: {reward_summary(trainer.state.log_history)}")
     trainer.accelerator.print(f"trl-credit: model, model card and plots saved to {training_args.output_dir}")
     if training_args.push_to_hub:
-        trainer.push_to_hub(dataset_name=script_args.dataset_name)
+        trainer.push_to_hub(dataset_name=hub_dataset_id(script_args.dataset_name) or script_args.dataset_name)
 
 
 def main(argv: list[str] | None = None) -> int:
