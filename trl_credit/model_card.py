@@ -190,7 +190,8 @@ def generate_credit_model_card(
         base_model: Hub id of the model training started from (`None` for a local path).
         model_name: name of the trained model (the card's title).
         hub_model_id: `user/model` used in the quick-start snippet.
-        dataset_name: Hub id of the training data set, or `None`.
+        dataset_name: The training data set: a Hub id (linked, and listed in the metadata), another name such as a
+            local file or a procedural task (named only), or `None`.
         method: credit method, one of `"grpo"`, `"taco"`, `"eapo"`, `"tide"`.
         hyperparameters: the method's hyperparameters (`config.credit_hyperparameters()`), optionally
             with other training settings; rendered as a table, secret-looking keys redacted.
@@ -215,9 +216,12 @@ def generate_credit_model_card(
         eval_summary = [eval_summary]
     eval_columns, eval_rows = eval_table(eval_summary or [])
 
+    from .data import hub_dataset_id
+
+    on_hub = dataset_name is not None and hub_dataset_id(dataset_name) == dataset_name
     card_data = ModelCardData(
         base_model=base_model, library_name="transformers",
-        datasets=[dataset_name] if dataset_name and "/" in dataset_name else None,  # Hub ids only
+        datasets=[dataset_name] if on_hub else None,
         model_name=model_name, tags=all_tags,
     )
     card = ModelCard.from_template(
@@ -227,6 +231,7 @@ def generate_credit_model_card(
         model_name=model_name,
         hub_model_id=hub_model_id,
         dataset_name=dataset_name,
+        dataset_on_hub=on_hub,
         method_display=METHOD_DISPLAY_NAMES[method],
         method_summary=METHOD_SUMMARIES[method],
         hyperparameters=format_hyperparameters(hyperparameters),
