@@ -188,7 +188,7 @@ def timing_worker(args) -> dict:
 
 
 PARTS = {  # (module attribute or trainer method) -> label, inside the hooks timed above
-    "_final_hidden": "hidden-state forwards (policy + reference)",
+    "final_hidden": "hidden-state forwards (policy + reference)",
     "hellinger_and_entropy": "streamed Hellinger/entropy",
     "_policy_entropies": "rollout-entropy forward",
 }
@@ -217,7 +217,7 @@ def instrument_parts() -> dict:
 
         setattr(owner, name, timed)
 
-    wrap(credit_trainer, "_final_hidden")
+    wrap(credit_trainer, "final_hidden")
     wrap(credit_trainer, "hellinger_and_entropy")
     wrap(credit_trainer.CreditGRPOTrainer, "_policy_entropies")
     return totals
