@@ -246,3 +246,17 @@ def test_no_autograd_graph():
     entropy.requires_grad_(True)
     for fn in ALL.values():
         assert not fn(adv, logps, entropy, deviation, mask).requires_grad
+
+
+@pytest.mark.parametrize("distance", ["squared_hellinger", "hellinger"])
+def test_tide_scores_are_the_scores_the_advantages_use(distance):
+    """`tide_scores` (logged as tide/mean_score) must follow `tide_advantages`' inline fast path."""
+    from trl_credit.methods import tide_scores
+
+    adv, _, entropy, deviation, mask = random_inputs(7)
+    scores = tide_scores(deviation, entropy, V, kappa=2.0, distance=distance)
+    logits = torch.where(mask, scores / 0.5, -math.inf)
+    softmax = torch.softmax(torch.where(mask.any(1, keepdim=True), logits, 0.0), dim=1)
+    expected = adv.unsqueeze(1) * mask.sum(1, keepdim=True) * softmax * mask
+    got = tide_advantages(adv, deviation, entropy, mask, V, tau=0.5, kappa=2.0, distance=distance)
+    torch.testing.assert_close(got, expected)

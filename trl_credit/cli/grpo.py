@@ -100,7 +100,7 @@ def _resolve_method(argv: list[str], config: dict) -> str:
     return method
 
 
-def _check_other_methods_fields(method: str, training_args, config: dict, argv: list[str]) -> None:
+def _check_other_methods_fields(method: str, config: dict, argv: list[str]) -> None:
     """Refuse hyperparameters of another method: they would be silently ignored."""
     from ..trainer.config import METHOD_FIELDS
 
@@ -148,7 +148,7 @@ def parse_arguments(argv: list[str]):
         message = message.replace("Some specified arguments are not used by the HfArgumentParser", "unknown arguments")
         raise UsageError(message) from error
     training_args.credit_method = script_args.method = method
-    _check_other_methods_fields(method, training_args, config, argv)
+    _check_other_methods_fields(method, config, argv)
     if model_args.model_name_or_path is None:
         raise UsageError("--model_name_or_path is required (a Hub id, a local folder, or smollm2-135m-instruct)")
     if training_args.output_dir in (None, "trainer_output"):

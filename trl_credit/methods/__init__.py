@@ -6,7 +6,7 @@ advantages `(B, T)`; see `docs/` and the specification for the formulas.
 
 from .eapo import eapo_advantages, eapo_entropy_bounds, eapo_kappa, eapo_normalized_entropy, quantile_linear
 from .taco import taco_advantages, taco_tail_risk
-from .tide import DISTANCES, tide_advantages, tide_scores
+from .tide import DISTANCES, tide_advantages, tide_entropy_gate, tide_scores
 
 __all__ = [
     "DISTANCES",
@@ -18,5 +18,6 @@ __all__ = [
     "taco_advantages",
     "taco_tail_risk",
     "tide_advantages",
+    "tide_entropy_gate",
     "tide_scores",
 ]

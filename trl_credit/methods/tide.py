@@ -18,12 +18,26 @@ _LOG2E = 1.0 / math.log(2.0)
 DISTANCES = ("squared_hellinger", "hellinger")
 
 
+def tide_entropy_gate(entropy_BT: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Normalised entropy `Hn = clamp(H / log|V|, 0, 1)`."""
+    return (entropy_BT.float() / math.log(vocab_size)).clamp(0.0, 1.0)
+
+
 def tide_scores(
-    deviation_BT: torch.Tensor, entropy_BT: torch.Tensor, vocab_size: int, kappa: float = 1.0
+    deviation_BT: torch.Tensor,
+    entropy_BT: torch.Tensor,
+    vocab_size: int,
+    kappa: float = 1.0,
+    distance: str = "squared_hellinger",
 ) -> torch.Tensor:
-    """Gated deviation score `s = d * (H / log|V|) ** kappa`, with the entropy gate clamped to [0, 1]."""
-    gate_BT = (entropy_BT.float() / math.log(vocab_size)).clamp(0.0, 1.0)
-    return deviation_BT.float() * gate_BT.pow(kappa)
+    """Gated deviation score `s = d * Hn ** kappa`, with `d` the squared Hellinger distance or its root.
+
+    The reference formula (for diagnostics and tests); `tide_advantages` computes the same scores inline.
+    """
+    deviation_BT = deviation_BT.float().clamp(0.0, 1.0)
+    if distance == "hellinger":
+        deviation_BT = deviation_BT.sqrt()
+    return deviation_BT * tide_entropy_gate(entropy_BT, vocab_size).pow(kappa)
 
 
 @torch.no_grad()

@@ -50,6 +50,7 @@ from ..methods import (
     taco_advantages,
     taco_tail_risk,
     tide_advantages,
+    tide_entropy_gate,
     tide_scores,
 )
 from ..statistics import hellinger_and_entropy
@@ -279,8 +280,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             tau=args.tide_tau, kappa=args.tide_kappa, distance=args.tide_distance,
         )
         valid_BT = mask_BT.bool()
-        gate_BT = (entropy_BT / math.log(num_vocab)).clamp(0, 1)
-        score_BT = tide_scores(deviation_BT, entropy_BT, num_vocab, args.tide_kappa)
+        gate_BT = tide_entropy_gate(entropy_BT, num_vocab)
+        score_BT = tide_scores(deviation_BT, entropy_BT, num_vocab, args.tide_kappa, args.tide_distance)
         self._log_credit_metrics(
             "tide", batch["advantages"], advantages_BT, mask_BT,
             sums={"mean_deviation": deviation_BT, "mean_gate": gate_BT, "mean_score": score_BT}, valid_BT=valid_BT,
