@@ -15,7 +15,7 @@ from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_c
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOTrainer, EAPOConfig, EAPOTrainer, TACOConfig, TACOTrainer, TIDEConfig, TIDETrainer
-from trl_credit.methods import eapo_advantages, eapo_kappa, taco_advantages, tide_advantages
+from trl_credit.methods import eapo_advantages, eapo_kappa_schedule, taco_advantages, tide_advantages
 
 METHODS = ["grpo", "taco", "eapo", "tide"]
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
@@ -44,7 +44,9 @@ class AdvantageRecorder:
         self.trainer = trainer
         self.expected = {}
         self.checked_batches = 0
+        self.expected_taco = None
         original_generate = GRPOTrainer._generate_and_score_completions
+        original_compute_loss = GRPOTrainer.compute_loss
         original_loss = GRPOTrainer._compute_loss
 
         def generate(trainer_self, inputs):
@@ -52,14 +54,19 @@ class AdvantageRecorder:
             self._expect_generation(batch)
             return batch
 
-        def compute_loss(trainer_self, model, inputs):
-            expected = self._expect_taco(inputs) if trainer.credit_method == "taco" else None
+        def compute_loss(trainer_self, model, inputs, *args, **kwargs):
+            # Before the trainer's `_compute_loss` starts: its training forward is the only one TRL's loss sees.
+            self.expected_taco = self._expect_taco(inputs) if trainer.credit_method == "taco" else None
+            return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
+
+        def inner_loss(trainer_self, model, inputs):
             loss = original_loss(trainer_self, model, inputs)
-            self._check(inputs, expected)
+            self._check(inputs, self.expected_taco)
             return loss
 
         monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate)
-        monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+        monkeypatch.setattr(GRPOTrainer, "compute_loss", compute_loss)
+        monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
 
     @torch.no_grad()
     def _expect_generation(self, batch):
@@ -75,10 +82,10 @@ class AdvantageRecorder:
             bounds = (0.0, 0.0)  # every token masked: no statistic
             if valid.numel():
                 bounds = tuple(torch.quantile(valid, q).item() for q in args.eapo_quantiles)
-            kappa = eapo_kappa(args.eapo_kappa, trainer.state.global_step, args.eapo_kappa_decay_steps)
+            kappa = eapo_kappa_schedule(args.eapo_kappa, trainer.state.global_step, args.eapo_kappa_decay_steps)
             expected = eapo_advantages(batch["advantages"], entropy, mask, kappa=kappa, entropy_bounds=bounds)
         else:
-            reference = trainer._tide_reference or trainer.ref_model
+            reference = trainer.deviation_reference.model_and_context()[0]
             logp_ref = _naive_logps(reference, input_ids, attention_mask, completion_len, trainer.temperature)
             deviation = (1 - torch.exp(0.5 * (logp_policy + logp_ref)).sum(-1)).clamp(0, 1)
             vocab = logp_policy.size(-1)
@@ -90,9 +97,10 @@ class AdvantageRecorder:
     def _expect_taco(self, inputs):
         trainer = self.trainer
         input_ids, attention_mask, mask = _inputs(inputs)
-        logps, entropy, _ = GRPOTrainer._get_per_token_logps_and_entropies(
-            trainer, trainer.model, input_ids, attention_mask, inputs["completion_ids"].size(1), compute_entropy=True
-        )
+        completion_ids = inputs["completion_ids"]
+        logp_all = _naive_logps(trainer.model, input_ids, attention_mask, completion_ids.size(1), trainer.temperature)
+        logps = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
         return taco_advantages(inputs["advantages"], logps, entropy, mask, trainer.args.taco_alpha, trainer.args.taco_lambda)
 
     def _check(self, inputs, expected):
@@ -168,7 +176,7 @@ def test_beta_with_reference_model(monkeypatch, tmp_path, tiny_model_dir, method
     trainer, recorder, before, after = run_training(monkeypatch, tmp_path, method, model=model, beta=0.1)
     assert trainer.ref_model is not None
     if method == "tide":
-        assert trainer._tide_reference is None  # TRL's own reference is reused, not copied again
+        assert trainer.deviation_reference.model is None  # TRL's own reference is reused, not copied again
     assert recorder.checked_batches == 3
     assert_all_params_changed(before, after)
 
@@ -248,7 +256,8 @@ def test_plain_grpo_config_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "field,value,message",
     [
-        ("credit_method", "ppo", "credit_method must be one of"),
+        ("credit_method", "ppo", "unknown credit method 'ppo'; registered: grpo, eapo"),
+        ("credit_method", "taco+eapo", "must come before methods that read the training forward"),
         ("taco_alpha", 0.0, r"taco_alpha must be in \(0, 1\]"),
         ("taco_lambda", 1.2, r"taco_lambda must be in \[0, 1\]"),
         ("eapo_kappa", -0.1, "eapo_kappa must be finite and >= 0"),
@@ -257,7 +266,7 @@ def test_plain_grpo_config_is_refused(tmp_path):
         ("tide_tau", 0.0, "tide_tau must be finite and > 0"),
         ("tide_distance", "kl", "tide_distance must be one of"),
         ("tide_reference", "base", "tide_reference must be one of"),
-        ("tide_vocab_chunk_size", 0, "tide_vocab_chunk_size must be >= 1"),
+        ("statistics_vocab_chunk_size", 0, "statistics_vocab_chunk_size must be >= 1"),
     ],
 )
 def test_config_validation_names_bad_value(tmp_path, field, value, message):

@@ -7,12 +7,19 @@ from __future__ import annotations
 
 import importlib
 
-from .methods import eapo_advantages, taco_advantages, tide_advantages
+from .methods import (
+    CREDIT_METHODS,
+    CreditBatch,
+    CreditResult,
+    eapo_advantages,
+    register_credit_method,
+    taco_advantages,
+    tide_advantages,
+)
 
 __version__ = "0.1.0"
 
 _TRAINER_EXPORTS = (
-    "CREDIT_METHODS",
     "METHODS",
     "CreditGRPOConfig",
     "CreditGRPOTrainer",
@@ -24,7 +31,16 @@ _TRAINER_EXPORTS = (
     "TIDETrainer",
 )
 
-__all__ = ["eapo_advantages", "taco_advantages", "tide_advantages", *_TRAINER_EXPORTS]
+__all__ = [
+    "CREDIT_METHODS",
+    "CreditBatch",
+    "CreditResult",
+    "eapo_advantages",
+    "register_credit_method",
+    "taco_advantages",
+    "tide_advantages",
+    *_TRAINER_EXPORTS,
+]
 
 
 def __getattr__(name: str):

@@ -181,7 +181,7 @@ def generate_credit_model_card(
     trackio_url: str | None = None,
     comet_url: str | None = None,
     trainer_name: str,
-    paper: Mapping[str, str] | None = None,
+    papers: Sequence[Mapping[str, str]] = (),
     grpo_paper: Mapping[str, str] | None = None,
 ) -> ModelCard:
     """Build the model card of a model trained with a trl-credit trainer.
@@ -200,18 +200,18 @@ def generate_credit_model_card(
         eval_summary: one `trl-credit eval` summary, a list of them, or `None` (no evaluation section).
         wandb_url, trackio_url, comet_url: experiment-tracker links shown as badges.
         trainer_name: the trainer's `_name` (e.g. `"TACO"`).
-        paper: the trainer's `_paper` (`title`, `id` = arXiv id, `citation` = BibTeX).
+        papers: the papers of the methods of the stack (`title`, `id` = arXiv id, `citation` = BibTeX).
         grpo_paper: GRPO's paper; defaults to `trl.GRPOTrainer._paper`.
 
     Returns:
         A `huggingface_hub.ModelCard` whose metadata validates; `card.save(path)` writes it.
     """
-    method = method.lower()
-    if method not in METHOD_DISPLAY_NAMES:
-        raise ValueError(f"unknown credit method {method!r}; expected one of {', '.join(METHOD_DISPLAY_NAMES)}")
+    from .methods import parse_credit_methods
+
+    names = [name.rsplit(":", 1)[-1] for name in parse_credit_methods(method.lower())] or ["grpo"]
     grpo_paper = dict(grpo_paper) if grpo_paper is not None else _grpo_paper()
-    paper = dict(paper or {}) or grpo_paper
-    all_tags = list(dict.fromkeys(["generated_from_trainer", *BASE_TAGS, method, *tags]))
+    papers = [dict(paper) for paper in papers if paper.get("id") != grpo_paper.get("id")]
+    all_tags = list(dict.fromkeys(["generated_from_trainer", *BASE_TAGS, *names, *tags]))
     if isinstance(eval_summary, Mapping):
         eval_summary = [eval_summary]
     eval_columns, eval_rows = eval_table(eval_summary or [])
@@ -232,8 +232,8 @@ def generate_credit_model_card(
         hub_model_id=hub_model_id,
         dataset_name=dataset_name,
         dataset_on_hub=on_hub,
-        method_display=METHOD_DISPLAY_NAMES[method],
-        method_summary=METHOD_SUMMARIES[method],
+        method_display=" + ".join(METHOD_DISPLAY_NAMES.get(name, name) for name in names),
+        method_summaries=[METHOD_SUMMARIES.get(name, f"`{name}`: a registered credit method.") for name in names],
         hyperparameters=format_hyperparameters(hyperparameters),
         plots=_plot_entries(plots),
         eval_columns=eval_columns,
@@ -242,7 +242,7 @@ def generate_credit_model_card(
         trackio_url=trackio_url,
         comet_url=comet_url,
         trainer_name=trainer_name,
-        paper=paper,
+        papers=papers,
         grpo_paper=grpo_paper,
         versions=_framework_versions(),
         trl_credit_url=TRL_CREDIT_URL,

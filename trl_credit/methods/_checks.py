@@ -9,8 +9,10 @@ from __future__ import annotations
 import torch
 
 
-def check_inputs(advantages_B: torch.Tensor, mask_BT: torch.Tensor, **per_token_BT: torch.Tensor) -> torch.Tensor:
-    """Validate shapes and finiteness; return the mask as a bool tensor.
+def check_inputs(
+    advantages_B: torch.Tensor, mask_BT: torch.Tensor, **per_token_BT: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Validate shapes and finiteness; return the bool mask and the per-token tensors in float32, 0 where masked.
 
     Non-finite values are only an error at *valid* positions: masked positions never enter a statistic,
     so whatever padding holds (even NaN) is ignored.
@@ -25,50 +27,14 @@ def check_inputs(advantages_B: torch.Tensor, mask_BT: torch.Tensor, **per_token_
     if not torch.isfinite(advantages_B).all():
         raise ValueError("advantages_B contains NaN or inf; sequence advantages must be finite")
     valid_BT = mask_BT.bool()
+    cleaned = []
     for name, tensor_BT in per_token_BT.items():
         if tensor_BT.shape != mask_BT.shape:
             raise ValueError(f"{name} must have the shape of mask_BT {tuple(mask_BT.shape)}, got {tuple(tensor_BT.shape)}")
         if not torch.isfinite(tensor_BT[valid_BT]).all():
             raise ValueError(f"{name} contains NaN or inf at valid (unmasked) positions")
-    return valid_BT
-
-
-def prepare_inputs(
-    advantages_B: torch.Tensor, mask_BT: torch.Tensor, check_finite: bool = True, **per_token_BT: torch.Tensor
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Validate like `check_inputs`, then return the float32 mask and the per-token tensors, cast to float32.
-
-    This is the fast path the credit functions use on `(B, T)` batches. Boolean indexing (`x[mask]`) and
-    `torch.where` with a boolean condition are slow on CPU (10-100x an elementwise multiply), so:
-
-    * finiteness is checked optimistically with one `sum()` per tensor: a finite sum means every entry is
-      finite; only a non-finite sum (or a shape error) runs `check_inputs`' exact masked check, which names
-      the offending argument;
-    * a tensor with non-finite values at masked positions (allowed: padding is ignored) is then replaced
-      by a copy with 0 there, so that callers may mask by multiplying with the returned float mask.
-
-    `check_finite=False` checks shapes only: for a caller that sums its inputs anyway and calls again with
-    `check_finite=True` when that sum is not finite. `mask_BT` must be bool or hold 0/1 (TRL's completion and tool masks are 0/1 integers).
-    """
-    tensors = [t.float() for t in per_token_BT.values()]
-    shapes_ok = (
-        advantages_B.dim() == 1
-        and mask_BT.dim() == 2
-        and mask_BT.shape[0] == advantages_B.shape[0]
-        and all(t.shape == mask_BT.shape for t in tensors)
-    )
-    if shapes_ok and not check_finite:
-        return _float_mask(mask_BT), tensors
-    if shapes_ok and bool(torch.isfinite(torch.stack([advantages_B.float().sum(), *(t.sum() for t in tensors)])).all()):
-        return _float_mask(mask_BT), tensors
-    valid_BT = check_inputs(advantages_B, mask_BT, **per_token_BT)
-    tensors = [t if bool(torch.isfinite(t.sum())) else torch.where(valid_BT, t, 0.0) for t in tensors]
-    return _float_mask(mask_BT), tensors
-
-
-def _float_mask(mask_BT: torch.Tensor) -> torch.Tensor:
-    # bool -> float32 is several times slower than uint8 -> float32 on CPU; the bytes are the same.
-    return (mask_BT.view(torch.uint8) if mask_BT.dtype == torch.bool else mask_BT).to(torch.float32)
+        cleaned.append(torch.where(valid_BT, tensor_BT.detach().float(), 0.0))
+    return valid_BT, cleaned
 
 
 def check_range(name: str, value: float, low: float, high: float, low_open: bool = False, high_open: bool = False) -> None:
@@ -78,3 +44,30 @@ def check_range(name: str, value: float, low: float, high: float, low_open: bool
     if not (above and below):
         interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
         raise ValueError(f"{name} must be in {interval}, got {value}")
+
+
+def in_range(low: float, high: float, low_open: bool = False, high_open: bool = False):
+    """A registry check `(predicate, allowed)` for a number in an interval."""
+    interval = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def ok(value) -> bool:
+        try:
+            check_range("value", float(value), low, high, low_open, high_open)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    return ok, interval
+
+
+def paper(title: str, arxiv_id: str, key: str, authors: str, year: int = 2026) -> dict[str, str]:
+    """TRL's `_paper` record: title, arXiv id and a BibTeX entry (the model card cites it)."""
+    citation = (
+        f"@article{{{key},\n"
+        f"    title        = {{{{{title}}}}},\n"
+        f"    author       = {{{authors}}},\n"
+        f"    year         = {year},\n"
+        f"    eprint       = {{arXiv:{arxiv_id}}},\n"
+        f"}}"
+    )
+    return {"title": title, "id": arxiv_id, "citation": citation}

@@ -2,22 +2,55 @@
 
 "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
 https://huggingface.co/papers/2607.07976 (official code: https://github.com/xiuyilou/TACO).
+
+    r = -log p - H + log(alpha)                       tail risk: r > 0  <=>  p < alpha * exp(-H)
+    w = 1 - lam * (1 - exp(-max(r, 0)))               in (1 - lam, 1]
+    Â = w * A  if A > 0,  else  A                     positive credit only shrinks; no renormalisation
+
+Statistics: the current policy, from the training forward that also gives the PPO ratio (no extra forward).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_range, prepare_inputs
+from ._checks import check_inputs, check_range, in_range, paper
+from .registry import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult, register_credit_method
 
-_LOG2E = 1.0 / math.log(2.0)
+TACO_PAPER = paper(
+    "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
+    "2607.07976",
+    "lou2026taco",
+    "Lou, Xiuyi and others",
+)
+
+
+@dataclass
+class TACOArguments:
+    """TACO's hyperparameters (paper defaults)."""
+
+    taco_alpha: float = field(
+        default=0.01,
+        metadata={"help": "TACO tail threshold alpha: a token is in the tail when p < alpha * exp(-H). In (0, 1]."},
+    )
+    taco_lambda: float = field(
+        default=0.9,
+        metadata={"help": "TACO maximal shrinkage lambda of tail tokens' positive credit. In [0, 1]; 0 is GRPO."},
+    )
 
 
 def taco_tail_risk(logps_BT: torch.Tensor, entropy_BT: torch.Tensor, alpha: float = 0.01) -> torch.Tensor:
     """Tail risk `r = -log p - H + log(alpha)`; `r > 0` exactly when `p < alpha * exp(-H)`."""
-    return -logps_BT - entropy_BT + torch.log(torch.tensor(alpha, dtype=logps_BT.dtype))
+    return -logps_BT - entropy_BT + math.log(alpha)
+
+
+def taco_weights(logps_BT: torch.Tensor, entropy_BT: torch.Tensor, alpha: float, lam: float) -> torch.Tensor:
+    """`w = 1 - lam * (1 - exp(-r))` for tail tokens (`r > 0`), else exactly 1."""
+    risk_BT = taco_tail_risk(logps_BT, entropy_BT, alpha).clamp(min=0.0)
+    return 1.0 - lam * (1.0 - torch.exp(-risk_BT))
 
 
 @torch.no_grad()
@@ -30,11 +63,6 @@ def taco_advantages(
     lam: float = 0.9,
 ) -> torch.Tensor:
     """Shrink the positive credit of implausible tail tokens.
-
-    A sampled token is in the tail when it is much less likely than the policy's typical token
-    (`p < alpha * exp(-H)`). On responses with a positive advantage its credit is scaled by
-    `w = 1 - lam * (1 - exp(-r))`, which lies in `(1 - lam, 1]`; every other token, and every response
-    with `A <= 0`, keeps GRPO's advantage. Nothing is renormalised: positive credit only shrinks.
 
     Args:
         advantages_B: `(B,)` sequence advantages `A_i`.
@@ -49,20 +77,36 @@ def taco_advantages(
     """
     check_range("alpha", alpha, 0.0, 1.0, low_open=True)
     check_range("lam", lam, 0.0, 1.0)
-    inputs = dict(logps_BT=logps_BT, entropy_BT=entropy_BT)
-    valid_BT, (logps_BT, entropy_BT) = prepare_inputs(advantages_B, mask_BT, check_finite=False, **inputs)
-    adv_B = advantages_B.float()
-    # x = log p + H is non-finite wherever an input is: one finiteness check for both (exact check only if not).
-    shrink_BT = torch.add(logps_BT, entropy_BT)
-    if not bool(torch.isfinite(shrink_BT.sum() + adv_B.sum())):
-        valid_BT, (logps_BT, entropy_BT) = prepare_inputs(advantages_B, mask_BT, **inputs)
-        shrink_BT = torch.add(logps_BT, entropy_BT)
-    if lam == 0.0:
-        return adv_B.unsqueeze(1) * valid_BT
+    valid_BT, (logps_BT, entropy_BT) = check_inputs(advantages_B, mask_BT, logps_BT=logps_BT, entropy_BT=entropy_BT)
+    batch = CreditBatch.from_sequence_advantages(advantages_B, valid_BT)
+    weights_BT = taco_weights(logps_BT, entropy_BT, alpha, lam)
+    return _shrink_positive(batch, weights_BT)
 
-    # exp(-max(r, 0)) - 1 with r = log(alpha) - x: one transcendental per token (exp2, cheaper than exp on CPU),
-    # in place. It is exactly 0 where r <= 0, so those tokens keep exactly A.
-    shrink_BT.sub_(math.log(alpha)).mul_(_LOG2E).clamp_(max=0.0).exp2_().sub_(1.0)
-    # w = 1 + lam * (exp(-max(r, 0)) - 1) when A > 0, else 1: A w = A + c_B * shrink with c_B = A lam or 0.
-    coef_B = torch.where(adv_B > 0, adv_B * lam, torch.zeros_like(adv_B))
-    return shrink_BT.mul_(coef_B.unsqueeze(1)).add_(adv_B.unsqueeze(1)).mul_(valid_BT)
+
+def _shrink_positive(batch: CreditBatch, weights_BT: torch.Tensor) -> torch.Tensor:
+    positive_BT = batch.mask_BT & (batch.sequence_advantages_B > 0).unsqueeze(1)
+    return torch.where(positive_BT, weights_BT * batch.advantages_BT, batch.advantages_BT)
+
+
+@register_credit_method(
+    "taco",
+    statistics=(POLICY_LOGPS, POLICY_ENTROPY),
+    arguments=TACOArguments,
+    checks={"taco_alpha": in_range(0.0, 1.0, low_open=True), "taco_lambda": in_range(0.0, 1.0)},
+    paper=TACO_PAPER,
+)
+def taco(batch: CreditBatch, taco_alpha: float, taco_lambda: float) -> CreditResult:
+    logps_BT, entropy_BT = batch[POLICY_LOGPS], batch[POLICY_ENTROPY]
+    risk_BT = taco_tail_risk(logps_BT, entropy_BT, taco_alpha)
+    in_tail_BT = batch.mask_BT & (risk_BT > 0)
+    positive_BT = batch.mask_BT & (batch.sequence_advantages_B > 0).unsqueeze(1)
+    return CreditResult(
+        advantages_BT=_shrink_positive(batch, taco_weights(logps_BT, entropy_BT, taco_alpha, taco_lambda)),
+        metrics={
+            "tail_fraction": in_tail_BT.float(),
+            "tail_fraction_pos": (in_tail_BT & positive_BT, positive_BT),
+            "mean_tail_risk": risk_BT,
+            "pos_adv_fraction": positive_BT.float(),
+        },
+        statistic_BT=risk_BT,
+    )

@@ -3,19 +3,68 @@
 "TIDE: Token-Level Credit Assignment via Entropy-Gated Bounded Deviation",
 https://huggingface.co/papers/2605.03327 (v1/v2: "DGPO: Distribution-Guided Policy Optimization").
 No official code is public; the formulas follow the paper's earlier versions.
+
+    d  = 1 - sum_v sqrt(pi(v|s) * pi_ref(v|s))         squared Hellinger distance, in [0, 1]
+    Hn = clamp(H(pi(.|s)) / log|V|, 0, 1)                entropy gate
+    s  = d * Hn ** kappa
+    w  = T_i * softmax_{valid t in the response}(s / tau)   mean weight 1 per response
+    Â  = A * w
+
+Statistics: the deviation of the policy from a frozen reference and the policy's entropy, once per generation batch.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_range, prepare_inputs
-
-_LOG2E = 1.0 / math.log(2.0)
+from ._checks import check_inputs, check_range, paper
+from .registry import (
+    PREVIOUS_POLICY_DEVIATION,
+    REFERENCE_DEVIATION,
+    ROLLOUT_ENTROPY,
+    CreditBatch,
+    CreditResult,
+    register_credit_method,
+)
 
 DISTANCES = ("squared_hellinger", "hellinger")
+REFERENCES = ("ref", "old")
+
+TIDE_PAPER = paper(
+    "TIDE: Token-Level Credit Assignment via Entropy-Gated Bounded Deviation",
+    "2605.03327",
+    "jin2026tide",
+    "Jin and others",
+)
+
+
+@dataclass
+class TIDEArguments:
+    """TIDE's hyperparameters (paper defaults; `tide_distance` and `tide_reference` are the open choices)."""
+
+    tide_tau: float = field(
+        default=0.5,
+        metadata={"help": "TIDE softmax temperature tau (> 0) over the gated deviation scores of a response."},
+    )
+    tide_kappa: float = field(
+        default=1.0,
+        metadata={"help": "TIDE exponent kappa (>= 0) of the normalised-entropy gate; 0 turns the gate off."},
+    )
+    tide_distance: str = field(
+        default="squared_hellinger",
+        metadata={"help": "TIDE deviation measure.", "choices": list(DISTANCES)},
+    )
+    tide_reference: str = field(
+        default="ref",
+        metadata={
+            "help": "TIDE reference: 'ref' = frozen initial model (PEFT: adapter disabled), 'old' = the policy at "
+            "the previous training generation batch.",
+            "choices": list(REFERENCES),
+        },
+    )
 
 
 def tide_entropy_gate(entropy_BT: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -30,14 +79,19 @@ def tide_scores(
     kappa: float = 1.0,
     distance: str = "squared_hellinger",
 ) -> torch.Tensor:
-    """Gated deviation score `s = d * Hn ** kappa`, with `d` the squared Hellinger distance or its root.
-
-    The reference formula (for diagnostics and tests); `tide_advantages` computes the same scores inline.
-    """
+    """Gated deviation score `s = d * Hn ** kappa`, with `d` the squared Hellinger distance or its root."""
     deviation_BT = deviation_BT.float().clamp(0.0, 1.0)
     if distance == "hellinger":
         deviation_BT = deviation_BT.sqrt()
     return deviation_BT * tide_entropy_gate(entropy_BT, vocab_size).pow(kappa)
+
+
+def tide_weights(scores_BT: torch.Tensor, valid_BT: torch.Tensor, tau: float) -> torch.Tensor:
+    """`w = T_i * softmax_t(s / tau)` over the `T_i` valid tokens of each response; 0 elsewhere."""
+    logits_BT = (scores_BT / tau).masked_fill(~valid_BT, -math.inf)
+    # A row without valid tokens would be all -inf (NaN softmax): give it zeros instead.
+    softmax_BT = torch.softmax(logits_BT.masked_fill(~valid_BT.any(dim=1, keepdim=True), 0.0), dim=1) * valid_BT
+    return valid_BT.sum(dim=1, keepdim=True) * softmax_BT
 
 
 @torch.no_grad()
@@ -52,9 +106,6 @@ def tide_advantages(
     distance: str = "squared_hellinger",
 ) -> torch.Tensor:
     """Give more credit to uncertain tokens where the policy moved away from the reference.
-
-    `w = T_i * softmax_t(s / tau)` over the `T_i` valid tokens of response `i`, so the weights have
-    mean 1 within each response and the response's mean token advantage stays `A_i` (both signs).
 
     Args:
         advantages_B: `(B,)` sequence advantages.
@@ -75,43 +126,45 @@ def tide_advantages(
         raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
     if int(vocab_size) < 2:
         raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
-    valid_BT, (deviation_BT, entropy_BT) = prepare_inputs(
+    valid_BT, (deviation_BT, entropy_BT) = check_inputs(
         advantages_B, mask_BT, deviation_BT=deviation_BT, entropy_BT=entropy_BT
-    )  # valid_BT: float 0/1 mask
-    log_vocab = math.log(vocab_size)
-    # One min/max pass each: the range check, and whether the clamps below can be skipped.
-    d_min, d_max = (float(v) for v in torch.aminmax(deviation_BT))
-    if d_min < -1e-4 or d_max > 1 + 1e-4:  # garbage under the mask may be out of range: check valid positions only
-        deviation_BT = torch.where(valid_BT.bool(), deviation_BT, 0.0)
-        d_min, d_max = (float(v) for v in torch.aminmax(deviation_BT))
-        # Rounding in a chunked computation can give d slightly outside [0, 1]; anything further is a bug upstream.
-        if d_min < -1e-4 or d_max > 1 + 1e-4:
-            raise ValueError("deviation_BT must be a squared Hellinger distance in [0, 1] at valid positions")
-    if d_min < 0.0 or d_max > 1.0:
-        deviation_BT = deviation_BT.clamp(0.0, 1.0)
-    if distance == "hellinger":
-        deviation_BT = deviation_BT.sqrt()
-    h_min, h_max = (float(v) for v in torch.aminmax(entropy_BT))
+    )
+    # A streamed computation can round d slightly outside [0, 1]; anything further is a bug upstream.
+    if deviation_BT.numel() and (deviation_BT.min() < -1e-4 or deviation_BT.max() > 1 + 1e-4):
+        raise ValueError("deviation_BT must be a squared Hellinger distance in [0, 1] at valid positions")
+    scores_BT = tide_scores(deviation_BT, entropy_BT, vocab_size, kappa, distance)
+    return advantages_B.float().unsqueeze(1) * tide_weights(scores_BT, valid_BT, tau)
 
-    # Scores s = d * gate in [0, 1], scaled by log2(e) / tau for exp2 (cheaper than exp on CPU).
-    if kappa == 1.0 and 0.0 <= h_min and h_max <= log_vocab:  # the default: no clamp, no pow
-        logits_BT = torch.mul(deviation_BT, entropy_BT).mul_(_LOG2E / (tau * log_vocab))
-    else:
-        logits_BT = torch.mul(entropy_BT, 1.0 / log_vocab).clamp_(0.0, 1.0).pow_(kappa).mul_(deviation_BT)
-        logits_BT.mul_(_LOG2E / tau)
-    # Softmax over the valid tokens of each row. Scores are bounded, so a constant shift replaces the row max:
-    # none while a row sum cannot overflow, else the top score 1 / tau (exp2 then stays >= 2^-116, no underflow
-    # to 0 of a whole row).
-    max_log2 = _LOG2E / tau
-    if max_log2 + math.log2(max(valid_BT.shape[1], 1)) > 120:
-        if max_log2 > 120:  # tau < ~0.012: shift each row by its own largest valid score
-            row_max_B = torch.where(valid_BT.bool(), logits_BT, -math.inf).amax(dim=1).clamp(min=0.0)
-            logits_BT.sub_(row_max_B.unsqueeze(1)).clamp_(max=0.0)  # masked scores may exceed the valid max
-        else:
-            logits_BT.sub_(max_log2)
-    exp_BT = logits_BT.exp2_().mul_(valid_BT)
-    # w = count * softmax, so A w = exp * (A * count / sum); a row without valid tokens gets 0.
-    count_B = valid_BT.sum(dim=1)
-    # A row with valid tokens sums to >= 2^-120 (see the shift above); an empty one to 0, with count 0.
-    scale_B = advantages_B.float() * count_B / exp_BT.sum(dim=1).clamp(min=torch.finfo(torch.float32).tiny)
-    return exp_BT.mul_(scale_B.unsqueeze(1))
+
+def _tide_statistics(hyperparameters: dict) -> tuple[str, ...]:
+    deviation = PREVIOUS_POLICY_DEVIATION if hyperparameters["tide_reference"] == "old" else REFERENCE_DEVIATION
+    return (deviation, ROLLOUT_ENTROPY)
+
+
+@register_credit_method(
+    "tide",
+    statistics=_tide_statistics,
+    arguments=TIDEArguments,
+    checks={
+        "tide_tau": (lambda tau: 0.0 < tau < math.inf, "finite and > 0"),
+        "tide_kappa": (lambda kappa: 0.0 <= kappa < math.inf, "finite and >= 0"),
+        "tide_distance": (lambda d: d in DISTANCES, f"one of {DISTANCES}"),
+        "tide_reference": (lambda r: r in REFERENCES, f"one of {REFERENCES}"),
+    },
+    paper=TIDE_PAPER,
+)
+def tide(
+    batch: CreditBatch, tide_tau: float, tide_kappa: float, tide_distance: str, tide_reference: str
+) -> CreditResult:
+    deviation_BT = batch[_tide_statistics({"tide_reference": tide_reference})[0]]
+    entropy_BT = batch[ROLLOUT_ENTROPY]
+    scores_BT = tide_scores(deviation_BT, entropy_BT, batch.vocab_size, tide_kappa, tide_distance)
+    return CreditResult(
+        advantages_BT=batch.advantages_BT * tide_weights(scores_BT, batch.mask_BT, tide_tau),
+        metrics={
+            "mean_deviation": deviation_BT,
+            "mean_gate": tide_entropy_gate(entropy_BT, batch.vocab_size),
+            "mean_score": scores_BT,
+        },
+        statistic_BT=deviation_BT,
+    )

@@ -1,5 +1,14 @@
 """The credit-assignment GRPO trainer, its config, and the single-method pairs (re-exported by `trl_credit`)."""
 
-from .config import CREDIT_METHODS, CreditGRPOConfig  # noqa: F401
+from .config import CreditGRPOConfig  # noqa: F401
 from .credit_trainer import CreditGRPOTrainer  # noqa: F401
-from .methods import METHODS, EAPOConfig, EAPOTrainer, TACOConfig, TACOTrainer, TIDEConfig, TIDETrainer  # noqa: F401
+from .methods import (  # noqa: F401
+    METHODS,
+    EAPOConfig,
+    EAPOTrainer,
+    TACOConfig,
+    TACOTrainer,
+    TIDEConfig,
+    TIDETrainer,
+    trainer_pair,
+)

@@ -2,77 +2,42 @@
 
 from __future__ import annotations
 
-import math
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from trl import GRPOConfig
 
-from ..methods import DISTANCES
-
-CREDIT_METHODS = ("grpo", "taco", "eapo", "tide")
-TIDE_REFERENCES = ("ref", "old")
-
-# The config fields each method reads; `credit_hyperparameters()` and the model card report these.
-METHOD_FIELDS = {
-    "grpo": (),
-    "taco": ("taco_alpha", "taco_lambda"),
-    "eapo": ("eapo_kappa", "eapo_kappa_decay_steps", "eapo_quantiles"),
-    "tide": (
-        "tide_tau",
-        "tide_kappa",
-        "tide_distance",
-        "tide_reference",
-        "tide_token_chunk_size",
-        "tide_vocab_chunk_size",
-    ),
-}
+from ..methods import CREDIT_METHODS, EAPOArguments, TACOArguments, TIDEArguments, get_credit_method
+from ..methods.registry import CreditMethod, parse_credit_methods
 
 
 @dataclass
-class CreditGRPOConfig(GRPOConfig):
+class CreditGRPOConfig(GRPOConfig, TACOArguments, EAPOArguments, TIDEArguments):
     r"""
     Configuration class for [`CreditGRPOTrainer`]: every [`~trl.GRPOConfig`] parameter plus the token-level credit
-    method and its hyperparameters. Method defaults are the papers' defaults.
+    method and its hyperparameters. Method defaults are the papers' defaults; each method's fields are documented in
+    its file under `trl_credit/methods/` (`TACOArguments`, `EAPOArguments`, `TIDEArguments`).
 
     Parameters:
         > Parameters that select the credit method
 
-        credit_method (`str`, *optional*, defaults to `"grpo"`):
-            How the sequence advantage is spread over tokens: `"grpo"` (uniformly, plain GRPO), `"taco"`, `"eapo"` or
-            `"tide"`.
+        credit_method (`str` or `list[str]`, *optional*, defaults to `"grpo"`):
+            How the sequence advantage is spread over tokens: `"grpo"` (uniformly), a registered method (`"taco"`,
+            `"eapo"`, `"tide"`, or one added with `register_credit_method`), `"package.module:name"` to import the
+            module that registers `name`, or a stack such as `"eapo+taco"` / `["eapo", "taco"]`: methods apply in
+            order, each reshaping the token advantages the previous one returned. Methods that read the generation
+            batch must come before methods that read the training forward.
+        credit_kwargs (`dict` or `str`, *optional*):
+            Hyperparameters of registered methods that this config does not declare as fields, e.g.
+            `{"boost": 2.0}` (a JSON string on the command line).
 
-        > Parameters of TACO (https://huggingface.co/papers/2607.07976)
+        > Parameters that control how statistics are computed
 
-        taco_alpha (`float`, *optional*, defaults to `0.01`):
-            Tail threshold: a sampled token is in the tail when `p < alpha * exp(-H)`. In `(0, 1]`.
-        taco_lambda (`float`, *optional*, defaults to `0.9`):
-            Maximal shrinkage of a tail token's positive credit; weights lie in `(1 - lambda, 1]`. In `[0, 1]`.
-
-        > Parameters of EAPO (https://huggingface.co/papers/2609.33781)
-
-        eapo_kappa (`float`, *optional*, defaults to `log 4`):
-            Strength of the entropy reweighting; the largest/smallest weight ratio within a response is at most
-            `exp(kappa)`. `0` is GRPO.
-        eapo_kappa_decay_steps (`int`, *optional*, defaults to `0`):
-            Decay kappa linearly to 0 over this many optimizer steps; `0` keeps it constant.
-        eapo_quantiles (`list[float]`, *optional*, defaults to `[0.1, 0.9]`):
-            Entropy quantiles (over all valid tokens of the generation batch, every process) that map to 0 and 1.
-
-        > Parameters of TIDE (https://huggingface.co/papers/2605.03327)
-
-        tide_tau (`float`, *optional*, defaults to `0.5`):
-            Temperature of the per-response softmax over gated deviation scores.
-        tide_kappa (`float`, *optional*, defaults to `1.0`):
-            Exponent of the normalised-entropy gate; `0` turns the gate off.
-        tide_distance (`str`, *optional*, defaults to `"squared_hellinger"`):
-            Deviation measure: `"squared_hellinger"` or `"hellinger"` (its square root).
-        tide_reference (`str`, *optional*, defaults to `"ref"`):
-            Distribution the deviation is measured against: `"ref"`, the frozen initial model (with PEFT, the
-            adapter disabled), or `"old"`, the policy as it was at the previous generation batch.
-        tide_token_chunk_size (`int`, *optional*, defaults to `1024`):
-            Token positions per block when streaming the LM head.
-        tide_vocab_chunk_size (`int`, *optional*, defaults to `16384`):
-            Vocabulary rows per block when streaming the LM head (online log-sum-exp).
+        statistics_token_chunk_size (`int`, *optional*, defaults to `1024`):
+            Token positions per block when streaming the LM heads for deviation statistics (TIDE).
+        statistics_vocab_chunk_size (`int`, *optional*, defaults to `16384`):
+            Vocabulary rows per block when streaming the LM heads (online log-sum-exp).
 
         > Parameters that control the token-credit log
 
@@ -85,53 +50,20 @@ class CreditGRPOConfig(GRPOConfig):
 
     credit_method: str = field(
         default="grpo",
-        metadata={"help": "Token-level credit method.", "choices": list(CREDIT_METHODS)},
-    )
-    taco_alpha: float = field(
-        default=0.01,
-        metadata={"help": "TACO tail threshold alpha: a token is in the tail when p < alpha * exp(-H). In (0, 1]."},
-    )
-    taco_lambda: float = field(
-        default=0.9,
-        metadata={"help": "TACO maximal shrinkage lambda of tail tokens' positive credit. In [0, 1]; 0 is GRPO."},
-    )
-    eapo_kappa: float = field(
-        default=math.log(4),
-        metadata={"help": "EAPO strength kappa (>= 0): max/min weight ratio in a response <= exp(kappa). 0 is GRPO."},
-    )
-    eapo_kappa_decay_steps: int = field(
-        default=0,
-        metadata={"help": "EAPO: decay kappa linearly to 0 over this many optimizer steps (0 = constant)."},
-    )
-    eapo_quantiles: list[float] = field(
-        default_factory=lambda: [0.1, 0.9],
-        metadata={"help": "EAPO entropy quantiles (lo, hi), batch-global over all processes, mapped to 0 and 1."},
-    )
-    tide_tau: float = field(
-        default=0.5,
-        metadata={"help": "TIDE softmax temperature tau (> 0) over the gated deviation scores of a response."},
-    )
-    tide_kappa: float = field(
-        default=1.0,
-        metadata={"help": "TIDE exponent kappa (>= 0) of the normalised-entropy gate; 0 turns the gate off."},
-    )
-    tide_distance: str = field(
-        default="squared_hellinger",
-        metadata={"help": "TIDE deviation measure.", "choices": list(DISTANCES)},
-    )
-    tide_reference: str = field(
-        default="ref",
         metadata={
-            "help": "TIDE reference: 'ref' = frozen initial model (PEFT: adapter disabled), 'old' = the policy at "
-            "the previous generation batch.",
-            "choices": list(TIDE_REFERENCES),
+            "help": "Token-level credit method: grpo, a registered name (taco, eapo, tide, ...), "
+            "'package.module:name', or a '+'-separated stack such as eapo+taco."
         },
     )
-    tide_token_chunk_size: int = field(
-        default=1024, metadata={"help": "TIDE: token positions per block when streaming the LM head."}
+    credit_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={"help": "Hyperparameters of registered methods that are not config fields (a JSON object)."},
     )
-    tide_vocab_chunk_size: int = field(
-        default=16384, metadata={"help": "TIDE: vocabulary rows per block when streaming the LM head."}
+    statistics_token_chunk_size: int = field(
+        default=1024, metadata={"help": "Token positions per block when streaming the LM heads (TIDE's deviation)."}
+    )
+    statistics_vocab_chunk_size: int = field(
+        default=16384, metadata={"help": "Vocabulary rows per block when streaming the LM heads."}
     )
     log_token_credit: bool = field(
         default=False,
@@ -143,35 +75,51 @@ class CreditGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         # Credit fields are checked first so that a bad value is reported before anything else is set up.
+        if not isinstance(self.credit_method, str):  # a list from Python or YAML
+            self.credit_method = "+".join(str(name) for name in self.credit_method)
+        if isinstance(self.credit_kwargs, str):
+            self.credit_kwargs = json.loads(self.credit_kwargs)
         self.eapo_quantiles = [float(q) for q in self.eapo_quantiles]  # the CLI passes strings
         self.validate_credit_fields()
         super().__post_init__()
 
+    @property
+    def credit_methods(self) -> tuple[CreditMethod, ...]:
+        """The stack, in the order it applies (empty for plain GRPO)."""
+        return tuple(get_credit_method(name) for name in parse_credit_methods(self.credit_method))
+
+    def method_hyperparameters(self, method: CreditMethod) -> dict[str, Any]:
+        return method.hyperparameters(self, self.credit_kwargs)
+
     def validate_credit_fields(self) -> None:
-        """Raise `ValueError` naming the first credit field whose value is outside its allowed range."""
-        checks = [
-            ("credit_method", self.credit_method in CREDIT_METHODS, f"one of {CREDIT_METHODS}"),
-            ("taco_alpha", 0.0 < self.taco_alpha <= 1.0, "in (0, 1]"),
-            ("taco_lambda", 0.0 <= self.taco_lambda <= 1.0, "in [0, 1]"),
-            ("eapo_kappa", 0.0 <= self.eapo_kappa < math.inf, "finite and >= 0"),
-            ("eapo_kappa_decay_steps", self.eapo_kappa_decay_steps >= 0, ">= 0"),
-            (
-                "eapo_quantiles",
-                len(self.eapo_quantiles) == 2 and 0.0 <= self.eapo_quantiles[0] < self.eapo_quantiles[1] <= 1.0,
-                "two values lo, hi with 0 <= lo < hi <= 1",
-            ),
-            ("tide_tau", 0.0 < self.tide_tau < math.inf, "finite and > 0"),
-            ("tide_kappa", 0.0 <= self.tide_kappa < math.inf, "finite and >= 0"),
-            ("tide_distance", self.tide_distance in DISTANCES, f"one of {DISTANCES}"),
-            ("tide_reference", self.tide_reference in TIDE_REFERENCES, f"one of {TIDE_REFERENCES}"),
-            ("tide_token_chunk_size", self.tide_token_chunk_size >= 1, ">= 1"),
-            ("tide_vocab_chunk_size", self.tide_vocab_chunk_size >= 1, ">= 1"),
-            ("token_credit_samples", self.token_credit_samples >= 1, ">= 1"),
-        ]
-        for name, ok, allowed in checks:
-            if not ok:
-                raise ValueError(f"{name} must be {allowed}, got {getattr(self, name)!r}")
+        """Raise `ValueError` naming the first credit setting outside its allowed range."""
+        try:
+            stack = self.credit_methods
+        except ValueError as error:
+            raise ValueError(f"credit_method: {error}") from None
+        # Every method whose fields this config declares is checked, selected or not: a bad value is a typo.
+        declared = [m for m in CREDIT_METHODS.values() if all(hasattr(self, n) for n in m.argument_names)]
+        for method in dict.fromkeys([*declared, *stack]):
+            method.check(self.method_hyperparameters(method))
+        known = {name for method in stack for name in method.argument_names}
+        unknown = sorted(set(self.credit_kwargs or {}) - known)
+        if unknown:
+            raise ValueError(f"credit_kwargs names {unknown}, which no method of {self.credit_method!r} reads")
+        in_forward = [m.reads_training_forward(self.method_hyperparameters(m)) for m in stack]
+        if in_forward != sorted(in_forward):
+            raise ValueError(
+                f"credit_method {self.credit_method!r}: methods that read the generation batch must come before "
+                "methods that read the training forward (" + ", ".join(
+                    f"{m.name}: {'training forward' if f else 'generation batch'}" for m, f in zip(stack, in_forward)
+                ) + ")"
+            )
+        for name in ("statistics_token_chunk_size", "statistics_vocab_chunk_size", "token_credit_samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
 
     def credit_hyperparameters(self) -> dict:
-        """The active method's name and hyperparameters, e.g. for model cards and run names."""
-        return {"credit_method": self.credit_method, **{f: getattr(self, f) for f in METHOD_FIELDS[self.credit_method]}}
+        """The method stack and every method's hyperparameters, e.g. for model cards and run names."""
+        values = {"credit_method": self.credit_method}
+        for method in self.credit_methods:
+            values.update(self.method_hyperparameters(method))
+        return values

@@ -9,11 +9,35 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from accelerate.utils import is_peft_model
+
+from ..statistics import LogitTransform
 
 
-def final_hidden(model, input_ids, attention_mask) -> torch.Tensor:
-    """`(b, L, H)` final (post-norm) hidden states, without computing the LM head."""
-    return model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+def final_hidden(model, **model_inputs) -> torch.Tensor:
+    """`(b, L, H)` final (post-norm) hidden states, without computing the LM head.
+
+    Calls the backbone as TRL's fused LM head does (`model.base_model`), so vision-language models get their
+    image inputs; a PEFT model's adapters stay in effect.
+    """
+    hf_model = model.get_base_model() if is_peft_model(model) else model
+    return hf_model.base_model(**model_inputs, use_cache=False).last_hidden_state
+
+
+def logit_transform(model) -> LogitTransform:
+    """The scale and softcap a model applies after its LM head, read from its config as TRL's fused LM head reads
+    them (`trl.trainer.utils.add_fused_lm_head`): Gemma-2's `final_logit_softcapping`, Cohere's `logit_scale`,
+    `output_multiplier`, Falcon-H1's `lm_head_multiplier`, Granite's and MiniCPM3's `1 / logits_scaling`
+    (HyperCLOVA X multiplies by it)."""
+    config = model.config.get_text_config()
+    scale = getattr(config, "logit_scale", None)
+    if scale is None:
+        scale = getattr(config, "output_multiplier", None)
+    if scale is None:
+        scale = getattr(config, "lm_head_multiplier", None)
+    if scale is None and getattr(config, "logits_scaling", None) is not None:
+        scale = config.logits_scaling if config.model_type == "hyperclovax" else 1 / config.logits_scaling
+    return LogitTransform(scale=1.0 if scale is None else scale, softcap=getattr(config, "final_logit_softcapping", None))
 
 
 def vocab_size(model) -> int:

@@ -1,14 +1,14 @@
 """The public single-method trainer/config pairs: `TACOTrainer`, `EAPOTrainer`, `TIDETrainer`.
 
 Each config only re-declares what the paper's recipe changes; each trainer is `CreditGRPOTrainer` pinned
-to one method, with the paper's metadata for model cards and Hub tags.
+to one method, with the paper's metadata (from the method's registration) for model cards and Hub tags.
 """
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import dataclass, field
 
+from ..methods import CREDIT_METHODS
 from .config import CreditGRPOConfig
 from .credit_trainer import CreditGRPOTrainer
 
@@ -48,17 +48,6 @@ class TIDEConfig(CreditGRPOConfig):
     epsilon_high: float | None = field(default=0.28, metadata={"help": _CLIP_HIGHER_HELP})
 
 
-def _paper(title: str, arxiv_id: str, key: str) -> dict:
-    """TRL's `_paper` record: title, arXiv id and a BibTeX entry (the model card cites it)."""
-    citation = textwrap.dedent(f"""\
-        @article{{{key},
-            title        = {{{{{title}}}}},
-            year         = 2026,
-            eprint       = {{arXiv:{arxiv_id}}},
-        }}""")
-    return {"title": title, "id": arxiv_id, "citation": citation}
-
-
 class TACOTrainer(CreditGRPOTrainer):
     """GRPO with TACO: positive credit of implausible tail tokens is shrunk (statistics from the training forward)."""
 
@@ -66,11 +55,7 @@ class TACOTrainer(CreditGRPOTrainer):
     _credit_method = "taco"
     _tag_names = ["trl", "grpo", "trl-credit", "taco"]
     _name = "TACO"
-    _paper = _paper(
-        "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
-        "2607.07976",
-        "taco2026",
-    )
+    _paper = dict(CREDIT_METHODS["taco"].paper)
 
 
 class EAPOTrainer(CreditGRPOTrainer):
@@ -80,11 +65,7 @@ class EAPOTrainer(CreditGRPOTrainer):
     _credit_method = "eapo"
     _tag_names = ["trl", "grpo", "trl-credit", "eapo"]
     _name = "EAPO"
-    _paper = _paper(
-        "Surprising Success, Repeated Failure: Entropy-Guided Credit Assignment for Exploration in LLM Reasoning",
-        "2609.33781",
-        "eapo2026",
-    )
+    _paper = dict(CREDIT_METHODS["eapo"].paper)
 
 
 class TIDETrainer(CreditGRPOTrainer):
@@ -94,15 +75,18 @@ class TIDETrainer(CreditGRPOTrainer):
     _credit_method = "tide"
     _tag_names = ["trl", "grpo", "trl-credit", "tide"]
     _name = "TIDE"
-    _paper = _paper(
-        "TIDE: Token-Level Credit Assignment via Entropy-Gated Bounded Deviation", "2605.03327", "tide2026"
-    )
+    _paper = dict(CREDIT_METHODS["tide"].paper)
 
 
-# One mapping from method name to its config and trainer: the CLI and the docs read it.
+# The trainer and config the CLI uses for a method name; any other name or stack trains with CreditGRPOTrainer.
 METHODS = {
     "grpo": (CreditGRPOConfig, CreditGRPOTrainer),
     "taco": (TACOConfig, TACOTrainer),
     "eapo": (EAPOConfig, EAPOTrainer),
     "tide": (TIDEConfig, TIDETrainer),
 }
+
+
+def trainer_pair(credit_method: str) -> tuple[type[CreditGRPOConfig], type[CreditGRPOTrainer]]:
+    """The config and trainer classes for `credit_method` (a name or a stack)."""
+    return METHODS.get(credit_method, METHODS["grpo"])

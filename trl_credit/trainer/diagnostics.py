@@ -1,0 +1,53 @@
+"""What the trainer logs about credit: per-method metrics (global over processes) and the token-credit view."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..methods.registry import CreditResult
+
+
+@torch.no_grad()
+def credit_metrics(accelerator, name: str, incoming_BT, result: CreditResult, mask_BT) -> dict[str, float]:
+    """`name/...` metrics of one method of the stack, reduced over every process (a collective on each one).
+
+    The weight of a token is the factor its advantage was multiplied by (`out / in`, where `in != 0`).
+    """
+    reshaped_BT = mask_BT & (incoming_BT != 0)
+    weights_N = (result.advantages_BT / torch.where(reshaped_BT, incoming_BT, 1.0))[reshaped_BT]
+    valid_count = mask_BT.sum()
+    sums = {
+        "mean_weight": (weights_N.sum(), reshaped_BT.sum()),
+        "weight_sq": ((weights_N**2).sum(), reshaped_BT.sum()),
+    }
+    if result.loss_mask_BT is not None:
+        sums["kept_fraction"] = ((result.loss_mask_BT * mask_BT).sum(), valid_count)
+    scalars = {}
+    for metric, value in result.metrics.items():
+        if isinstance(value, tuple):  # (numerator, denominator) masks
+            sums[metric] = (value[0].sum(), value[1].sum())
+        elif isinstance(value, torch.Tensor):  # per-token values, averaged over valid tokens
+            sums[metric] = (value.float()[mask_BT].sum(), valid_count)
+        else:  # already global
+            scalars[metric] = float(value)
+    totals = torch.stack([torch.stack([s.float(), c.float()]) for s, c in sums.values()])
+    totals = accelerator.reduce(totals.to(accelerator.device), reduction="sum").tolist()
+    means = {metric: s / c if c > 0 else float("nan") for metric, (s, c) in zip(sums, totals)}
+    mean_sq = means.pop("weight_sq")
+    means["weight_std"] = math.sqrt(max(mean_sq - means["mean_weight"] ** 2, 0.0))
+    local_max = weights_N.max() if weights_N.numel() else torch.tensor(float("nan"))
+    gathered = accelerator.gather(local_max.reshape(1).float().to(accelerator.device))
+    gathered = gathered[~torch.isnan(gathered)]
+    means["weight_max"] = gathered.max().item() if gathered.numel() else float("nan")
+    means.update(scalars)
+    return {f"{name}/{metric}": value for metric, value in means.items()}
+
+
+@torch.no_grad()
+def advantage_magnitude(accelerator, advantages_BT, mask_BT) -> float:
+    """Mean `|Â|` over the valid tokens of every process (`credit/adv_abs_mean`)."""
+    total = torch.stack([advantages_BT[mask_BT].abs().sum(), mask_BT.sum().float()])
+    total = accelerator.reduce(total.to(accelerator.device), reduction="sum")
+    return (total[0] / total[1]).item() if total[1] > 0 else float("nan")

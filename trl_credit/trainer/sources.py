@@ -1,0 +1,123 @@
+"""Where each statistic comes from: TRL's own forward path, once per batch.
+
+* `rollout_logps` / `rollout_entropy`: TRL's `_get_per_token_logps_and_entropies` on the policy over the
+  generation batch (the fused LM head with the model's full output transform, the sampling temperature and the
+  batch's multimodal inputs). `rollout_logps` reuses TRL's old-log-prob forward when it ran.
+* `reference_deviation` / `previous_policy_deviation`: final hidden states of the policy and the reference from
+  their backbones (with the multimodal inputs), streamed through both LM heads and output transforms. The same
+  pass gives the policy's full-vocabulary entropy, which is then `rollout_entropy` (it equals TRL's forward; the
+  tests check it per architecture), so no second policy forward runs.
+* `policy_logps` / `policy_entropy` come from the training forward itself (see `CreditGRPOTrainer._compute_loss`).
+
+Every process runs the same forwards and LM-head gathers whatever its masks, so ZeRO-3 and FSDP2 stay in step.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from trl.models.utils import disable_gradient_checkpointing
+
+from ..methods.registry import (
+    PREVIOUS_POLICY_DEVIATION,
+    REFERENCE_DEVIATION,
+    ROLLOUT_ENTROPY,
+    ROLLOUT_LOGPS,
+)
+from ..statistics import hellinger_and_entropy
+from .engines import final_hidden, full_lm_head, logit_transform, unsharded_root
+
+# Batch keys TRL passes to `_get_per_token_logps_and_entropies` besides the token ids (see `_compute_loss`).
+MULTIMODAL_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+# TRL's own bookkeeping among them: how many images and tiles each row has, never passed to the model.
+_ROW_COUNTS = ("num_images", "num_tiles")
+
+
+def sequence_inputs(batch) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """`(input_ids, attention_mask, multimodal kwargs)` of prompt + completion, as TRL's loss builds them."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    multimodal = {key: batch[key] for key in MULTIMODAL_KEYS if batch.get(key) is not None}
+    return input_ids, attention_mask, multimodal
+
+
+def valid_mask(batch) -> torch.Tensor:
+    """Completion mask x tool mask, as TRL's loss masks tokens."""
+    mask_BT = batch["completion_mask"]
+    return (mask_BT * batch["tool_mask"] if "tool_mask" in batch else mask_BT).bool()
+
+
+@torch.no_grad()
+def policy_logps_and_entropy(trainer, batch, batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's own no-grad forward of the policy over `batch`: sampled-token log-probs and entropies, `(B, T)`."""
+    input_ids, attention_mask, multimodal = sequence_inputs(batch)
+    with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+        logps_BT, entropy_BT, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, attention_mask, batch["completion_ids"].size(1),
+            batch_size=batch_size, compute_entropy=True, **multimodal,
+        )
+    return logps_BT.float(), entropy_BT.float()
+
+
+def generation_statistics(trainer, batch, names, reference=None) -> dict[str, torch.Tensor]:
+    """The requested generation-batch statistics, `(B, T)` float32 each, zero at masked positions."""
+    statistics = {}
+    deviations = [name for name in names if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
+    for name in deviations:  # at most one reference per run
+        statistics[name], statistics[ROLLOUT_ENTROPY] = deviation_and_entropy(trainer, batch, reference)
+    needs_logps = ROLLOUT_LOGPS in names and "old_per_token_logps" not in batch
+    if needs_logps or (ROLLOUT_ENTROPY in names and ROLLOUT_ENTROPY not in statistics):
+        logps_BT, entropy_BT = policy_logps_and_entropy(trainer, batch, trainer._forward_batch_size())
+        statistics.setdefault(ROLLOUT_ENTROPY, entropy_BT)
+        statistics[ROLLOUT_LOGPS] = logps_BT
+    if ROLLOUT_LOGPS in names and "old_per_token_logps" in batch:
+        statistics[ROLLOUT_LOGPS] = batch["old_per_token_logps"].float()
+    mask_BT = valid_mask(batch)
+    return {name: torch.where(mask_BT, statistics[name], 0.0) for name in names}
+
+
+@torch.no_grad()
+def deviation_and_entropy(trainer, batch, reference) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token squared Hellinger distance from the reference and policy entropy, `(B, T)` each."""
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    reference_model, reference_context = reference.model_and_context()
+    input_ids, attention_mask, multimodal = sequence_inputs(batch)
+    model_inputs = {key: value for key, value in multimodal.items() if key not in _ROW_COUNTS}
+    prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+    valid_BT = valid_mask(batch)
+    deviation_BT = torch.zeros(valid_BT.shape, device=input_ids.device)
+    entropy_BT = torch.zeros(valid_BT.shape, device=input_ids.device)
+    # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
+    positions = slice(prompt_len - 1, prompt_len - 1 + completion_len)
+    # Image inputs are not laid out per row (TRL slices them by image counts), so they go in one chunk.
+    step = input_ids.size(0) if model_inputs else trainer._forward_batch_size()
+    with (
+        disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs),
+        unsharded_root(policy),
+        unsharded_root(reference_model) if reference_model is not policy else nullcontext(),
+    ):
+        # Every chunk runs on every process, even one without a valid token: the forwards and head gathers are
+        # collective under ZeRO-3 and FSDP2.
+        for start in range(0, input_ids.size(0), step):
+            rows = slice(start, start + step)
+            chunk_inputs = {"input_ids": input_ids[rows], "attention_mask": attention_mask[rows], **model_inputs}
+            rows_valid_bT = valid_BT[rows]
+            hidden_nH = final_hidden(policy, **chunk_inputs)[:, positions][rows_valid_bT]
+            with reference_context:
+                ref_hidden_nH = final_hidden(reference_model, **chunk_inputs)[:, positions][rows_valid_bT]
+            with full_lm_head(policy) as (weight_VH, bias_V), full_lm_head(reference_model) as (ref_weight_VH, ref_bias_V):
+                deviation_n, entropy_n = hellinger_and_entropy(
+                    hidden_nH, ref_hidden_nH, weight_VH, ref_weight_VH, bias_V, ref_bias_V,
+                    temperature=trainer.temperature,
+                    token_chunk_size=trainer.args.statistics_token_chunk_size,
+                    vocab_chunk_size=trainer.args.statistics_vocab_chunk_size,
+                    transform=logit_transform(policy),
+                    ref_transform=logit_transform(reference_model),
+                )
+            deviation_BT[rows][rows_valid_bT] = deviation_n
+            entropy_BT[rows][rows_valid_bT] = entropy_n
+    return deviation_BT, entropy_BT
