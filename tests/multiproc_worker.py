@@ -80,20 +80,13 @@ class RecordingTrainer(CreditGRPOTrainer):
             self._record(batch, None)
         return batch
 
-    def _eapo_advantages(self, batch, entropy_BT):
-        advantages_BT, statistic_BT = super()._eapo_advantages(batch, entropy_BT)
-        self._record(batch, advantages_BT)
-        return advantages_BT, statistic_BT
-
-    def _tide_advantages(self, batch):
-        advantages_BT, statistic_BT = super()._tide_advantages(batch)
-        self._record(batch, advantages_BT)
-        return advantages_BT, statistic_BT
-
-    def _taco_advantages(self, batch, logps_BT, entropy_BT):
-        advantages_BT = super()._taco_advantages(batch, logps_BT, entropy_BT)
-        self._record(batch, advantages_BT, logps_BT=logps_BT, entropy_BT=entropy_BT)
-        return advantages_BT
+    def _apply_credit(self, batch, methods, statistics, record_metrics=True):
+        updates, statistic_BT = super()._apply_credit(batch, methods, statistics, record_metrics)
+        if record_metrics:  # not the token-credit log's preview
+            forward = {"logps_BT": statistics.get("policy_logps"), "entropy_BT": statistics.get("policy_entropy")}
+            record = {**batch, "advantages": updates["credit_sequence_advantages"]}
+            self._record(record, updates["advantages"], **{k: v for k, v in forward.items() if v is not None})
+        return updates, statistic_BT
 
 
 def train_all_methods(out: Path) -> None:
@@ -111,7 +104,7 @@ def train_all_methods(out: Path) -> None:
         rank = trainer.accelerator.process_index
         reference_state = None
         if method == "tide" and rank == 0:
-            reference = trainer.accelerator.unwrap_model(trainer._tide_reference)
+            reference = trainer.accelerator.unwrap_model(trainer.deviation_reference.model)
             reference_state = {name: _cpu(value) for name, value in reference.state_dict().items()}
         checksum = sum(p.detach().double().sum().item() for p in trainer.model.parameters())
         torch.save(
@@ -148,8 +141,8 @@ def check_fsdp2_tide_helpers(out: Path, rank: int) -> None:
 
     def statistics(policy_model, reference_model):
         with unsharded_root(policy_model), unsharded_root(reference_model):
-            hidden = final_hidden(policy_model, input_ids, attention_mask).flatten(0, 1)
-            ref_hidden = final_hidden(reference_model, input_ids, attention_mask).flatten(0, 1)
+            hidden = final_hidden(policy_model, input_ids=input_ids, attention_mask=attention_mask).flatten(0, 1)
+            ref_hidden = final_hidden(reference_model, input_ids=input_ids, attention_mask=attention_mask).flatten(0, 1)
             with full_lm_head(policy_model) as (weight, bias), full_lm_head(reference_model) as (ref_weight, ref_bias):
                 return hellinger_and_entropy(hidden, ref_hidden, weight, ref_weight, bias, ref_bias, vocab_chunk_size=32)
 

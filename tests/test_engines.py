@@ -154,15 +154,11 @@ def make_rollout_func(max_tokens=6, noise=0.3):
 
 
 class ISRecorder(CreditGRPOTrainer):
-    """Records the importance-sampling ratios and how often EAPO needed its own entropy forward."""
+    """Records the importance-sampling ratios the loss received."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.is_ratios, self.extra_entropy_forwards = [], 0
-
-    def _policy_entropies(self, batch):
-        self.extra_entropy_forwards += 1
-        return super()._policy_entropies(batch)
+        self.is_ratios = []
 
     def _compute_loss(self, model, inputs):
         self.is_ratios.append(inputs["importance_sampling_ratio"])
@@ -188,33 +184,11 @@ def test_vllm_importance_sampling_path(monkeypatch, tmp_path, method, is_mode):
 
     assert recorder.checked_batches == 3
     assert trainer.vllm_generation.syncs == 3  # one weight sync per generation batch
-    assert trainer.extra_entropy_forwards == 0  # EAPO read the old-log-prob forward's entropies
     ratios = torch.cat([r.flatten() for r in trainer.is_ratios])
     assert ratios.numel() and (ratios != 1).any()  # the correction really multiplied the per-token loss
     log = trainer.state.log_history[0]
     assert "sampling/importance_sampling_ratio/mean" in log
     assert_all_params_changed(before, dict(trainer.model.named_parameters()))
-
-
-def test_eapo_on_policy_reads_entropies_from_generation(monkeypatch, tmp_path):
-    """On-policy with transformers generation there is no old-log-prob forward: the LM head's logits of each
-    decoding step give the rollout entropies, so no extra forward runs; the recorder checks them against a
-    full forward. Without them (e.g. tool calls interleaving the completion) one forward per batch runs."""
-    tokenizer = make_tiny_tokenizer()
-    trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=tiny_config("eapo", tmp_path / "out"),
-        train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
-    )
-    recorder = AdvantageRecorder(monkeypatch, trainer)
-    calls = []
-    original = trainer._policy_entropies
-    trainer._policy_entropies = lambda batch: calls.append(1) or original(batch)
-    trainer.train()
-    assert calls == [] and recorder.checked_batches == 3
-
-    trainer._reusable_rollout_entropies = lambda *args: None
-    trainer.train()  # a fresh run of 3 steps
-    assert len(calls) == 3 and recorder.checked_batches == 6
 
 
 # ------------------------------------------------------------------------------------------------- gpu_check

@@ -68,7 +68,7 @@ def test_every_method_trains_lora_and_the_adapter_reloads(tmp_path, method):
 
     if method == "tide":
         # No copy of the model: the reference is the policy with its adapter disabled.
-        assert trainer._tide_reference is None and trainer.ref_model is None
+        assert trainer.deviation_reference.model is None and trainer.ref_model is None
         assert DeviationRecorder.checked == 3
         deviations = [e["tide/mean_deviation"] for e in trainer.state.log_history if "tide/mean_deviation" in e]
         assert deviations[0] == pytest.approx(0.0, abs=1e-7)  # LoRA B starts at 0: policy == base before an update

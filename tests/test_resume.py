@@ -16,7 +16,7 @@ import torch
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
 
 from trl_credit import CreditGRPOTrainer
-from trl_credit.trainer.credit_trainer import TIDE_OLD_REFERENCE_NAME
+from trl_credit.trainer.reference import PREVIOUS_POLICY_FILE as TIDE_OLD_REFERENCE_NAME
 
 TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
 

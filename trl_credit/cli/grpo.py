@@ -34,8 +34,9 @@ class CreditScriptArguments:
     method: str | None = field(
         default=None,
         metadata={
-            "help": "Credit method: grpo, taco, eapo or tide. Defaults to the config's `method`/`credit_method`, "
-            "else grpo.",
+            "help": "Credit method: grpo, a registered method (taco, eapo, tide, ...), `package.module:name` to import "
+            "a user method, or a '+'-separated stack such as eapo+taco. Defaults to the config's "
+            "`method`/`credit_method`, else grpo.",
         },
     )
     dataset_name: str = field(
@@ -86,38 +87,47 @@ def _read_yaml(path: str) -> dict:
 
 
 def _resolve_method(argv: list[str], config: dict) -> str:
-    from ..trainer import CREDIT_METHODS
+    from ..methods import get_credit_method, parse_credit_methods
 
     flag = _peek_option(argv, "--method")
-    in_config = {config[k] for k in ("method", "credit_method") if config.get(k) is not None}
+    in_config = {_method_spec(config[k]) for k in ("method", "credit_method") if config.get(k) is not None}
     if len(in_config) > 1:
         raise UsageError(f"the config sets method and credit_method to different values: {sorted(in_config)}")
     method = flag or next(iter(in_config), "grpo")
-    if method not in CREDIT_METHODS:
-        raise UsageError(f"--method {method!r} is not a credit method; choose from {', '.join(CREDIT_METHODS)}")
     if flag and in_config and flag not in in_config:
         raise UsageError(f"--method {flag} was given with a config for method {next(iter(in_config))}")
+    try:
+        for name in parse_credit_methods(method):
+            get_credit_method(name)  # imports `package.module:name` modules, which register their methods
+    except ValueError as error:
+        raise UsageError(f"--method {method!r}: {error}") from error
     return method
 
 
-def _check_other_methods_fields(method: str, config: dict, argv: list[str]) -> None:
-    """Refuse hyperparameters of another method: they would be silently ignored."""
-    from ..trainer.config import METHOD_FIELDS
+def _method_spec(value) -> str:
+    """A method from YAML: a name, a '+'-separated stack, or a list of names."""
+    return value if isinstance(value, str) else "+".join(str(v) for v in value)
 
-    for other, names in METHOD_FIELDS.items():
-        if other == method:
+
+def _check_other_methods_fields(method: str, config: dict, argv: list[str]) -> None:
+    """Refuse hyperparameters of a method that is not in the stack: they would be silently ignored."""
+    from ..methods import CREDIT_METHODS, get_credit_method, parse_credit_methods
+
+    selected = {get_credit_method(name).name for name in parse_credit_methods(method)}
+    for other in CREDIT_METHODS.values():
+        if other.name in selected:
             continue
-        for name in names:
+        for name in other.argument_names:
             if name in config or _peek_option(argv, f"--{name}") is not None:
-                raise UsageError(f"{name} is a {other.upper()} option, but the method is {method}")
+                raise UsageError(f"{name} is a {other.name.upper()} option, but the method is {method}")
 
 
 def build_parser(method: str):
     from trl import ModelConfig, TrlParser
 
-    from ..trainer import METHODS
+    from ..trainer import trainer_pair
 
-    config_class = METHODS[method][0]
+    config_class = trainer_pair(method)[0]
     parser = TrlParser((CreditScriptArguments, config_class, ModelConfig), prog=f"trl-credit grpo --method {method}")
 
     def one_line_error(message: str):
@@ -206,7 +216,7 @@ def train(script_args, training_args, model_args) -> None:
     from ..data import hub_dataset_id
     from ..models import resolve_model_path
     from ..rewards import get_reward_funcs
-    from ..trainer import METHODS
+    from ..trainer import trainer_pair
 
     dataset = load_training_data(script_args, training_args)
     try:
@@ -225,7 +235,7 @@ def train(script_args, training_args, model_args) -> None:
         "attn_implementation": model_args.attn_implementation,
         **(training_args.model_init_kwargs or {}),
     }
-    trainer_class = METHODS[script_args.method][1]
+    trainer_class = trainer_pair(script_args.method)[1]
     trainer = trainer_class(
         model=model_path,
         reward_funcs=reward_funcs,

@@ -1,0 +1,172 @@
+"""Every statistic equals a plain full-logits forward, on each architecture family TRL trains.
+
+Two probe methods registered through the public interface read every statistic the trainer offers (one at
+generation, one in the training forward) and hand the advantages on unchanged. The trainer runs one step, so the
+policy at generation and in the training forward is the initial model; the reference is a perturbed copy, so the
+deviation is not trivially zero. The expectation is computed here from `model(...).logits`, which applies each
+family's own output transform (Gemma-2's final-logit softcapping, Cohere's `logit_scale`, Granite's
+`logits_scaling`), divided by the sampling temperature.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import length_reward, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+
+from trl_credit import CreditGRPOTrainer, register_credit_method
+from trl_credit.methods.registry import (
+    POLICY_ENTROPY,
+    POLICY_LOGPS,
+    REFERENCE_DEVIATION,
+    ROLLOUT_ENTROPY,
+    ROLLOUT_LOGPS,
+)
+
+RECORDS: list[dict] = []
+
+
+@register_credit_method("probe_generation", statistics=(ROLLOUT_LOGPS, ROLLOUT_ENTROPY, REFERENCE_DEVIATION))
+def probe_generation(batch):
+    RECORDS.append({"stage": "generation", "mask": batch.mask_BT.clone(), **{k: v.clone() for k, v in batch.statistics.items()}})
+    return batch.advantages_BT
+
+
+@register_credit_method("probe_forward", statistics=(POLICY_LOGPS, POLICY_ENTROPY))
+def probe_forward(batch):
+    RECORDS.append({"stage": "forward", "mask": batch.mask_BT.clone(), **{k: v.clone() for k, v in batch.statistics.items()}})
+    return batch.advantages_BT
+
+
+def _tiny(family: str, vocab_size: int, pad_id: int, eos_id: int):
+    """A 2-layer random model of `family`, with its output transform set far from the identity."""
+    import transformers
+
+    common = dict(
+        vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=256, pad_token_id=pad_id, eos_token_id=eos_id,
+        bos_token_id=eos_id, tie_word_embeddings=False, initializer_range=0.5,
+    )
+    families = {
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+        "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+        "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"final_logit_softcapping": 2.0, "head_dim": 8}),
+        "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.25}),
+        "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {"logit_scale": 0.25, "head_dim": 8}),
+        "granite": ("GraniteConfig", "GraniteForCausalLM", {"logits_scaling": 4.0}),
+    }
+    config_name, model_name, extra = families[family]
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(**common, **extra)
+    return getattr(transformers, model_name)(config)
+
+
+@torch.no_grad()
+def _naive(model, batch, temperature):
+    """Sampled-token log-probs and full-vocabulary log-probs `(B, T, V)` from the model's own logits."""
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    num_tokens = batch["completion_ids"].size(1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -num_tokens - 1 : -1]
+    logp_BTV = torch.log_softmax(logits.double() / temperature, dim=-1)
+    return logp_BTV.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1), logp_BTV
+
+
+class BatchKeeper(CreditGRPOTrainer):
+    """Keeps the generation batch and the (shuffled) micro-batch, the rows each probe saw, in order."""
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        self.generation_batch = {k: v.clone() for k, v in batch.items() if isinstance(v, torch.Tensor)}
+        return batch
+
+    def _compute_loss(self, model, inputs):
+        self.micro_batch = {k: v.clone() for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+        return super()._compute_loss(model, inputs)
+
+
+@pytest.mark.parametrize(
+    "temperature,generation_kwargs",
+    [(1.0, None), (0.7, {"top_k": 5, "repetition_penalty": 1.3, "prefill_chunk_size": 4})],
+    ids=["t1.0", "t0.7-topk-reppen-prefill"],
+)
+@pytest.mark.parametrize("family", ["qwen2", "llama", "gemma2", "cohere", "cohere2", "granite"])
+def test_statistics_equal_the_models_own_forward(tmp_path, family, temperature, generation_kwargs):
+    tokenizer = make_tiny_tokenizer()
+    model = _tiny(family, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    initial = copy.deepcopy(model).eval()
+    args = tiny_config(
+        "probe_generation+probe_forward", tmp_path, max_steps=1, temperature=temperature,
+        generation_kwargs=generation_kwargs, max_completion_length=6,
+    )
+    trainer = BatchKeeper(
+        model=model, reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(), processing_class=tokenizer
+    )
+    reference = trainer.deviation_reference.model
+    with torch.no_grad():  # a reference distinct from the policy: the deviation must be far from 0
+        for param in reference.parameters():
+            param.add_(0.3 * torch.randn_like(param))
+    reference_snapshot = copy.deepcopy(reference).eval()
+    RECORDS.clear()
+    trainer.train()
+
+    generation, forward = [r for r in RECORDS if r["stage"] == "generation"], [r for r in RECORDS if r["stage"] == "forward"]
+    assert len(generation) == 1 and len(forward) == 1
+
+    def close(got, want, mask):
+        torch.testing.assert_close(got[mask].double(), want[mask], atol=1e-5, rtol=1e-5)
+
+    batch, mask = trainer.generation_batch, generation[0]["mask"]
+    assert mask.any()
+    logps, logp_BTV = _naive(initial, batch, temperature)
+    _, logq_BTV = _naive(reference_snapshot, batch, temperature)
+    deviation = (1 - torch.exp(0.5 * (logp_BTV + logq_BTV)).sum(-1)).clamp(0, 1)
+    assert deviation[mask].mean() > 0.01
+    close(generation[0][ROLLOUT_LOGPS], logps, mask)
+    close(generation[0][ROLLOUT_ENTROPY], -(logp_BTV.exp() * logp_BTV).sum(-1), mask)
+    close(generation[0][REFERENCE_DEVIATION], deviation, mask)
+    # The training forward (TRL's fused LM head) of the same, not yet updated, policy, on the shuffled micro-batch.
+    micro_batch, mask = trainer.micro_batch, forward[0]["mask"]
+    logps, logp_BTV = _naive(initial, micro_batch, temperature)
+    close(forward[0][POLICY_LOGPS], logps, mask)
+    close(forward[0][POLICY_ENTROPY], -(logp_BTV.exp() * logp_BTV).sum(-1), mask)
+
+
+@torch.no_grad()
+def test_deviation_pass_passes_image_inputs_to_a_vision_language_model():
+    """The deviation pass calls the backbone with the batch's image inputs, as TRL's fused forward does."""
+    import transformers
+
+    from trl_credit.statistics import hellinger_and_entropy
+    from trl_credit.trainer.engines import final_hidden, full_lm_head, logit_transform
+
+    text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]},
+                max_position_embeddings=128)
+    vision = dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, in_channels=3, patch_size=2,
+                  spatial_merge_size=1, temporal_patch_size=1, mlp_ratio=2)
+    config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=5,
+                                        vision_start_token_id=6, vision_end_token_id=7, video_token_id=8,
+                                        bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    policy = transformers.Qwen2VLForConditionalGeneration(config).eval()
+    torch.manual_seed(1)
+    reference = transformers.Qwen2VLForConditionalGeneration(config).eval()
+    grid = torch.tensor([[1, 2, 2]])  # one image of 2 x 2 patches -> 4 image tokens
+    input_ids = torch.tensor([[9, 6, 5, 5, 5, 5, 7, 10, 11, 12, 13]])
+    inputs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                  pixel_values=torch.randn(4, 3 * 2 * 2), image_grid_thw=grid, mm_token_type_ids=(input_ids == 5).long())
+    hidden, ref_hidden = final_hidden(policy, **inputs)[0], final_hidden(reference, **inputs)[0]
+    with full_lm_head(policy) as (weight, bias), full_lm_head(reference) as (ref_weight, ref_bias):
+        deviation, entropy = hellinger_and_entropy(hidden, ref_hidden, weight, ref_weight, bias, ref_bias,
+                                                   temperature=0.7, transform=logit_transform(policy))
+    logp = torch.log_softmax(policy(**inputs).logits[0].double() / 0.7, -1)
+    logq = torch.log_softmax(reference(**inputs).logits[0].double() / 0.7, -1)
+    torch.testing.assert_close(entropy.double(), -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=1e-5)
+    want = (1 - torch.exp(0.5 * (logp + logq)).sum(-1)).clamp(0, 1)
+    torch.testing.assert_close(deviation.double(), want, atol=1e-5, rtol=1e-5)
+    without_image = final_hidden(policy, input_ids=input_ids, attention_mask=inputs["attention_mask"],
+                                 mm_token_type_ids=inputs["mm_token_type_ids"])[0]
+    assert (without_image - hidden).abs().max() > 1e-3  # the image changed the hidden states: not a vacuous check
