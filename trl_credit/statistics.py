@@ -1,4 +1,5 @@
-"""Full-vocabulary statistics for TIDE, streamed so the `(N, V)` logits of a batch are never held.
+"""Full-vocabulary statistics, streamed so the `(N, V)` logits of a batch are never held: TIDE's deviation and
+entropy, and the most likely token's log-probability (`max_logprob`, for the min-p support weight).
 
 For N token positions with final hidden states `h` (policy) and `h_ref` (reference) and LM heads `W`, `W_ref`
 (`V x H`), TIDE needs per token the squared Hellinger distance `d = 1 - sum_v sqrt(p_v q_v)` between the two
@@ -99,6 +100,39 @@ def hellinger_and_entropy(
         deviation_N[rows] = (1.0 - geo / torch.sqrt(sum_p * sum_q)).clamp(0.0, 1.0)
         entropy_N[rows] = (torch.log(sum_p) - moment_p / sum_p).clamp(min=0.0)
     return deviation_N, entropy_N
+
+
+@torch.no_grad()
+def max_logprob(
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    bias_V: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    token_chunk_size: int = 1024,
+    vocab_chunk_size: int = 16384,
+    transform: LogitTransform = LogitTransform(),
+) -> torch.Tensor:
+    """Log-probability of the most likely next token, `log max_v p_v`, `(N,)` float32, streamed.
+
+    With `m = max_v z_v`, `log max_v p_v = m - log sum_v e^(z_v) = -log sum_v e^(z_v - m)`: one pass over vocabulary
+    chunks keeps the running maximum and the rescaled sum `s = sum e^(z - m)`, so the `(N, V)` logits are never held.
+    `log p_y - log max_v p_v = (z_y - max_v z_v)` after the transform (temperature included): the min-p margin.
+    """
+    if token_chunk_size < 1 or vocab_chunk_size < 1:
+        raise ValueError(f"chunk sizes must be >= 1, got {token_chunk_size} and {vocab_chunk_size}")
+    num_tokens, vocab_size = hidden_NH.shape[0], weight_VH.shape[0]
+    max_logprob_N = torch.zeros(num_tokens, device=hidden_NH.device)
+    for t0 in range(0, num_tokens, token_chunk_size):
+        rows = slice(t0, min(t0 + token_chunk_size, num_tokens))
+        running_max = torch.full((rows.stop - rows.start,), -torch.inf, device=hidden_NH.device)
+        sum_exp = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)
+        for v0 in range(0, vocab_size, vocab_chunk_size):
+            z_nC = _logits(hidden_NH[rows], weight_VH, bias_V, v0, min(v0 + vocab_chunk_size, vocab_size), transform, temperature)
+            new_max = torch.maximum(running_max, z_nC.amax(dim=1))
+            sum_exp = sum_exp * torch.exp(running_max - new_max) + torch.exp(z_nC - new_max.unsqueeze(1)).sum(dim=1)
+            running_max = new_max
+        max_logprob_N[rows] = -torch.log(sum_exp)
+    return max_logprob_N
 
 
 @torch.no_grad()

@@ -26,12 +26,15 @@ import torch
 # (the model's full output transform, the sampling temperature, multimodal inputs).
 POLICY_LOGPS = "policy_logps"  # log p of the sampled token under the current policy, from the training forward
 POLICY_ENTROPY = "policy_entropy"  # full-vocabulary entropy (nats) of the current policy, from the training forward
+# log p of the current policy's most likely token, so `policy_logps - policy_max_logprob = z_y - max_v z_v` (logits at
+# the sampling temperature): the LM head streamed over the training forward's final hidden states
+POLICY_MAX_LOGPROB = "policy_max_logprob"
 ROLLOUT_LOGPS = "rollout_logps"  # the same for the policy that generated the batch, once per generation batch
 ROLLOUT_ENTROPY = "rollout_entropy"
 REFERENCE_DEVIATION = "reference_deviation"  # squared Hellinger distance to the frozen initial model
 PREVIOUS_POLICY_DEVIATION = "previous_policy_deviation"  # ... to the policy of the previous generation batch
 
-LOSS_FORWARD_STATISTICS = (POLICY_LOGPS, POLICY_ENTROPY)
+LOSS_FORWARD_STATISTICS = (POLICY_LOGPS, POLICY_ENTROPY, POLICY_MAX_LOGPROB)
 GENERATION_STATISTICS = (ROLLOUT_LOGPS, ROLLOUT_ENTROPY, REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)
 STATISTICS = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
 
@@ -54,6 +57,8 @@ class CreditBatch:
         step: the optimizer step (`trainer.state.global_step`), for schedules.
         gather: returns the values of every process, concatenated (a collective: call it on every process). At
             generation it spans the whole generation batch; in the training forward, the micro-batches of one step.
+        clip_range: `(epsilon_low, epsilon_high)` of the loss's PPO clip, for methods that must know which tokens
+            the clipped objective already silences (Clip-Cov).
     """
 
     advantages_BT: torch.Tensor
@@ -63,6 +68,7 @@ class CreditBatch:
     vocab_size: int | None = None
     step: int = 0
     gather: Callable[[torch.Tensor], torch.Tensor] = _local
+    clip_range: tuple[float, float] = (0.2, 0.2)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.statistics:

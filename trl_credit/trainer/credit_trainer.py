@@ -30,6 +30,7 @@ from ..methods.registry import (
     GENERATION_STATISTICS,
     POLICY_ENTROPY,
     POLICY_LOGPS,
+    POLICY_MAX_LOGPROB,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
     CreditBatch,
@@ -39,7 +40,14 @@ from .config import CreditGRPOConfig
 from .diagnostics import advantage_magnitude, credit_metrics
 from .engines import vocab_size
 from .reference import DeviationReference, copy_initial_model
-from .sources import MULTIMODAL_KEYS, generation_statistics, policy_logps_and_entropy, valid_mask
+from .sources import (
+    MULTIMODAL_KEYS,
+    generation_statistics,
+    policy_logps_and_entropy,
+    policy_max_logprob,
+    recorded_final_hidden,
+    valid_mask,
+)
 
 if is_wandb_available():
     import wandb
@@ -90,6 +98,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._drops_tokens_in_forward = any(m.drops_tokens for m, _ in self._training_forward_methods)
         requested = {name for m, hp in stack for name in m.statistics_for(hp)}
         self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
+        self._records_hidden = POLICY_MAX_LOGPROB in requested  # from the final hidden states of the forward
         deviations = [s for s in self._generation_statistics if s in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
         if len(deviations) > 1:
             raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
@@ -142,7 +151,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         for method, hyperparameters in methods:
             credit_batch = CreditBatch(
                 advantages_BT, sequence_B, mask_BT, statistics=statistics, vocab_size=vocab_size(unwrapped),
-                step=self.state.global_step, gather=self._gather_all,
+                step=self.state.global_step, gather=self._gather_all, clip_range=(self.epsilon_low, self.epsilon_high),
             )
             result: CreditResult = method(credit_batch, hyperparameters)
             if result.advantages_BT.shape != mask_BT.shape:
@@ -180,14 +189,16 @@ class CreditGRPOTrainer(GRPOTrainer):
         # (and loss mask) are filled in, never the shared dict.
         inputs = dict(inputs)
         if self._drops_tokens_in_forward:
-            logps_BT, entropy_BT = policy_logps_and_entropy(self, inputs)
-            inputs.update(self._apply_credit(inputs, self._training_forward_methods, self._forward_statistics(inputs, logps_BT, entropy_BT))[0])
+            with recorded_final_hidden(self, self._records_hidden) as hidden:
+                logps_BT, entropy_BT = policy_logps_and_entropy(self, inputs)
+            statistics = self._forward_statistics(inputs, logps_BT, entropy_BT, hidden)
+            inputs.update(self._apply_credit(inputs, self._training_forward_methods, statistics)[0])
             return super()._compute_loss(model, inputs)
-        with self._credit_from_training_forward(model, inputs):
+        with recorded_final_hidden(self, self._records_hidden) as hidden, self._credit_from_training_forward(model, inputs, hidden):
             return super()._compute_loss(model, inputs)
 
     @contextmanager
-    def _credit_from_training_forward(self, model, inputs):
+    def _credit_from_training_forward(self, model, inputs, hidden=None):
         """Reshape `inputs["advantages"]` with the statistics of the next forward of `model` (TRL's loss forward).
 
         TRL's `_compute_loss` runs one forward of the policy and reads `inputs["advantages"]` after it;
@@ -198,7 +209,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             handle.remove()  # only the policy forward of this loss
             num_tokens = inputs["completion_ids"].size(1)
             logps_BT, entropy_BT = output.log_probs[:, -num_tokens:], output.entropy[:, -num_tokens:]
-            statistics = self._forward_statistics(inputs, logps_BT.detach().float(), entropy_BT.detach().float())
+            statistics = self._forward_statistics(inputs, logps_BT.detach().float(), entropy_BT.detach().float(), hidden)
             inputs.update(self._apply_credit(inputs, self._training_forward_methods, statistics)[0])
 
         handle = model.register_forward_hook(after_forward, with_kwargs=True)
@@ -207,9 +218,12 @@ class CreditGRPOTrainer(GRPOTrainer):
         finally:
             handle.remove()
 
-    def _forward_statistics(self, batch, logps_BT, entropy_BT) -> dict[str, torch.Tensor]:
+    def _forward_statistics(self, batch, logps_BT, entropy_BT, hidden=None) -> dict[str, torch.Tensor]:
+        """Statistics of the training forward; `hidden`: the final hidden states recorded from that forward."""
         mask_BT = valid_mask(batch)
         statistics = {POLICY_LOGPS: torch.where(mask_BT, logps_BT, 0.0), POLICY_ENTROPY: torch.where(mask_BT, entropy_BT, 0.0)}
+        if self._records_hidden:
+            statistics[POLICY_MAX_LOGPROB] = policy_max_logprob(self, batch, torch.cat(hidden))
         statistics.update(self._batch_statistics(batch))
         return statistics
 
@@ -254,19 +268,22 @@ class CreditGRPOTrainer(GRPOTrainer):
         num_rows = batch["completion_ids"].size(0)
         rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
         if any(key in batch for key in MULTIMODAL_KEYS):  # image inputs are not laid out per row: score every row
-            logps_BT, entropy_BT = policy_logps_and_entropy(self, batch, self._forward_batch_size())
+            with recorded_final_hidden(self, self._records_hidden) as hidden:
+                logps_BT, entropy_BT = policy_logps_and_entropy(self, batch, self._forward_batch_size())
             logps_bT, entropy_bT = logps_BT[rows], entropy_BT[rows]
+            hidden = [torch.cat(hidden)[rows]] if hidden else hidden
         sub = {
             key: value[rows] for key, value in batch.items()
             if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.size(0) == num_rows
             and key not in MULTIMODAL_KEYS
         }
         if not any(key in batch for key in MULTIMODAL_KEYS):
-            logps_bT, entropy_bT = policy_logps_and_entropy(self, sub)
+            with recorded_final_hidden(self, self._records_hidden) as hidden:
+                logps_bT, entropy_bT = policy_logps_and_entropy(self, sub)
         if statistic_BT is not None:
             statistic_BT = statistic_BT[rows]
         if self._training_forward_methods:
-            forward_statistics = self._forward_statistics(sub, logps_bT, entropy_bT)
+            forward_statistics = self._forward_statistics(sub, logps_bT, entropy_bT, hidden)
             updates, forward_statistic = self._apply_credit(
                 sub, self._training_forward_methods, forward_statistics, record_metrics=False
             )

@@ -8,15 +8,21 @@
   pass gives the policy's full-vocabulary entropy, which is then `rollout_entropy` (it equals TRL's forward; the
   tests check it per architecture), so no second policy forward runs.
 * `policy_logps` / `policy_entropy` come from the training forward itself (see `CreditGRPOTrainer._compute_loss`).
+* `policy_max_logprob`: TRL's fused LM head does not expose the maximum logit (its `outputs` are log-probs, entropy,
+  `log_sum_sq_probs`, `mean_logits`, `is_top1`), so the final hidden states of that same forward are recorded from
+  its backbone (`recorded_final_hidden`) and the LM head is streamed over them once more, under no_grad, with the
+  model's output transform and the sampling temperature (`policy_max_logprob`): no second backbone forward and no
+  `(B, T, V)` logits, one extra LM-head pass over the valid tokens.
 
 Every process runs the same forwards and LM-head gathers whatever its masks, so ZeRO-3 and FSDP2 stay in step.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
+from accelerate.utils import is_peft_model
 from trl.models.utils import disable_gradient_checkpointing
 
 from ..methods.registry import (
@@ -25,7 +31,7 @@ from ..methods.registry import (
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
 )
-from ..statistics import hellinger_and_entropy
+from ..statistics import hellinger_and_entropy, max_logprob
 from .engines import final_hidden, full_lm_head, logit_transform, unsharded_root
 
 # Batch keys TRL passes to `_get_per_token_logps_and_entropies` besides the token ids (see `_compute_loss`).
@@ -61,6 +67,43 @@ def policy_logps_and_entropy(trainer, batch, batch_size: int | None = None) -> t
             batch_size=batch_size, compute_entropy=True, **multimodal,
         )
     return logps_BT.float(), entropy_BT.float()
+
+
+@contextmanager
+def recorded_final_hidden(trainer, enabled: bool = True):
+    """Yield a list that receives the `(b, L, H)` final hidden states (detached) of every forward of the policy's
+    backbone run inside the block, in call order; TRL's fused LM head calls the backbone once per row chunk, so
+    concatenating the list gives the batch's hidden states. Records nothing when not `enabled`."""
+    recorded = []
+    if not enabled:
+        yield recorded
+        return
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    backbone = (policy.get_base_model() if is_peft_model(policy) else policy).base_model
+    handle = backbone.register_forward_hook(lambda module, args, output: recorded.append(output.last_hidden_state.detach()))
+    try:
+        yield recorded
+    finally:
+        handle.remove()
+
+
+@torch.no_grad()
+def policy_max_logprob(trainer, batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
+    """`(B, T)` log-probability of the policy's most likely next token at each completion position, zero where masked,
+    from the final hidden states `hidden_BLH` of prompt + completion (the LM head streamed over the valid tokens)."""
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+    valid_BT = valid_mask(batch)
+    # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
+    hidden_nH = hidden_BLH[:, prompt_len - 1 : prompt_len - 1 + completion_len][valid_BT]
+    out_BT = torch.zeros(valid_BT.shape, device=hidden_BLH.device)
+    with unsharded_root(policy), full_lm_head(policy) as (weight_VH, bias_V):
+        out_BT[valid_BT] = max_logprob(
+            hidden_nH, weight_VH, bias_V, temperature=trainer.temperature,
+            token_chunk_size=trainer.args.statistics_token_chunk_size,
+            vocab_chunk_size=trainer.args.statistics_vocab_chunk_size, transform=logit_transform(policy),
+        )
+    return out_BT
 
 
 def generation_statistics(trainer, batch, names, reference=None) -> dict[str, torch.Tensor]:
