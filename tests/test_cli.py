@@ -43,7 +43,9 @@ def no_model_loading(monkeypatch):
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["--method", "ppo"], "--method 'ppo' is not a credit method"),
+        (["--method", "ppo"], "--method 'ppo': unknown credit method 'ppo'; registered: grpo, "),
+        (["--method", "taco+eapo"], "must come before methods that read the training forward"),
+        (["--method", "no_such_module:probe"], "cannot import credit-method module 'no_such_module'"),
         (["--bogus_flag", "1"], "unknown arguments"),
         (["--method", "taco", "--taco_lambda", "3"], "taco_lambda must be in [0, 1]"),
         (["--method", "eapo", "--tide_tau", "0.3"], "tide_tau is a TIDE option, but the method is eapo"),

@@ -29,7 +29,7 @@ def make_card(**overrides) -> ModelCard:
         base_model="HuggingFaceTB/SmolLM2-135M-Instruct", model_name="smollm2-taco", hub_model_id="someone/smollm2-taco",
         dataset_name="open-r1/DAPO-Math-17k-Processed", method="taco", hyperparameters=TACO_HYPERPARAMETERS,
         tags=["math"], plots=["plots/reward.png", "plots/taco_diagnostics.png"], eval_summary=None,
-        trainer_name="TACO", paper=TACO_PAPER, grpo_paper=GRPO_PAPER,
+        trainer_name="TACO", papers=[{**TACO_PAPER, "name": "taco"}], grpo_paper=GRPO_PAPER,
     )
     return model_card.generate_credit_model_card(**{**arguments, **overrides})
 
@@ -74,7 +74,7 @@ def test_method_paper_hyperparameters_plots_and_citations():
 
 
 def test_grpo_citation_defaults_to_trl_and_is_not_repeated():
-    card = make_card(method="grpo", trainer_name="GRPO", paper=None, grpo_paper=None, hyperparameters={})
+    card = make_card(method="grpo", trainer_name="GRPO", papers=[], grpo_paper=None, hyperparameters={})
     text = card.content
     assert "DeepSeekMath" in text and "2402.03300" in text  # from trl.GRPOTrainer._paper
     assert text.count("@article{shao2024deepseekmath") == 1 and "Cite GRPO as" in text
@@ -128,3 +128,14 @@ def test_no_token_in_card_or_upload(tmp_path, monkeypatch, tiny_model_dir):
     assert not [path for path in uploaded if path.startswith(("checkpoint-", "_", ".git"))]
     for relative in uploaded:
         assert FAKE_TOKEN.encode() not in (output_dir / relative).read_bytes(), f"token in uploaded {relative}"
+
+
+def test_a_stack_lists_every_method_with_its_paper():
+    from trl_credit.methods import CREDIT_METHODS
+
+    papers = [{**CREDIT_METHODS[name].paper, "name": name} for name in ("eapo", "taco")]
+    text = make_card(method="eapo+taco", trainer_name="CreditGRPO", papers=papers).content
+    assert "### Credit method: EAPO + TACO" in text and "each reshaping the token advantages" in text
+    assert "https://huggingface.co/papers/2609.33781" in text and "https://huggingface.co/papers/2607.07976" in text
+    assert text.index("Cite EAPO as") < text.index("Cite TACO as") < text.index("Cite GRPO as")
+    assert "author       = {Lou, Xiuyi and others}" in text

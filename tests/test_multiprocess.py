@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from conftest import make_tiny_model, make_tiny_tokenizer
 
-from trl_credit.methods import eapo_advantages, eapo_kappa, taco_advantages, taco_tail_risk, tide_advantages
+from trl_credit.methods import eapo_advantages, eapo_kappa_schedule, taco_advantages, taco_tail_risk, tide_advantages
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "multiproc_worker.py"
@@ -146,7 +146,7 @@ def test_eapo_two_processes_equal_single_process(run_dir):
         advantages_B = torch.cat([r0["advantages_B"], r1["advantages_B"]])
         valid_N = entropy_BT[mask_BT.bool()]
         q_lo, q_hi = (torch.quantile(valid_N, q).item() for q in args["eapo_quantiles"])
-        kappa = eapo_kappa(args["eapo_kappa"], r0["step"], 0)
+        kappa = eapo_kappa_schedule(args["eapo_kappa"], r0["step"], 0)
         # Single process, whole batch, quantiles taken inside the pure function.
         expected_BT = eapo_advantages(advantages_B, entropy_BT, mask_BT, kappa=kappa, quantiles=args["eapo_quantiles"])
         got_BT = _concat(r0, r1, "advantages_BT")

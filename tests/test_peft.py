@@ -5,6 +5,7 @@ import torch
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
 
 from trl_credit import CreditGRPOTrainer
+from trl_credit.trainer.sources import valid_mask
 
 peft = pytest.importorskip("peft")  # a declared test dependency (the `test` extra); only absent in a broken install
 
@@ -20,8 +21,12 @@ class DeviationRecorder(CreditGRPOTrainer):
 
     checked = 0
 
-    def _tide_statistics(self, batch, mask_BT):
-        deviation_BT, entropy_BT = super()._tide_statistics(batch, mask_BT)
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        self._check_deviation(batch, batch["credit_reference_deviation"], valid_mask(batch))
+        return batch
+
+    def _check_deviation(self, batch, deviation_BT, mask_BT):
         policy = self.accelerator.unwrap_model(self.model)
         input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
@@ -38,7 +43,6 @@ class DeviationRecorder(CreditGRPOTrainer):
         want_BT = (1 - torch.exp(0.5 * (logp_policy + logp_base)).sum(-1)).clamp(0, 1) * mask_BT
         torch.testing.assert_close(deviation_BT, want_BT, atol=1e-5, rtol=1e-4)
         type(self).checked += 1
-        return deviation_BT, entropy_BT
 
 
 @pytest.mark.parametrize("method", METHODS)

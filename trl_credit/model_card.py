@@ -206,11 +206,14 @@ def generate_credit_model_card(
     Returns:
         A `huggingface_hub.ModelCard` whose metadata validates; `card.save(path)` writes it.
     """
-    from .methods import parse_credit_methods
+    from .methods import get_credit_method, parse_credit_methods
 
-    names = [name.rsplit(":", 1)[-1] for name in parse_credit_methods(method.lower())] or ["grpo"]
+    names = [get_credit_method(name).name for name in parse_credit_methods(method)] or ["grpo"]
     grpo_paper = dict(grpo_paper) if grpo_paper is not None else _grpo_paper()
-    papers = [dict(paper) for paper in papers if paper.get("id") != grpo_paper.get("id")]
+    papers = [
+        {**paper, "name": METHOD_DISPLAY_NAMES.get(paper.get("name"), paper.get("name") or paper["title"])}
+        for paper in papers if paper.get("id") != grpo_paper.get("id")
+    ]
     all_tags = list(dict.fromkeys(["generated_from_trainer", *BASE_TAGS, *names, *tags]))
     if isinstance(eval_summary, Mapping):
         eval_summary = [eval_summary]

@@ -4,6 +4,8 @@ Each file holds a method's hyperparameters, the statistics it reads and the func
 advantage; importing this package registers the built-in methods.
 """
 
+from .ar_lopti import ARLoptiArguments, ar_lopti_advantages
+from .clip_cov import ClipCovArguments, clip_cov_advantages
 from .eapo import EAPOArguments, eapo_advantages, eapo_entropy_bounds, eapo_kappa_schedule, eapo_normalized_entropy, quantile_linear
 from .registry import (
     CREDIT_METHODS,
@@ -15,7 +17,12 @@ from .registry import (
     parse_credit_methods,
     register_credit_method,
 )
+from .entropy_adv import EntropyAdvArguments, entropy_adv_advantages
+from .high_entropy import HighEntropyArguments, high_entropy_advantages
+from .minp_support import MinPSupportArguments, minp_support_weights
+from .stapo import STAPOArguments, stapo_advantages
 from .taco import TACOArguments, taco_advantages, taco_tail_risk
+from .tampo import TAMPOArguments, tampo_advantages
 from .tide import DISTANCES, TIDEArguments, tide_advantages, tide_entropy_gate, tide_scores
 
 __all__ = [
@@ -25,19 +32,33 @@ __all__ = [
     "CreditBatch",
     "CreditMethod",
     "CreditResult",
+    "ARLoptiArguments",
+    "ClipCovArguments",
     "EAPOArguments",
+    "EntropyAdvArguments",
+    "HighEntropyArguments",
+    "MinPSupportArguments",
+    "STAPOArguments",
+    "TAMPOArguments",
     "TACOArguments",
     "TIDEArguments",
+    "ar_lopti_advantages",
+    "clip_cov_advantages",
     "eapo_advantages",
     "eapo_entropy_bounds",
     "eapo_kappa_schedule",
     "eapo_normalized_entropy",
+    "entropy_adv_advantages",
     "get_credit_method",
+    "high_entropy_advantages",
+    "minp_support_weights",
     "parse_credit_methods",
     "quantile_linear",
     "register_credit_method",
+    "stapo_advantages",
     "taco_advantages",
     "taco_tail_risk",
+    "tampo_advantages",
     "tide_advantages",
     "tide_entropy_gate",
     "tide_scores",

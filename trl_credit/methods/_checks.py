@@ -37,6 +37,16 @@ def check_inputs(
     return valid_BT, cleaned
 
 
+def check_token_inputs(
+    advantages_BT: torch.Tensor, mask_BT: torch.Tensor, **per_token_BT: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`check_inputs` for `(B, T)` token advantages: the bool mask, then the advantages and the per-token tensors in
+    float32, 0 where masked."""
+    if advantages_BT.dim() != 2:
+        raise ValueError(f"advantages_BT must have shape (B, T), got {tuple(advantages_BT.shape)}")
+    return check_inputs(advantages_BT.new_zeros(advantages_BT.shape[0]), mask_BT, advantages_BT=advantages_BT, **per_token_BT)
+
+
 def check_range(name: str, value: float, low: float, high: float, low_open: bool = False, high_open: bool = False) -> None:
     """Raise `ValueError` unless `value` lies in the interval; the message spells out the interval."""
     above = value > low if low_open else value >= low

@@ -336,6 +336,6 @@ class CreditGRPOTrainer(GRPOTrainer):
             trackio_url=get_trackio_space_url(),
             comet_url=get_comet_experiment_url(),
             trainer_name=self._name,
-            papers=[dict(m.paper) for m in methods if m.paper],
+            papers=[{**m.paper, "name": m.name} for m in methods if m.paper],
         )
         card.save(os.path.join(self.args.output_dir, "README.md"))
