@@ -6,7 +6,17 @@ advantage; importing this package registers the built-in methods.
 
 from .ar_lopti import ARLoptiArguments, ar_lopti_advantages
 from .clip_cov import ClipCovArguments, clip_cov_advantages
-from .eapo import EAPOArguments, eapo_advantages, eapo_entropy_bounds, eapo_kappa_schedule, eapo_normalized_entropy, quantile_linear
+from .eapo import (
+    EAPOArguments,
+    eapo_advantages,
+    eapo_entropy_bounds,
+    eapo_kappa_schedule,
+    eapo_normalized_entropy,
+    quantile_linear,
+)
+from .entropy_adv import EntropyAdvArguments, entropy_adv_advantages
+from .high_entropy import HighEntropyArguments, high_entropy_advantages
+from .minp_support import MinPSupportArguments, minp_support_weights
 from .registry import (
     CREDIT_METHODS,
     STATISTICS,
@@ -17,9 +27,6 @@ from .registry import (
     parse_credit_methods,
     register_credit_method,
 )
-from .entropy_adv import EntropyAdvArguments, entropy_adv_advantages
-from .high_entropy import HighEntropyArguments, high_entropy_advantages
-from .minp_support import MinPSupportArguments, minp_support_weights
 from .stapo import STAPOArguments, stapo_advantages
 from .taco import TACOArguments, taco_advantages, taco_tail_risk
 from .tampo import TAMPOArguments, tampo_advantages

@@ -8,12 +8,28 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from ..methods import CREDIT_METHODS, EAPOArguments, TACOArguments, TIDEArguments, get_credit_method
+from ..methods import (
+    CREDIT_METHODS,
+    ARLoptiArguments,
+    ClipCovArguments,
+    EAPOArguments,
+    EntropyAdvArguments,
+    HighEntropyArguments,
+    MinPSupportArguments,
+    STAPOArguments,
+    TACOArguments,
+    TAMPOArguments,
+    TIDEArguments,
+    get_credit_method,
+)
 from ..methods.registry import CreditMethod, parse_credit_methods
 
 
 @dataclass
-class CreditGRPOConfig(GRPOConfig, TACOArguments, EAPOArguments, TIDEArguments):
+class CreditGRPOConfig(
+    GRPOConfig, TACOArguments, EAPOArguments, TIDEArguments, STAPOArguments, TAMPOArguments, MinPSupportArguments,
+    ARLoptiArguments, ClipCovArguments, HighEntropyArguments, EntropyAdvArguments,
+):
     r"""
     Configuration class for [`CreditGRPOTrainer`]: every [`~trl.GRPOConfig`] parameter plus the token-level credit
     method and its hyperparameters. Method defaults are the papers' defaults; each method's fields are documented in

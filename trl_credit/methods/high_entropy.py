@@ -1,0 +1,109 @@
+"""High-entropy minority tokens ("80/20"): the policy gradient only on the highest-entropy tokens.
+
+"Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning",
+https://huggingface.co/papers/2506.01939. Rule and default as in the paper's code
+(https://github.com/Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR, `verl/trainer/ppo/core_algos.py`,
+`get_global_entropy_top_mask`, called from `verl/workers/actor/dp_actor.py`; the recipes set
+`entropy_top_ratio=0.2`), over the tokens of one micro-batch:
+
+    k         = max(1, ceil(rho * N))              N valid tokens (the code writes int(rho * N + 0.9999))
+    kept      = the k valid tokens of highest current-policy entropy
+    loss mask = kept                               (the code passes response_mask * mask to the policy-loss mean)
+
+Statistics: the current policy's entropy from the training forward; like the official code, per micro-batch and
+per process (no gather). Ties at the cut keep the earlier token (a stable sort; `torch.topk`'s order among equal
+values is unspecified).
+
+TRL's `top_entropy_quantile=rho` is the same idea but not the same rule: it keeps the tokens with `H >=` the
+`(1 - rho)` quantile of the micro-batch's entropies gathered over every process (ties all kept, so the count can
+differ from `ceil(rho * N)`), and it multiplies the per-token loss while the dropped tokens stay in the loss
+normaliser. This method drops them from TRL's loss mask, so with `loss_type="bnpo"` (verl's per-micro-batch
+token-mean, which the official code runs) the normaliser counts only the kept tokens, as there. The official mask
+leaves the KL and entropy-bonus terms on every token; TRL's loss mask covers them too (the paper's recipes use
+neither).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ._checks import check_range, check_token_inputs, in_range, paper
+from .registry import POLICY_ENTROPY, CreditBatch, CreditResult, register_credit_method
+
+HIGH_ENTROPY_PAPER = paper(
+    "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning",
+    "2506.01939",
+    "wang2025beyond",
+    "Wang, Shenzhi and Yu, Le and Gao, Chang and Zheng, Chujie and Liu, Shixuan and Lu, Rui and Dang, Kai and "
+    "Chen, Xionghui and Yang, Jianxin and Zhang, Zhenru and Liu, Yuqiong and Yang, An and Zhao, Andrew and Yue, Yang "
+    "and Song, Shiji and Yu, Bowen and Huang, Gao and Lin, Junyang",
+    year=2025,
+)
+
+
+@dataclass
+class HighEntropyArguments:
+    """80/20's hyperparameter (the paper's recipes)."""
+
+    high_entropy_top_ratio: float = field(
+        default=0.2,
+        metadata={
+            "help": "80/20: fraction rho of a micro-batch's valid tokens, by highest entropy, that keep their policy "
+            "gradient (at least one). In [0, 1]; 1 is GRPO."
+        },
+    )
+
+
+def high_entropy_count(num_valid: int, top_ratio: float) -> int:
+    """`max(1, int(rho * N + 0.9999))`, the official code's ceiling of `rho * N`."""
+    return max(1, int(num_valid * top_ratio + 0.9999))
+
+
+@torch.no_grad()
+def high_entropy_advantages(
+    advantages_BT: torch.Tensor, entropy_BT: torch.Tensor, mask_BT: torch.Tensor, top_ratio: float = 0.2
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the policy gradient of the `ceil(rho * N)` highest-entropy valid tokens only.
+
+    Args:
+        advantages_BT: `(B, T)` token advantages.
+        entropy_BT: `(B, T)` entropies (nats) of the current policy.
+        mask_BT: `(B, T)` valid completion positions: one micro-batch, as the official code selects.
+        top_ratio: `rho`, in `[0, 1]`.
+
+    Returns:
+        `(advantages_BT, loss_mask_BT)`: advantages set to 0 outside the kept tokens, and the `(B, T)` float loss mask
+        (1 on kept tokens; all 0 without valid tokens).
+    """
+    check_range("top_ratio", top_ratio, 0.0, 1.0)
+    valid_BT, (advantages_BT, entropy_BT) = check_token_inputs(advantages_BT, mask_BT, entropy_BT=entropy_BT)
+    kept_BT = torch.zeros_like(valid_BT)
+    positions_N = valid_BT.flatten().nonzero().squeeze(1)
+    if positions_N.numel():
+        order_N = torch.sort(entropy_BT.flatten()[positions_N], descending=True, stable=True).indices
+        kept_BT.view(-1)[positions_N[order_N[: high_entropy_count(positions_N.numel(), top_ratio)]]] = True
+    return advantages_BT.masked_fill(~kept_BT, 0.0), kept_BT.float()
+
+
+@register_credit_method(
+    "high_entropy",
+    statistics=(POLICY_ENTROPY,),
+    arguments=HighEntropyArguments,
+    checks={"high_entropy_top_ratio": in_range(0.0, 1.0)},
+    paper=HIGH_ENTROPY_PAPER,
+    drops_tokens=True,
+)
+def high_entropy(batch: CreditBatch, high_entropy_top_ratio: float) -> CreditResult:
+    entropy_BT = batch[POLICY_ENTROPY]
+    advantages_BT, loss_mask_BT = high_entropy_advantages(batch.advantages_BT, entropy_BT, batch.mask_BT, high_entropy_top_ratio)
+    kept_BT = loss_mask_BT.bool()
+    lowest_kept = entropy_BT[kept_BT].min() if kept_BT.any() else entropy_BT.new_tensor(0.0)
+    return CreditResult(
+        advantages_BT=advantages_BT,
+        loss_mask_BT=loss_mask_BT,
+        # The lowest kept entropy of each micro-batch, averaged over micro-batches and processes.
+        metrics={"entropy_threshold": (lowest_kept.float(), batch.mask_BT.new_tensor(1.0))},
+        statistic_BT=entropy_BT,
+    )

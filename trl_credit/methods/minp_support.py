@@ -1,0 +1,136 @@
+"""Min-p support weighting of positive tokens (a baseline of TACO's paper).
+
+Rule and defaults as in the TACO repository's verl actor (https://github.com/xiuyilou/TACO,
+`verl/workers/actor/dp_actor.py`, block "Min-p inspired support weighting", keys `support_set_*`). A token is inside
+the min-p sampling set (https://huggingface.co/papers/2407.01082) when `p_y >= min_p * max_v p_v`; positive tokens
+outside it lose weight smoothly:
+
+    m  = (z_y - max_v z_v) - log(min_p)       logits z divided by the sampling temperature, as the official code does;
+       = (log p_y - log max_v p_v) - log(min_p)            m >= 0 <=> inside the min-p set
+    w  = w_min + (1 - w_min) * exp(min(m, 0) / tau)        in (w_min, 1]; 1 inside the set
+    w  = 1 where A <= 0                                    (minp_support_only_positive_advantage)
+    loss mask = w                                          (the official code multiplies verl's response_mask)
+
+The weight is a soft loss mask: it scales each token's loss term and the token-mean normaliser counts `w`, as in the
+official code; the advantages are left unchanged (multiplying them by `w` as well would apply it twice).
+
+Statistics: the current policy: the sampled token's log-prob and the most likely token's log-prob (`policy_max_logprob`,
+the LM head streamed over the training forward's final hidden states; no `(B, T, V)` logits).
+
+The official option has no default (`support_set_min_p: null` turns the weighting off); `min_p = 0.1` here is the
+usual min-p sampling value, our choice. Pass the value of the run you reproduce.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ._checks import check_range, check_token_inputs, in_range
+from .registry import POLICY_LOGPS, POLICY_MAX_LOGPROB, CreditBatch, CreditResult, register_credit_method
+from .taco import TACO_PAPER
+
+
+@dataclass
+class MinPSupportArguments:
+    """Min-p support weighting's hyperparameters (the TACO repository's `support_set_*` options)."""
+
+    minp_support_min_p: float = field(
+        default=0.1,
+        metadata={
+            "help": "Min-p support: a token is in the support set when p >= min_p * max p. In (0, 1). No official "
+            "default (the option is off unless set); 0.1 is the usual min-p value."
+        },
+    )
+    minp_support_tau: float = field(
+        default=0.2,
+        metadata={"help": "Min-p support: decay temperature of the weight outside the set, in log-prob margin. > 0."},
+    )
+    minp_support_min_weight: float = field(
+        default=0.2,
+        metadata={"help": "Min-p support: lower bound of the weight far outside the set. In [0, 1]."},
+    )
+    minp_support_only_positive_advantage: bool = field(
+        default=True,
+        metadata={"help": "Min-p support: weight only positive-advantage tokens (others keep weight 1)."},
+    )
+
+
+def minp_support_margin(logps_BT: torch.Tensor, max_logprob_BT: torch.Tensor, min_p: float) -> torch.Tensor:
+    """`m = (log p_y - log max_v p_v) - log(min_p)`: `m >= 0` exactly when the token is in the min-p set."""
+    return (logps_BT - max_logprob_BT) - math.log(min_p)
+
+
+@torch.no_grad()
+def minp_support_weights(
+    advantages_BT: torch.Tensor,
+    logps_BT: torch.Tensor,
+    max_logprob_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    min_p: float = 0.1,
+    tau: float = 0.2,
+    min_weight: float = 0.2,
+    only_positive: bool = True,
+) -> torch.Tensor:
+    """The min-p support weight, a `(B, T)` soft loss mask in `[min_weight, 1]` (1 at masked positions).
+
+    Args:
+        advantages_BT: `(B, T)` token advantages (only their sign is read).
+        logps_BT: `(B, T)` log-probabilities of the sampled tokens under the current policy.
+        max_logprob_BT: `(B, T)` log-probabilities of the most likely token, same policy and temperature.
+        mask_BT: `(B, T)` valid completion positions.
+        min_p: min-p threshold, in `(0, 1)`.
+        tau: decay temperature outside the set, `> 0`.
+        min_weight: weight far outside the set, in `[0, 1]`.
+        only_positive: weight only positive-advantage tokens.
+    """
+    check_range("min_p", min_p, 0.0, 1.0, low_open=True, high_open=True)
+    check_range("tau", tau, 0.0, math.inf, low_open=True, high_open=True)
+    check_range("min_weight", min_weight, 0.0, 1.0)
+    valid_BT, (advantages_BT, logps_BT, max_logprob_BT) = check_token_inputs(
+        advantages_BT, mask_BT, logps_BT=logps_BT, max_logprob_BT=max_logprob_BT
+    )
+    margin_BT = minp_support_margin(logps_BT, max_logprob_BT, min_p)
+    weights_BT = min_weight + (1.0 - min_weight) * torch.exp(margin_BT.clamp(max=0.0) / tau)
+    weighted_BT = valid_BT & (advantages_BT > 0) if only_positive else valid_BT
+    return torch.where(weighted_BT, weights_BT, 1.0)
+
+
+@register_credit_method(
+    "minp_support",
+    statistics=(POLICY_LOGPS, POLICY_MAX_LOGPROB),
+    arguments=MinPSupportArguments,
+    checks={
+        "minp_support_min_p": in_range(0.0, 1.0, low_open=True, high_open=True),
+        "minp_support_tau": (lambda tau: 0.0 < tau < math.inf, "finite and > 0"),
+        "minp_support_min_weight": in_range(0.0, 1.0),
+    },
+    paper=TACO_PAPER,
+    drops_tokens=True,
+)
+def minp_support(
+    batch: CreditBatch,
+    minp_support_min_p: float,
+    minp_support_tau: float,
+    minp_support_min_weight: float,
+    minp_support_only_positive_advantage: bool,
+) -> CreditResult:
+    logps_BT, max_logprob_BT = batch[POLICY_LOGPS], batch[POLICY_MAX_LOGPROB]
+    weights_BT = minp_support_weights(
+        batch.advantages_BT, logps_BT, max_logprob_BT, batch.mask_BT, minp_support_min_p, minp_support_tau,
+        minp_support_min_weight, minp_support_only_positive_advantage,
+    )
+    margin_BT = minp_support_margin(logps_BT, max_logprob_BT, minp_support_min_p)
+    positive_BT = batch.mask_BT & (batch.advantages_BT > 0)
+    return CreditResult(
+        advantages_BT=batch.advantages_BT,
+        loss_mask_BT=weights_BT,
+        metrics={
+            "support_weight": weights_BT,
+            "in_support_fraction_pos": (positive_BT & (margin_BT >= 0), positive_BT),
+            "margin_mean_pos": (torch.where(positive_BT, margin_BT, 0.0), positive_BT),
+        },
+        statistic_BT=margin_BT,
+    )
