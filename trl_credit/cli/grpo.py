@@ -152,16 +152,13 @@ def parse_arguments(argv: list[str]):
     method = _resolve_method(argv, config)
     parser = build_parser(method)
     try:
-        script_args, training_args, model_args = parser.parse_args_and_config(argv)
+        # The config validates the whole stack (its order, its methods' credit_kwargs) as it is built.
+        script_args, training_args, model_args = parser.parse_args_and_config([*argv, "--credit_method", method])
     except ValueError as error:  # unknown flags or YAML keys, dataclass validation (e.g. taco_alpha range)
         message = str(error).splitlines()[0]
         message = message.replace("Some specified arguments are not used by the HfArgumentParser", "unknown arguments")
         raise UsageError(message) from error
     training_args.credit_method = script_args.method = method
-    try:
-        training_args.validate_credit_fields()  # the stack as a whole (e.g. its order), now that it is set
-    except ValueError as error:
-        raise UsageError(str(error)) from error
     _check_other_methods_fields(method, config, argv)
     if model_args.model_name_or_path is None:
         raise UsageError("--model_name_or_path is required (a Hub id, a local folder, or smollm2-135m-instruct)")

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -215,12 +218,28 @@ def get_credit_method(name: str) -> CreditMethod:
     if ":" in name:
         module_name, name = name.rsplit(":", 1)
         try:
-            importlib.import_module(module_name)
-        except ImportError as error:
+            _import_user_module(module_name)
+        except (ImportError, OSError) as error:
             raise ValueError(f"cannot import credit-method module {module_name!r}: {error}") from error
     if name not in CREDIT_METHODS:
         raise ValueError(f"unknown credit method {name!r}; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}")
     return CREDIT_METHODS[name]
+
+
+def _import_user_module(module: str) -> None:
+    """Import a dotted module name, or a `.py` file by path (e.g. `examples/custom_credit_method.py`)."""
+    if not module.endswith(".py"):
+        importlib.import_module(module)
+        return
+    path = Path(module).resolve()
+    name = f"trl_credit_user_{path.stem}"
+    if name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or not path.is_file():
+        raise ImportError(f"no such file: {module}")
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
 
 
 def parse_credit_methods(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:

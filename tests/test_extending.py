@@ -1,0 +1,91 @@
+"""User methods and stacks: registration, the example method, `eapo+taco` from Python, YAML and the CLI."""
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from test_methods import eapo_loop, random_inputs, taco_loop
+from test_trainer import assert_all_params_changed
+
+from trl_credit import CreditBatch, CreditGRPOTrainer, register_credit_method
+from trl_credit.cli import main as cli_main
+from trl_credit.methods import get_credit_method
+from trl_credit.methods.registry import POLICY_ENTROPY, POLICY_LOGPS, ROLLOUT_ENTROPY
+
+EXAMPLE = "examples/custom_credit_method.py:surprise_boost"
+
+
+def test_a_stack_applies_in_order_each_method_seeing_the_previous_advantages():
+    adv, logps, entropy, _, mask = random_inputs(3)
+    batch = CreditBatch.from_sequence_advantages(
+        adv, mask, statistics={ROLLOUT_ENTROPY: entropy, POLICY_LOGPS: logps, POLICY_ENTROPY: entropy}
+    )
+    eapo, taco = get_credit_method("eapo"), get_credit_method("taco")
+    after_eapo = eapo(batch, eapo.hyperparameters()).advantages_BT
+    stacked = taco(CreditBatch(after_eapo, batch.sequence_advantages_B, batch.mask_BT, batch.statistics), taco.hyperparameters())
+    # By hand: EAPO's loop, then TACO's weight (its loop's output over A) on the rows with A > 0.
+    eapo_BT = eapo_loop(adv, entropy, mask, math.log(4), (0.1, 0.9))
+    safe = torch.where(adv != 0, adv, 1.0).unsqueeze(1)
+    taco_weight_BT = taco_loop(adv, logps, entropy, mask, 0.01, 0.9) / safe
+    expected = torch.where((adv > 0).unsqueeze(1), eapo_BT * taco_weight_BT, eapo_BT)
+    torch.testing.assert_close(stacked.advantages_BT, expected)
+
+
+def test_a_second_function_under_a_registered_name_is_refused():
+    with pytest.raises(ValueError, match="'taco' is already registered"):
+        register_credit_method("taco")(lambda batch: batch.advantages_BT)
+    with pytest.raises(ValueError, match="must be Python identifiers"):
+        register_credit_method("my+method")
+
+
+def test_the_example_method_trains_with_its_hyperparameter_from_credit_kwargs(tmp_path):
+    method = get_credit_method(EXAMPLE)  # imports the file, which registers the method
+    assert method.name == "surprise_boost" and method.hyperparameters(None, {"boost": 3.0}) == {"boost": 3.0}
+    tokenizer = make_tiny_tokenizer()
+    args = tiny_config(EXAMPLE, tmp_path, credit_kwargs='{"boost": 2.0}')
+    trainer = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    assert_all_params_changed(before, dict(trainer.model.named_parameters()))
+    weights = [e["surprise_boost/weight_max"] for e in trainer.state.log_history if "surprise_boost/weight_max" in e]
+    # The boost set through credit_kwargs (None: a batch whose advantages were all 0).
+    assert 2.0 in weights and all(w is None or w == pytest.approx(2.0) for w in weights)
+    with pytest.raises(ValueError, match="boost must be >= 1, got 0.5"):
+        tiny_config(EXAMPLE, tmp_path, credit_kwargs={"boost": 0.5})
+    with pytest.raises(ValueError, match=r"credit_kwargs names \['bost'\]"):
+        tiny_config(EXAMPLE, tmp_path, credit_kwargs={"bost": 2.0})
+
+
+def _recipe(tmp_path, tiny_model_dir, **settings):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8)))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "model_name_or_path": tiny_model_dir, "dataset_name": str(data), "reward_funcs": ["format"],
+        "output_dir": str(tmp_path / "run"), "use_cpu": True, "bf16": False, "gradient_checkpointing": False,
+        "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 6, "max_steps": 1,
+        "logging_steps": 1, "report_to": "none", "save_strategy": "no", **settings,
+    }))
+    return recipe
+
+
+def test_stack_and_user_method_train_from_the_cli_and_yaml(tmp_path, tiny_model_dir):
+    recipe = _recipe(tmp_path / "a", tiny_model_dir, credit_method=["eapo", "taco"])
+    assert cli_main(["grpo", "--config", str(recipe)]) == 0
+    run = tmp_path / "a" / "run"
+    card = (run / "README.md").read_text()
+    assert "### Credit method: EAPO + TACO" in card and "Cite EAPO as" in card and "Cite TACO as" in card
+    assert {"eapo_diagnostics.png", "taco_diagnostics.png"} <= {p.name for p in (run / "plots").iterdir()}
+
+    recipe = _recipe(tmp_path / "b", tiny_model_dir)
+    argv = ["grpo", "--config", str(recipe), "--method", f"eapo+{EXAMPLE}", "--credit_kwargs", '{"boost": 1.5}']
+    assert cli_main(argv) == 0
+    card = (tmp_path / "b" / "run" / "README.md").read_text()
+    assert "| `boost` | `1.5` |" in card and "| `eapo_kappa` |" in card
