@@ -7,8 +7,6 @@
 
 from dataclasses import dataclass, field
 
-import torch
-
 from trl_credit import CreditBatch, CreditResult, register_credit_method
 from trl_credit.methods.registry import ROLLOUT_LOGPS
 

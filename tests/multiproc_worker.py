@@ -153,7 +153,9 @@ def check_fsdp2_tide_helpers(out: Path, rank: int) -> None:
     # Outside the context the root is sharded again; the head alone is gathered by `full_lm_head`.
     with full_lm_head(policy) as (weight, _):
         full_head_equal = torch.equal(weight, plain_policy.lm_head.weight)
+    uneven = _uneven_mask_statistics(policy, reference, input_ids, rank)
     result = {
+        "uneven_mask_rows": uneven,
         "head_was_sharded": head_was_sharded,
         "local_head_rows": local_rows,
         "vocab": plain_policy.lm_head.weight.shape[0],
@@ -164,6 +166,28 @@ def check_fsdp2_tide_helpers(out: Path, rank: int) -> None:
         "deviation_mean": want_deviation.mean().item(),
     }
     (out / f"fsdp2_rank{rank}.json").write_text(json.dumps(result))
+
+
+def _uneven_mask_statistics(policy, reference, input_ids, rank):
+    """The trainer's deviation pass on FSDP2-sharded models, rank 1 holding no valid token at all: it must finish
+    (every rank runs the same forwards and head gathers) and rank 0's values must be right."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from trl_credit.trainer.sources import deviation_and_entropy
+
+    batch = {
+        "prompt_ids": input_ids[:, :3], "prompt_mask": torch.ones_like(input_ids[:, :3]),
+        "completion_ids": input_ids[:, 3:], "completion_mask": torch.ones_like(input_ids[:, 3:]) * (rank == 0),
+    }
+    context = SimpleNamespace(  # what the function reads of the trainer; one row per chunk: two chunks per rank
+        accelerator=SimpleNamespace(unwrap_model=lambda model: model), model=policy, temperature=1.0,
+        args=SimpleNamespace(gradient_checkpointing_kwargs=None, statistics_token_chunk_size=4, statistics_vocab_chunk_size=32),
+        _forward_batch_size=lambda: 1,
+    )
+    reference_side = SimpleNamespace(model_and_context=lambda: (reference, nullcontext()))
+    deviation_BT, _ = deviation_and_entropy(context, batch, reference_side)
+    return int((deviation_BT > 0).sum())
 
 
 def main() -> None:
