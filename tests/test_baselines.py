@@ -1,0 +1,408 @@
+"""The papers' baselines: hand-worked cases from the official formulas, edge cases, the trainer and the CLI.
+
+Every expected value below is derived in the comments from the rule in the official code named in each method's
+file (xiuyilou/TACO `dp_actor.py` for STAPO, TAMPO, the min-p weight and AR-Lopti; verl `core_algos.py` for
+Clip-Cov; Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR for 80/20; the paper for EntropyAdv).
+"""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+import yaml
+from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from trl import GRPOTrainer
+
+from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
+from trl_credit.methods import (
+    CREDIT_METHODS,
+    ar_lopti_advantages,
+    clip_cov_advantages,
+    entropy_adv_advantages,
+    high_entropy_advantages,
+    minp_support_weights,
+    stapo_advantages,
+    tampo_advantages,
+)
+from trl_credit.methods.clip_cov import clip_cov_generator
+from trl_credit.methods.high_entropy import high_entropy_count
+from trl_credit.statistics import max_logprob
+
+BASELINES = ["stapo", "tampo", "minp_support", "ar_lopti", "clip_cov", "high_entropy", "entropy_adv"]
+PAPERS = {
+    "stapo": "2602.15620", "tampo": "2607.07976", "minp_support": "2607.07976", "ar_lopti": "2505.12929",
+    "clip_cov": "2505.22617", "high_entropy": "2506.01939", "entropy_adv": "2506.14758",
+}
+L = math.log
+
+
+def _t(rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+# ------------------------------------------------------------------------------------------------ STAPO
+
+
+def test_stapo_hand_worked():
+    # Row 0 has A = +1 (4 valid tokens), row 1 has A = -1 (3 valid tokens, the last position is padding).
+    advantages = _t([[1, 1, 1, 1], [-1, -1, -1, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    probs = _t([[0.001, 0.5, 0.001, 0.0015], [0.001, 0.001, 0.5, 1.0]])
+    entropy = _t([[0.1, 0.2, 3.0, 0.05], [0.01, 0.01, 0.01, 9.0]])
+    # Candidates: the 4 positive tokens; their entropies sorted: [0.05, 0.1, 0.2, 3.0].
+    # q = 0.1: position 0.1 * 3 = 0.3 -> 0.05 + 0.3 * (0.1 - 0.05) = 0.065. Spurious: p < 0.002 and H < 0.065 ->
+    # only token (0, 3) (p 0.0015, H 0.05); token (0, 0) has H 0.1. Row 1 is negative: never a candidate.
+    out, loss_mask, threshold = stapo_advantages(advantages, probs.log(), entropy, mask)
+    assert threshold == pytest.approx(0.065)
+    torch.testing.assert_close(out, _t([[1, 1, 1, 0], [-1, -1, -1, 0]]))
+    torch.testing.assert_close(loss_mask, _t([[1, 1, 1, 0], [1, 1, 1, 1]]))
+    # q = 0.5: position 1.5 -> 0.1 + 0.5 * (0.2 - 0.1) = 0.15: tokens (0, 0) and (0, 3) are spurious.
+    out, loss_mask, threshold = stapo_advantages(advantages, probs.log(), entropy, mask, entropy_quantile=0.5)
+    assert threshold == pytest.approx(0.15)
+    torch.testing.assert_close(loss_mask, _t([[0, 1, 1, 0], [1, 1, 1, 1]]))
+    # Every valid token a candidate (stapo_only_positive_advantage=False): 7 entropies sorted
+    # [0.01, 0.01, 0.01, 0.05, 0.1, 0.2, 3.0], q = 0.5 -> position 3 -> 0.05. H < 0.05 and p < 0.002: (1, 0), (1, 1).
+    out, loss_mask, threshold = stapo_advantages(
+        advantages, probs.log(), entropy, mask, entropy_quantile=0.5, only_positive=False
+    )
+    assert threshold == pytest.approx(0.05)
+    torch.testing.assert_close(loss_mask, _t([[1, 1, 1, 1], [0, 0, 1, 1]]))
+    torch.testing.assert_close(out, _t([[1, 1, 1, 1], [0, 0, -1, 0]]))
+
+
+def test_stapo_edge_cases():
+    probs, entropy = _t([[0.001, 0.001, 0.001]]), _t([[0.1, 0.2, 0.3]])
+    # No positive token: the quantile falls back to every valid token (0.1 + 0.2 * (0.2 - 0.1) = 0.12 at q = 0.1),
+    # but there is no candidate, so nothing is dropped.
+    out, loss_mask, threshold = stapo_advantages(_t([[-1, -1, -1]]), probs.log(), entropy, torch.ones(1, 3))
+    assert threshold == pytest.approx(0.12) and loss_mask.eq(1).all() and out.eq(-1).all()
+    # Ties: every candidate has the same entropy, so the quantile equals it and `H < quantile` holds for none.
+    out, loss_mask, threshold = stapo_advantages(_t([[1, 1, 1]]), probs.log(), _t([[0.3, 0.3, 0.3]]), torch.ones(1, 3))
+    assert threshold == pytest.approx(0.3) and loss_mask.eq(1).all()
+    # Every token masked (NaN padding included): threshold 0, nothing dropped, zeros out.
+    out, loss_mask, threshold = stapo_advantages(_t([[1, 1]]), _t([[math.nan, 0]]), _t([[0, 0]]), torch.zeros(1, 2))
+    assert threshold == 0.0 and out.eq(0).all() and loss_mask.eq(1).all()
+    with pytest.raises(ValueError, match="entropy_quantile"):
+        stapo_advantages(_t([[1]]), _t([[0]]), _t([[0]]), torch.ones(1, 1), entropy_quantile=1.0)
+
+
+# ------------------------------------------------------------------------------------------------ TAMPO
+
+
+def test_tampo_hand_worked_and_edges():
+    advantages = _t([[2, 2, 2, 2], [-2, -2, -2, -2]])
+    mask = torch.ones(2, 4)
+    probs = _t([[0.001, 0.001, 0.5, 0.001], [0.001, 0.001, 0.001, 0.001]])
+    entropy = _t([[0.5, 0.6, 0.1, 0.0], [0.1, 0.1, 0.1, 0.1]])
+    # Truncated: A > 0, p <= 0.002, H <= 0.5. Token (0, 0) has H == 0.5 exactly: truncated (the rule is <=, unlike
+    # STAPO's strict <). (0, 1): H 0.6 > 0.5 kept. (0, 2): p 0.5 kept. (0, 3): truncated. Row 1 negative: kept.
+    out, loss_mask = tampo_advantages(advantages, probs.log(), entropy, mask)
+    torch.testing.assert_close(loss_mask, _t([[0, 1, 1, 0], [1, 1, 1, 1]]))
+    torch.testing.assert_close(out, _t([[0, 2, 2, 0], [-2, -2, -2, -2]]))
+    # No positive token: nothing dropped.
+    _, loss_mask = tampo_advantages(-advantages.abs(), probs.log(), entropy, mask)
+    assert loss_mask.eq(1).all()
+    # All tokens dropped: every token positive, improbable and confident.
+    out, loss_mask = tampo_advantages(advantages.abs(), probs.log(), torch.zeros(2, 4), mask, prob_threshold=1.0)
+    assert loss_mask.eq(0).all() and out.eq(0).all()
+
+
+# ------------------------------------------------------------------------------------------------ min-p support
+
+
+def test_minp_support_hand_worked():
+    advantages = _t([[1, 1, 1, -1]])
+    mask = torch.ones(1, 4)
+    # Most likely token p = 0.8 everywhere. Sampled p: 0.5 (ratio 0.625 >= 0.1: inside the min-p set, w = 1),
+    # 0.05 (margin m = log(0.05 / 0.8) - log(0.1) = log(0.625) = -0.4700, w = 0.2 + 0.8 * exp(-0.4700 / 0.2)),
+    # 0.08 (ratio exactly 0.1: m = 0, w = 1), and 0.0008 on a negative token (not weighted: w = 1).
+    probs, max_probs = _t([[0.5, 0.05, 0.08, 0.0008]]), torch.full((1, 4), 0.8)
+    weights = minp_support_weights(advantages, probs.log(), max_probs.log(), mask)
+    expected_outside = 0.2 + 0.8 * math.exp(math.log(0.625) / 0.2)  # 0.2763
+    torch.testing.assert_close(weights, _t([[1, expected_outside, 1, 1]]), atol=1e-5, rtol=1e-5)
+    # Every token weighted (only_positive=False): the negative token's m = log(0.001) - log(0.1) = log(0.01),
+    # w = 0.2 + 0.8 * 0.01 ** 5 (= 0.2 up to 1e-10).
+    weights = minp_support_weights(advantages, probs.log(), max_probs.log(), mask, only_positive=False)
+    assert weights[0, 3].item() == pytest.approx(0.2 + 0.8 * 0.01**5, abs=1e-6)
+    # No positive token: every weight 1. Masked positions: 1 (the loss mask already removes them).
+    weights = minp_support_weights(-advantages.abs(), probs.log(), max_probs.log(), torch.tensor([[1, 1, 0, 0]]))
+    assert weights.eq(1).all()
+
+
+def test_streamed_max_logprob_equals_full_logits():
+    torch.manual_seed(0)
+    hidden, weight, bias = torch.randn(13, 8), torch.randn(40, 8), torch.randn(40)
+    for temperature in (1.0, 0.6):
+        full = torch.log_softmax((hidden @ weight.T + bias) / temperature, dim=-1).amax(-1)
+        streamed = max_logprob(hidden, weight, bias, temperature, token_chunk_size=4, vocab_chunk_size=7)
+        torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------ AR-Lopti
+
+
+def test_ar_lopti_hand_worked():
+    # w = (1 - 0.1) + 0.1 * p_old, on both signs: A = 2, p = 0.5 -> 2 * 0.95 = 1.9; A = -1, p = 0.1 -> -0.91;
+    # A = -1, p = 1 -> -1; the masked position stays 0.
+    advantages = _t([[2, 2], [-1, -1]])
+    probs = _t([[0.5, 0.5], [0.1, 1.0]])
+    out = ar_lopti_advantages(advantages, probs.log(), torch.tensor([[1, 0], [1, 1]]))
+    torch.testing.assert_close(out, _t([[1.9, 0], [-0.91, -1]]))
+    torch.testing.assert_close(ar_lopti_advantages(advantages, probs.log(), torch.ones(2, 2), alpha=0.0), advantages)
+
+
+# ------------------------------------------------------------------------------------------------ Clip-Cov
+
+
+def test_clip_cov_hand_worked():
+    # One micro-batch: A = [2, 2, -2, -2] (mean 0), log p = [0, -1, -3, -5] (mean -2.25), and a padded position
+    # holding NaN, which no mean may see. cov = A * (log p + 2.25) = [4.5, 2.5, 1.5, 5.5]; (lb, ub) = (1, 5) keeps
+    # tokens 0, 1, 2 (5.5 >= ub).
+    advantages = _t([[2, 2, -2, -2, 0]])
+    logps = _t([[0, -1, -3, -5, math.nan]])
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    # Old log-probs equal: ratio 1, nothing PPO-clipped. ratio 1.0 -> n = max(int(1.0 * 4), 1) = 4 >= 3 candidates:
+    # all three are detached.
+    out, detached, candidates = clip_cov_advantages(advantages, logps, logps, mask, ratio=1.0)
+    torch.testing.assert_close(out, _t([[0, 0, 0, -2, 0]]))
+    assert candidates.tolist() == [[True, True, True, False, False]]
+    # Token 0: A > 0 with r = e > 1 + 0.28; token 2: A < 0 with r = 1/e < 1 - 0.2: PPO clips both, so they are no
+    # candidates; token 1 (r = 1) is the only one. The default ratio 2e-4 gives n = max(int(0.0008), 1) = 1.
+    old = _t([[-1, -1, -2, -5, 0]])
+    out, detached, candidates = clip_cov_advantages(advantages, logps, old, mask, clip_range=(0.2, 0.28))
+    torch.testing.assert_close(out, _t([[2, 0, -2, -2, 0]]))
+    assert detached.tolist() == [[False, True, False, False, False]]
+    # No candidate (bounds above every covariance): nothing changes.
+    out, detached, _ = clip_cov_advantages(advantages, logps, logps, mask, lb=10.0, ub=20.0)
+    torch.testing.assert_close(out, torch.where(mask.bool(), advantages, 0.0))
+    assert not detached.any()
+
+
+def test_clip_cov_draw_is_seeded():
+    torch.manual_seed(1)
+    advantages = torch.randn(4, 50).sign() * 3
+    logps = -torch.rand(4, 50) * 4
+    mask = torch.ones(4, 50)
+
+    def draw(seed, step):
+        return clip_cov_advantages(advantages, logps, logps, mask, ratio=0.02, lb=0.0, ub=100.0,
+                                   generator=clip_cov_generator(seed, step, mask))[1]
+
+    first = draw(0, 3)
+    assert first.sum() == 4  # max(int(0.02 * 200), 1)
+    assert torch.equal(first, draw(0, 3))  # a rerun draws the same tokens
+    assert not torch.equal(first, draw(0, 4)) or not torch.equal(first, draw(1, 3))
+
+
+# ------------------------------------------------------------------------------------------------ 80/20
+
+
+def test_high_entropy_hand_worked():
+    entropy = _t([[0.5, 2.0, 1.0, 2.0, 0.1, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])  # the 9.0 is padding
+    advantages = torch.where(mask.bool(), 1.0, 0.0)
+    # rho = 0.2, N = 5: k = max(1, int(5 * 0.2 + 0.9999)) = 1. The top entropy 2.0 is tied between positions 1 and
+    # 3: the earlier one is kept.
+    out, loss_mask = high_entropy_advantages(advantages, entropy, mask)
+    torch.testing.assert_close(loss_mask, _t([[0, 1, 0, 0, 0, 0]]))
+    torch.testing.assert_close(out, loss_mask)
+    # rho = 0.5: k = int(2.5 + 0.9999) = 3 -> entropies 2.0, 2.0, 1.0.
+    _, loss_mask = high_entropy_advantages(advantages, entropy, mask, top_ratio=0.5)
+    torch.testing.assert_close(loss_mask, _t([[0, 1, 1, 1, 0, 0]]))
+    # rho = 0 keeps one token; rho = 1 keeps every valid token; no valid token keeps none.
+    assert [high_entropy_count(5, r) for r in (0.0, 1.0)] == [1, 5]
+    assert high_entropy_advantages(advantages, entropy, mask, top_ratio=1.0)[1].sum() == 5
+    assert high_entropy_advantages(advantages, entropy, torch.zeros(1, 6))[1].sum() == 0
+
+
+def test_high_entropy_equals_trl_quantile_mask_without_ties():
+    # TRL's top_entropy_quantile keeps H >= quantile(H, 1 - rho); with distinct entropies and rho * N an integer it
+    # keeps the same k tokens (on one process; TRL gathers the quantile over processes, the official code does not).
+    torch.manual_seed(0)
+    entropy, mask = torch.rand(2, 5) * 3, torch.ones(2, 5)
+    trl_mask = entropy >= torch.quantile(entropy.flatten(), 0.8)
+    _, loss_mask = high_entropy_advantages(mask, entropy, mask, top_ratio=0.2)
+    assert torch.equal(loss_mask.bool(), trl_mask) and trl_mask.sum() == 2
+
+
+# ------------------------------------------------------------------------------------------------ EntropyAdv
+
+
+def test_entropy_adv_hand_worked():
+    # psi = min(0.4 * H, |A| / 2): A = 1, H = 0.5 -> min(0.2, 0.5) = 0.2 -> 1.2; A = 1, H = 3 -> min(1.2, 0.5) -> 1.5;
+    # A = -1, H = 3 -> -1 + 0.5 = -0.5; A = -1, H = 0.1 -> -1 + 0.04 = -0.96; A = 0 -> 0; masked -> 0.
+    advantages = _t([[1, 1, -1, -1, 0, 1]])
+    entropy = _t([[0.5, 3.0, 3.0, 0.1, 2.0, 5.0]])
+    out = entropy_adv_advantages(advantages, entropy, torch.tensor([[1, 1, 1, 1, 1, 0]]))
+    torch.testing.assert_close(out, _t([[1.2, 1.5, -0.5, -0.96, 0, 0]]))
+    # kappa > 1 keeps every sign, whatever the entropy.
+    advantages, entropy = torch.randn(8, 16), torch.rand(8, 16) * 50
+    out = entropy_adv_advantages(advantages, entropy, torch.ones(8, 16), alpha=10.0, kappa=1.01)
+    assert torch.equal(out.sign(), advantages.sign())
+    with pytest.raises(ValueError, match="kappa"):
+        entropy_adv_advantages(advantages, entropy, torch.ones(8, 16), kappa=1.0)
+
+
+# ------------------------------------------------------------------------------------------------ registry and config
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_registered_with_paper_arguments_and_checks(name):
+    method = CREDIT_METHODS[name]
+    assert method.paper["id"] == PAPERS[name] and "author" in method.paper["citation"]
+    for f in dataclasses.fields(method.arguments):
+        assert f.name.startswith(f"{name}_") and f.metadata["help"]
+    config = CreditGRPOConfig(output_dir="/tmp/unused", credit_method=name, use_cpu=True, report_to="none")
+    assert set(method.argument_names) <= set(config.credit_hyperparameters())
+    first_check = next(iter(method.checks))
+    with pytest.raises(ValueError, match=first_check):
+        CreditGRPOConfig(output_dir="/tmp/unused", credit_method=name, use_cpu=True, report_to="none", **{first_check: -1})
+
+
+def test_generation_baseline_must_precede_training_forward_ones():
+    with pytest.raises(ValueError, match="must come before"):
+        CreditGRPOConfig(output_dir="/tmp/unused", credit_method="stapo+ar_lopti", use_cpu=True, report_to="none")
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+def _naive_statistics(model, inputs, temperature):
+    """Sampled-token log-probs, entropies and max log-probs from the full logits."""
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    completion_len = inputs["completion_ids"].size(1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -completion_len - 1 : -1]
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logps = logp_all.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    return logps, -(logp_all.exp() * logp_all).sum(-1), logp_all.amax(-1)
+
+
+def _expected(method, args, inputs, logps, entropy, max_logps, step):
+    """The token advantages and loss mask the official rule gives this micro-batch (`None`: no loss mask)."""
+    mask = inputs["completion_mask"].bool()
+    advantages = inputs["credit_sequence_advantages"].float().unsqueeze(1) * mask
+    if method == "stapo":
+        return stapo_advantages(advantages, logps, entropy, mask, args.stapo_prob_threshold, args.stapo_entropy_quantile)[:2]
+    if method == "tampo":
+        return tampo_advantages(advantages, logps, entropy, mask, args.tampo_prob_threshold, args.tampo_entropy_threshold)
+    if method == "minp_support":
+        return advantages, minp_support_weights(advantages, logps, max_logps, mask, args.minp_support_min_p)
+    if method == "ar_lopti":  # one micro-batch per generation batch: the policy is still the rollout policy
+        return ar_lopti_advantages(advantages, logps, mask, args.ar_lopti_alpha), None
+    if method == "clip_cov":
+        generator = clip_cov_generator(args.clip_cov_seed, step, mask)
+        out = clip_cov_advantages(advantages, logps, logps, mask, (args.epsilon, args.epsilon_high or args.epsilon),
+                                  args.clip_cov_ratio, args.clip_cov_lb, args.clip_cov_ub, generator)
+        return out[0], None
+    if method == "high_entropy":
+        return high_entropy_advantages(advantages, entropy, mask, args.high_entropy_top_ratio)
+    if method == "entropy_adv":
+        return entropy_adv_advantages(advantages, entropy, mask, args.entropy_adv_alpha, args.entropy_adv_kappa), None
+    return None  # stacks: trained, not recomputed here
+
+
+class LossRecorder:
+    """Checks, where TRL's loss consumes them, the advantages and loss mask against the rule on full logits."""
+
+    def __init__(self, monkeypatch, trainer):
+        self.checked, self.statistics = 0, None
+        original_compute_loss, original_loss = GRPOTrainer.compute_loss, GRPOTrainer._compute_loss
+
+        def compute_loss(trainer_self, model, inputs, *args, **kwargs):
+            # Before the trainer's `_compute_loss` starts: its training forward is the only one TRL's loss sees.
+            with torch.no_grad():
+                self.statistics = _naive_statistics(trainer_self.model, inputs, trainer_self.temperature)
+            return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
+
+        def inner_loss(trainer_self, model, inputs):
+            loss = original_loss(trainer_self, model, inputs)  # the hook path fills inputs["advantages"] in the forward
+            expected = _expected(trainer.credit_method, trainer.args, inputs, *self.statistics, trainer.state.global_step)
+            if expected is not None:
+                advantages, loss_mask = expected
+                torch.testing.assert_close(inputs["advantages"], advantages, atol=1e-4, rtol=1e-4)
+                consumed_mask = inputs.get("tool_mask", torch.ones_like(advantages)).float()
+                want_mask = torch.ones_like(advantages) if loss_mask is None else loss_mask
+                torch.testing.assert_close(consumed_mask, want_mask, atol=1e-4, rtol=1e-4)
+                self.checked += 1
+            return loss
+
+        monkeypatch.setattr(GRPOTrainer, "compute_loss", compute_loss)
+        monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
+
+
+@pytest.mark.parametrize(
+    "method,options",
+    [
+        ("stapo", {"stapo_prob_threshold": 0.05, "stapo_entropy_quantile": 0.5}),  # looser: drops on the tiny model
+        ("tampo", {"tampo_prob_threshold": 0.05, "tampo_entropy_threshold": 3.0}),
+        ("minp_support", {"temperature": 0.7}),
+        ("ar_lopti", {}),
+        ("clip_cov", {"clip_cov_ratio": 0.1, "clip_cov_lb": 0.0, "clip_cov_ub": 10.0}),
+        ("high_entropy", {"loss_type": "bnpo"}),
+        ("entropy_adv", {}),
+        ("eapo+stapo", {}),
+        ("ar_lopti+taco+stapo", {}),  # the official code's order: reweighting, TACO, then STAPO's mask
+    ],
+)
+def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, method, options):
+    tokenizer = make_tiny_tokenizer()
+    args = tiny_config(method, tmp_path / "out", max_steps=2, **options)
+    trainer = CreditGRPOTrainer(model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
+                                train_dataset=tiny_prompt_dataset(), processing_class=tokenizer)
+    recorder = LossRecorder(monkeypatch, trainer)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])]
+    assert not unchanged, f"parameters that did not change: {unchanged}"
+    assert recorder.checked == (0 if "+" in method else 2)
+    logged = trainer.state.log_history[0]
+    last = method.split("+")[-1]
+    assert any(key.startswith(f"{last}/") for key in logged)
+    if CREDIT_METHODS[last].drops_tokens:
+        assert 0.0 < logged[f"{last}/kept_fraction"] <= 1.0
+
+
+@pytest.mark.parametrize("drops_tokens", [True, False], ids=["no-grad forward", "training forward hook"])
+def test_max_logprob_statistic_equals_full_logits(monkeypatch, tmp_path, drops_tokens):
+    # Both ways a training-forward method gets its statistics: the no-grad forward of a method that drops tokens,
+    # and the hook on TRL's own loss forward (here the min-p method re-registered without drops_tokens).
+    monkeypatch.setitem(CREDIT_METHODS, "minp_support", dataclasses.replace(CREDIT_METHODS["minp_support"], drops_tokens=drops_tokens))
+    tokenizer = make_tiny_tokenizer()
+    args = tiny_config("minp_support", tmp_path / "out", max_steps=1, temperature=0.7)
+    trainer = CreditGRPOTrainer(model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
+                                train_dataset=tiny_prompt_dataset(), processing_class=tokenizer)
+    checked = []
+    original = trainer._forward_statistics
+
+    def recording(batch, logps_BT, entropy_BT, hidden=None):
+        statistics = original(batch, logps_BT, entropy_BT, hidden)
+        with torch.no_grad():
+            _, _, max_logps = _naive_statistics(trainer.model, batch, trainer.temperature)
+        mask = batch["completion_mask"].bool()
+        torch.testing.assert_close(statistics["policy_max_logprob"], torch.where(mask, max_logps, 0.0), atol=1e-4, rtol=1e-4)
+        checked.append(1)
+        return statistics
+
+    monkeypatch.setattr(trainer, "_forward_statistics", recording)
+    trainer.train()
+    assert checked
+
+
+def test_cli_trains_stapo(tmp_path, tiny_model_dir):
+    from trl_credit.cli import main as cli_main
+
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8)))
+    recipe, output_dir = tmp_path / "recipe.yaml", tmp_path / "run"
+    recipe.write_text(yaml.safe_dump({
+        "model_name_or_path": tiny_model_dir, "dataset_name": str(data), "reward_funcs": ["format"],
+        "output_dir": str(output_dir), "use_cpu": True, "bf16": False, "gradient_checkpointing": False,
+        "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 6, "max_steps": 2,
+        "logging_steps": 1, "report_to": "none", "save_strategy": "no",
+    }))
+    assert cli_main(["grpo", "--config", str(recipe), "--method", "stapo", "--stapo_prob_threshold", "0.01"]) == 0
+    card = (output_dir / "README.md").read_text()
+    assert "stapo_prob_threshold" in card and "0.01" in card and "2602.15620" in card
