@@ -1,11 +1,12 @@
 """Training-step overhead of each credit method relative to plain GRPO, measured in one run.
 
-    python benchmarks/step_overhead.py --model tiny              # default, ~3-4 min on 2 shared CPU cores
+    python benchmarks/step_overhead.py --model tiny              # default: every registered method, ~10 min on 2 shared CPU cores
     python benchmarks/step_overhead.py --model smollm2           # SmolLM2-135M-Instruct (or --model /path/to/hf/folder)
     python benchmarks/step_overhead.py --model smollm2 --device cuda
 
-Timing: one process builds a trainer per method (`grpo`, `taco`, `eapo`, `tide`, and for the tiny model a second
-`grpo`, the control) from the same model, data and seed, and runs each `trainer.train()` in its own thread. A
+Timing: one process builds a trainer per method (`grpo` and every registered method -- `taco`, `eapo`, `tide` and the
+papers' baselines -- or those given with `--methods`, and for the tiny model a second `grpo`, the control) from the
+same model, data and seed, and runs each `trainer.train()` in its own thread. A
 callback pauses a trainer after each chunk of `--steps` optimizer steps; the main thread releases them one at a
 time, round-robin, `--repeats` times, so the methods take turns on the same cores and never run concurrently, and
 machine-wide slowdowns hit them alike. Completions are forced to the full `max_completion_length`
@@ -17,9 +18,10 @@ Reported per method, as ratios to `grpo`:
 * step time: the median wall time of an optimizer step (callback `on_step_begin` -> `on_step_end`: generation,
   rewards, the method's statistics, forward/backward, optimizer), after one warm-up step; TRL's own logged
   `step_time` (generation + forward/backward, without the optimizer step) is reported next to it;
-* credit time: the median per-step time spent in the method's own trainer hooks (EAPO: rollout-entropy forward +
-  quantiles + reshaping; TIDE: policy and reference hidden-state forwards + streamed statistics + reshaping;
-  TACO: reshaping inside the training forward), as a fraction of grpo's step time;
+* credit time: the median per-step time spent in the method's own parts of the trainer, as a fraction of grpo's
+  step time: the generation-batch statistics (rollout forward, deviation pass), the no-grad forward of each
+  micro-batch that methods dropping tokens from the loss need, the streamed max log-prob, and the reshaping itself
+  (`_apply_credit`: the method's function and its metrics);
 * peak memory. CPU: the worker's resident-set high-water mark (`VmHWM` of /proc/self/status) -- the whole process
   (Python, torch, TRL, model, optimizer state, activations, TIDE's reference copy), one process per method so
   nothing is shared; also the growth of that peak during training over the RSS after the trainer was built.
@@ -40,15 +42,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402  (sets sys.path and offline environment)
 
-METHODS = ["grpo", "taco", "eapo", "tide"]
+from trl_credit.methods import CREDIT_METHODS  # noqa: E402
+
+METHODS = ["grpo", *sorted(CREDIT_METHODS)]
 CONTROL = "grpo-control"  # a second, identical grpo worker: its ratio to grpo is the run's noise floor
-HOOKS = {  # the trainer methods whose time is the method's own cost
-    "taco": ["_taco_advantages"],
-    "eapo": ["_eapo_advantages"],
-    "tide": ["_tide_advantages"],
-    "grpo": [],
-    CONTROL: [],
-}
 
 
 def resolve_model(name: str) -> str:
@@ -106,17 +103,6 @@ def build_trainer(args, method: str, total_steps: int, callback):
     )
     trainer = CreditGRPOTrainer(model, reward_funcs=length_reward, args=config, train_dataset=prompts,
                                 processing_class=tokenizer)
-    for name in HOOKS[method]:  # time the method's own hooks
-        original = getattr(trainer, name)
-
-        def timed(*a, _original=original, **k):
-            start = time.perf_counter()
-            try:
-                return _original(*a, **k)
-            finally:
-                callback.hook_time += time.perf_counter() - start
-
-        setattr(trainer, name, timed)
     trainer.add_callback(callback)
     return trainer
 
@@ -158,10 +144,10 @@ def timing_worker(args) -> dict:
     import threading
 
     setup_worker(args)
-    parts = instrument_parts()
+    pacers, threads = {}, {}
+    parts = instrument_parts(pacers)
     total_steps = 1 + args.steps * args.repeats
     paused, go = queue.Queue(), {m: threading.Event() for m in args.methods}
-    pacers, threads = {}, {}
 
     for method in args.methods:
         def pause(step, _method=method):
@@ -187,15 +173,17 @@ def timing_worker(args) -> dict:
             for m, p in pacers.items()}
 
 
-PARTS = {  # (module attribute or trainer method) -> label, inside the hooks timed above
-    "final_hidden": "hidden-state forwards (policy + reference)",
-    "hellinger_and_entropy": "streamed Hellinger/entropy",
-    "_policy_entropies": "rollout-entropy forward",
+PARTS = {  # the trainer's calls that are a method's own cost (none of them nests another) -> label
+    "generation_statistics": "generation-batch statistics",
+    "policy_logps_and_entropy": "no-grad micro-batch forward",
+    "policy_max_logprob": "streamed max log-prob",
+    "_apply_credit": "reshaping",
 }
 
 
-def instrument_parts() -> dict:
-    """Accumulate the time of the expensive parts of each method's hooks, per thread (= method), per call."""
+def instrument_parts(pacers: dict) -> dict:
+    """Time the method's own parts of the trainer, per thread (= method): into its pacer's `hook_time` (per step)
+    and into per-part totals (the breakdown)."""
     import threading
 
     from trl_credit.trainer import credit_trainer
@@ -210,16 +198,17 @@ def instrument_parts() -> dict:
             try:
                 return original(*a, **k)
             finally:
-                method = threading.current_thread().name
-                label = PARTS[name]
-                totals.setdefault(method, {}).setdefault(label, 0.0)
-                totals[method][label] += time.perf_counter() - start
+                method, elapsed = threading.current_thread().name, time.perf_counter() - start
+                if method in pacers:
+                    pacers[method].hook_time += elapsed
+                    totals.setdefault(method, {}).setdefault(PARTS[name], 0.0)
+                    totals[method][PARTS[name]] += elapsed
 
         setattr(owner, name, timed)
 
-    wrap(credit_trainer, "final_hidden")
-    wrap(credit_trainer, "hellinger_and_entropy")
-    wrap(credit_trainer.CreditGRPOTrainer, "_policy_entropies")
+    for name in ("generation_statistics", "policy_logps_and_entropy", "policy_max_logprob"):
+        wrap(credit_trainer, name)  # module functions, looked up by the trainer at call time
+    wrap(credit_trainer.CreditGRPOTrainer, "_apply_credit")
     return totals
 
 
