@@ -1,6 +1,6 @@
 """Training-step overhead of each credit method relative to plain GRPO, measured in one run.
 
-    python benchmarks/step_overhead.py --model tiny              # default: every registered method, ~10 min on 2 shared CPU cores
+    python benchmarks/step_overhead.py --model tiny              # default: every registered method (--methods: a subset)
     python benchmarks/step_overhead.py --model smollm2           # SmolLM2-135M-Instruct (or --model /path/to/hf/folder)
     python benchmarks/step_overhead.py --model smollm2 --device cuda
 
