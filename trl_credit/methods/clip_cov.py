@@ -12,7 +12,9 @@ defaults as in verl (https://github.com/volcengine/verl, `verl/trainer/ppo/core_
     n of the candidates, drawn uniformly at random, lose their policy-gradient term
 
 verl multiplies those tokens' PPO loss terms by 0 and keeps them in the loss normaliser; with `Â = 0` TRL's loss
-does exactly that (every loss type's term is proportional to `Â`), so Clip-Cov needs no loss mask.
+does exactly that (every loss type's term is proportional to `Â`), so Clip-Cov needs no loss mask. The clip test uses
+the token ratio and TRL's `(epsilon_low, epsilon_high)` (`CreditBatch.clip_range`), as verl does; under TRL's
+`importance_sampling_level="sequence"` the loss clips the sequence ratio instead, which this test does not follow.
 
 Statistics: the current policy's log-prob from the training forward, and the rollout log-prob for the ratio (TRL's
 `old_per_token_logps` when it computed them; otherwise one no-grad forward per generation batch, which then equals
