@@ -14,6 +14,8 @@ SUBCOMMANDS = {
     "eval": "Evaluate a model on a math data set: avg@k, pass@k, mean completion length.",
     "inspect": "Render the token-credit view of a run as an HTML page (and PNG).",
     "plot": "Plot reward, entropy, length and method diagnostics of one or more runs.",
+    "compare": "Train methods x seeds, evaluate them, and write a report with confidence intervals.",
+    "lab": "Measure where each method puts credit on procedural tasks with known decisive tokens.",
 }
 
 

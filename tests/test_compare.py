@@ -1,0 +1,331 @@
+"""`trl-credit compare`: statistics, plan and resume logic, the report, and one real end-to-end comparison."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import statistics
+from pathlib import Path
+
+import pytest
+
+from trl_credit.cli import main as cli_main
+from trl_credit.compare.plan import (
+    CompareConfig,
+    CompareUsageError,
+    RunSpec,
+    build_runs,
+    check_passthrough,
+    check_recorded_arguments,
+    run_name,
+    run_state,
+)
+from trl_credit.compare.report import RunResult, final_table, mean_band, paired_table, write_report
+from trl_credit.compare.stats import paired_difference, student_t_cdf, student_t_quantile, t_interval
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+# Two-sided 95 % critical values t_{0.975, df} from a printed t table.
+T_TABLE_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228, 20: 2.086, 30: 2.042, 120: 1.980}
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize("df,expected", sorted(T_TABLE_975.items()))
+def test_t_quantile_matches_the_printed_table(df, expected):
+    assert student_t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
+
+
+def test_t_distribution_closed_forms_and_symmetry():
+    # df = 1 is the Cauchy distribution, df = 2 has F(t) = 1/2 + t / (2 sqrt(2 + t^2)).
+    for t in (-3.0, -0.4, 0.0, 0.7, 12.0):
+        assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)
+        assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
+        assert student_t_cdf(-t, 7) == pytest.approx(1 - student_t_cdf(t, 7), abs=1e-12)
+    assert student_t_quantile(0.995, 3) == pytest.approx(5.841, abs=1e-3)
+    assert student_t_quantile(0.025, 4) == pytest.approx(-2.776, abs=1e-3)
+    assert student_t_quantile(0.975, 100_000) == pytest.approx(1.95996, abs=1e-4)  # the normal limit
+    with pytest.raises(ValueError, match="df must be a positive integer"):
+        student_t_cdf(1.0, 0)
+
+
+def test_t_quantile_agrees_with_scipy_when_installed():
+    stats = pytest.importorskip("scipy.stats")
+    for df in (1, 2, 3, 5, 8, 13, 40):
+        for p in (0.6, 0.9, 0.975, 0.999):
+            assert student_t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-9)
+
+
+def test_t_interval_by_hand():
+    values = [0.2, 0.5, 0.35, 0.4]
+    interval = t_interval(values)
+    half_width = 3.182446305284263 * statistics.stdev(values) / 2  # t_{0.975, 3} * s / sqrt(4)
+    assert interval.mean == pytest.approx(0.3625) and interval.n == 4
+    assert interval.half_width == pytest.approx(half_width, rel=1e-9)
+    assert interval.low == pytest.approx(0.3625 - half_width) and interval.excludes_zero()
+    assert interval.format() == f"0.362 ± {half_width:.3g}"
+    one = t_interval([0.7, float("nan")])  # NaN dropped, one value left: no interval
+    assert one.n == 1 and one.half_width is None and one.format() == "0.7 (CI n/a, n=1)" and not one.excludes_zero()
+    assert t_interval([]).format() == "–"
+
+
+def test_paired_difference_uses_common_seeds_only():
+    method = {0: 0.50, 1: 0.62, 2: 0.55, 3: 0.9}
+    baseline = {0: 0.40, 1: 0.50, 2: 0.46, 4: 0.1}
+    interval = paired_difference(method, baseline)
+    differences = [0.10, 0.12, 0.09]
+    assert interval.n == 3 and interval.mean == pytest.approx(statistics.fmean(differences))
+    assert interval.half_width == pytest.approx(4.302652729749464 * statistics.stdev(differences) / math.sqrt(3))
+    # Pairing removes the seed effect: the unpaired intervals overlap, the paired one excludes 0.
+    unpaired_method, unpaired_baseline = t_interval([0.50, 0.62, 0.55]), t_interval([0.40, 0.50, 0.46])
+    assert unpaired_method.low < unpaired_baseline.high
+    assert interval.excludes_zero()
+
+
+# ---------------------------------------------------------------------------------------------- plan
+
+
+def test_runs_seeds_outermost_and_commands(tmp_path):
+    config = CompareConfig(methods=["grpo", "eapo+taco"], seeds=[3, 1], output_dir=str(tmp_path), config="r.yaml")
+    runs = build_runs(config, ["--max_steps", "5", "--accelerate_config", "zero3"])
+    assert [run.name for run in runs] == ["grpo-seed3", "eapo+taco-seed3", "grpo-seed1", "eapo+taco-seed1"]
+    command = runs[1].command()
+    assert command[1:3] == ["-m", "trl_credit.cli.grpo"]
+    assert command[3:] == ["--config", "r.yaml", "--method", "eapo+taco", "--seed", "3", "--output_dir",
+                           str(tmp_path / "runs" / "eapo+taco-seed3"), "--max_steps", "5", "--accelerate_config", "zero3"]
+    assert run_name("a/b c", 0) == "a_b_c-seed0"
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [({"methods": []}, "--methods needs at least one value"), ({"seeds": [0, 1, 0]}, "--seeds lists 0 more than once"),
+     ({"methods": ["taco", "taco"]}, "--methods lists taco more than once"), ({"eval_n": 0}, "must be >= 1")],
+)
+def test_config_refuses_bad_values(kwargs, message):
+    with pytest.raises(CompareUsageError, match=re.escape(message)):
+        CompareConfig(**kwargs)
+
+
+@pytest.mark.parametrize("flag", ["--seed", "--method", "--output_dir=x", "--resume_from_checkpoint"])
+def test_flags_owned_by_compare_are_refused(flag):
+    with pytest.raises(CompareUsageError, match="is set by compare"):
+        check_passthrough(["--max_steps", "3", flag, "1"])
+    with pytest.raises(CompareUsageError, match="unknown evaluation option --eval_nn"):
+        check_passthrough(["--eval_nn", "3"])
+
+
+def test_run_state_done_resume_fresh(tmp_path):
+    spec = RunSpec("taco", 0, tmp_path / "taco-seed0", None, ("--max_steps", "20"))
+    assert run_state(spec.output_dir) == ("fresh", None)
+    for name in ("checkpoint-3", "checkpoint-10", "checkpoint-9", "checkpoint-final"):
+        (spec.output_dir / name).mkdir(parents=True)
+    (spec.output_dir / "checkpoint-12").write_text("a file, not a checkpoint")
+    state, checkpoint = run_state(spec.output_dir)
+    assert state == "resume" and checkpoint.name == "checkpoint-10"  # numeric order, folders only
+    assert spec.command(checkpoint)[-2:] == ["--resume_from_checkpoint", str(spec.output_dir / "checkpoint-10")]
+    (spec.output_dir / ".done").write_text("{}")
+    assert run_state(spec.output_dir) == ("done", None)
+
+
+def test_run_started_with_other_arguments_is_not_resumed(tmp_path):
+    spec = RunSpec("taco", 0, tmp_path / "taco-seed0", None, ("--max_steps", "20"))
+    spec.output_dir.mkdir()
+    (spec.output_dir / "run.json").write_text(json.dumps({"grpo_argv": spec.grpo_argv()}))
+    check_recorded_arguments(spec)  # the same arguments: fine
+    other = RunSpec("taco", 0, spec.output_dir, None, ("--max_steps", "40"))
+    with pytest.raises(CompareUsageError, match="was started with other arguments"):
+        check_recorded_arguments(other)
+
+
+def _problems(path: Path, numbers) -> str:
+    path.write_text("".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in numbers))
+    return str(path)
+
+
+def _assert_usage_error(capsys, argv, message, output_dir):
+    capsys.readouterr()  # drop what fixtures printed
+    assert cli_main(["compare", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("trl-credit compare: error:"), err
+    assert message in err[0]
+    assert not (output_dir / "runs").exists()
+
+
+def test_bad_input_exits_2_before_any_training(tmp_path, capsys, tiny_model_dir):
+    out = tmp_path / "out"
+    train = _problems(tmp_path / "train.jsonl", range(8))
+    base = ["--output_dir", str(out), "--model_name_or_path", tiny_model_dir, "--dataset_name", train,
+            "--use_cpu", "true", "--bf16", "false"]
+    _assert_usage_error(capsys, ["--methods", *base], "expected at least one argument", out)
+    _assert_usage_error(capsys, ["--seeds", "0", "0", *base], "--seeds lists 0 more than once", out)
+    _assert_usage_error(capsys, ["--eval_bogus", "1", *base], "unknown evaluation option --eval_bogus", out)
+    _assert_usage_error(capsys, ["--seed", "1", *base], "--seed is set by compare", out)
+    _assert_usage_error(capsys, ["--methods", "grpo", "ppo", *base], "the ppo runs would fail: --method 'ppo'", out)
+    _assert_usage_error(capsys, ["--bogus_flag", "1", *base], "unknown arguments", out)
+    # The training file has one split: evaluating on it would not be held out.
+    _assert_usage_error(capsys, base, "no held-out split", out)
+    _assert_usage_error(capsys, [*base, "--eval_dataset_name", str(tmp_path / "none.jsonl")], "does not exist", out)
+
+
+def test_dry_run_prints_plan_and_measured_cost(tmp_path, capsys, tiny_model_dir):
+    out = tmp_path / "out"
+    # A finished run whose checkpoint logged 0.5 s steps: skipped, and the basis of the time estimate.
+    finished = out / "runs" / "grpo-seed0"
+    (finished / "checkpoint-4").mkdir(parents=True)
+    (finished / "checkpoint-4" / "trainer_state.json").write_text(json.dumps(
+        {"global_step": 4, "log_history": [{"step": s, "step_time": 0.5, "reward": 0.1} for s in (1, 2, 3, 4)]}
+    ))
+    (finished / ".done").write_text("{}")
+    argv = ["compare", "--methods", "grpo", "taco", "--seeds", "0", "1", "--output_dir", str(out), "--dry_run",
+            "--model_name_or_path", tiny_model_dir, "--dataset_name", "chain_sum", "--max_train_samples", "8",
+            "--max_steps", "4", "--per_device_train_batch_size", "4", "--num_generations", "4",
+            "--use_cpu", "true", "--bf16", "false", "--eval_num_problems", "3", "--eval_n", "2"]
+    assert cli_main(argv) == 0
+    out_text = capsys.readouterr().out
+    assert re.search(r"grpo-seed0\s+done, skipped", out_text)
+    assert re.search(r"taco-seed1\s+train\s+\S+ -m trl_credit.cli.grpo --method taco --seed 1 --output_dir", out_text)
+    assert "optimizer steps: 4 per run x 4 runs = 16; 12 left" in out_text
+    assert "evaluation: 6 sampled completions per run" in out_text
+    assert "0.50 s/step x 12 steps" in out_text and "rough" in out_text
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["grpo-seed0"]  # nothing was trained
+
+
+def test_dry_run_of_the_default_comparison_uses_the_quickstart_measurement(tmp_path, capsys):
+    assert cli_main(["compare", "--output_dir", str(tmp_path), "--dry_run", "--eval_num_problems", "2"]) == 0
+    out_text = capsys.readouterr().out
+    assert "optimizer steps: 30 per run x 12 runs = 360" in out_text  # 4 methods x 3 seeds of the quick start
+    assert "19.03 s/step x 360 steps" in out_text and "README's quick-start measurement" in out_text
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def _history(rewards, step_time=0.2, method="grpo"):
+    history = [{"step": i + 1, "reward": r, "entropy": 1.0 - 0.1 * i, "step_time": step_time} for i, r in enumerate(rewards)]
+    if method == "taco":
+        for entry in history:
+            entry["taco/tail_fraction"] = 0.05
+    return history
+
+
+FAKE = {  # (method, seed): (training rewards, avg@4)
+    ("grpo", 0): ([0.1, 0.2, 0.3], 0.30), ("grpo", 1): ([0.2, 0.2, 0.4], 0.40), ("grpo", 2): ([0.0, 0.1, 0.2], 0.20),
+    ("taco", 0): ([0.1, 0.3, 0.5], 0.45), ("taco", 1): ([0.2, 0.4, 0.4], 0.50), ("taco", 2): ([0.1, 0.2, 0.3], 0.40),
+}
+
+
+def _fake_results():
+    return [RunResult(m, s, _history(r, method=m), {"avg@4": a, "pass@4": min(1.0, 2 * a)}, {"wall_seconds": 10.0,
+            "peak_rss_mib": 500.0 + s}) for (m, s), (r, a) in FAKE.items()]
+
+
+def test_tables_and_bands_by_hand():
+    results = _fake_results()
+    finals = final_table(results, ["grpo", "taco"])
+    assert finals["taco"]["avg@4"].mean == pytest.approx(0.45)
+    assert finals["taco"]["avg@4"].half_width == pytest.approx(4.302652729749464 * 0.05 / math.sqrt(3))
+    assert finals["grpo"]["train reward (last 10 steps)"].mean == pytest.approx(statistics.fmean([0.2, 0.8 / 3, 0.1]))
+    difference = paired_table(results, ["grpo", "taco"])["taco"]["avg@4"]
+    assert difference.mean == pytest.approx(0.15) and difference.n == 3
+    assert difference.half_width == pytest.approx(4.302652729749464 * statistics.stdev([0.15, 0.1, 0.2]) / math.sqrt(3))
+    steps, mean, low, high = mean_band(results, "taco", "reward")
+    assert steps == [1, 2, 3] and mean[1] == pytest.approx(0.3) and (low[1], high[1]) == (0.2, 0.4)
+    assert paired_table(results, ["taco"]) == {}  # no grpo baseline: no paired differences
+
+
+def _write_fake_runs(output_dir: Path) -> list[RunSpec]:
+    runs = build_runs(CompareConfig(methods=["grpo", "taco"], seeds=[0, 1, 2], output_dir=str(output_dir)), [])
+    for spec, result in zip(sorted(runs, key=lambda r: (r.method, r.seed)), _fake_results()):
+        state = spec.output_dir / "checkpoint-3" / "trainer_state.json"
+        state.parent.mkdir(parents=True)
+        state.write_text(json.dumps({"global_step": 3, "log_history": result.log_history}))
+        (spec.output_dir / "eval.json").write_text(json.dumps(result.eval_summary))
+        (spec.output_dir / ".done").write_text(json.dumps(result.done))
+    return runs
+
+
+def test_report_markdown_and_self_contained_html(tmp_path):
+    runs = _write_fake_runs(tmp_path)
+    md_path, html_path = write_report(tmp_path, runs, ["grpo", "taco"], ["A note <b>escaped</b>."], "trl-credit compare")
+    markdown = md_path.read_text()
+    assert "6 of 6 runs finished" in markdown
+    assert "| taco | 0, 1, 2 | 0.45 ± 0.124 |" in markdown  # 4.303 * 0.05 / sqrt(3) = 0.124
+    assert "| taco − grpo | 3 | 0.15 ± 0.124 * |" in markdown
+    assert "| grpo | 0.2 ± 0 | 10 ± 0 | 502 |" in markdown
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"reward.svg", "entropy.svg", "taco_tail_fraction.svg"}
+    page = html_path.read_text()
+    assert page.count("<svg") == 3 and "<script" not in page and "<link" not in page
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", page), "the report must not load external assets"
+    assert "A note &lt;b&gt;escaped&lt;/b&gt;." in page
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs it: apt-get install -y chromium)")
+def test_report_renders_in_chromium(tmp_path):
+    from test_viz import _chromium, _read_png
+
+    runs = _write_fake_runs(tmp_path)
+    _, html_path = write_report(tmp_path, runs, ["grpo", "taco"], [], "trl-credit compare")
+    dom = _chromium(tmp_path, html_path.as_uri(), "--dump-dom")
+    assert dom.count("<svg") == 3 and "taco − grpo" in dom
+    screenshot = tmp_path / "report.png"
+    _chromium(tmp_path, html_path.as_uri(), f"--screenshot={screenshot}")
+    image = _read_png(screenshot)
+    assert image.std() > 10, "blank screenshot"
+    # tab10's first two colours: the grpo and taco curves were drawn.
+    assert (abs(image - [31, 119, 180]).max(-1) <= 30).sum() > 50 and (abs(image - [255, 127, 14]).max(-1) <= 30).sum() > 50
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+
+def _token_credit_prompts(run_dir: Path) -> list[tuple[int, str]]:
+    lines = (run_dir / "token_credit.jsonl").read_text().splitlines()
+    return [(record["step"], record["prompt"]) for record in map(json.loads, lines)]
+
+
+def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
+    """2 methods x 2 seeds of 2 steps with the tiny model, evaluated on held-out problems, reported, then resumed."""
+    out = tmp_path / "out"
+    argv = [
+        "compare", "--methods", "grpo", "taco", "--seeds", "0", "1", "--output_dir", str(out),
+        "--model_name_or_path", tiny_model_dir, "--dataset_name", _problems(tmp_path / "train.jsonl", range(16)),
+        "--reward_funcs", "accuracy", "format", "--max_steps", "2", "--per_device_train_batch_size", "4",
+        "--num_generations", "4", "--max_completion_length", "6", "--learning_rate", "5e-2", "--use_cpu", "true",
+        "--bf16", "false", "--save_steps", "2",
+        "--eval_dataset_name", _problems(tmp_path / "heldout.jsonl", range(20, 24)), "--eval_num_problems", "2",
+        "--eval_n", "2", "--eval_max_new_tokens", "4",
+    ]
+    assert cli_main(argv) == 0
+    runs = out / "runs"
+    for name in ("grpo-seed0", "taco-seed0", "grpo-seed1", "taco-seed1"):
+        done = json.loads((runs / name / ".done").read_text())
+        assert done["peak_rss_mib"] > 100 and done["wall_seconds"] > 0
+        summary = json.loads((runs / name / "eval.json").read_text())
+        assert summary["num_problems"] == 2 and "avg@2" in summary and "pass@2" in summary
+        assert summary["train_overlap"] == 0
+    # Same seed, same prompts in the same order, whatever the method; another seed, another order.
+    assert _token_credit_prompts(runs / "grpo-seed0") == _token_credit_prompts(runs / "taco-seed0")
+    assert _token_credit_prompts(runs / "grpo-seed1") == _token_credit_prompts(runs / "taco-seed1")
+    assert _token_credit_prompts(runs / "grpo-seed0") != _token_credit_prompts(runs / "grpo-seed1")
+
+    markdown = (out / "report.md").read_text()
+    assert "4 of 4 runs finished" in markdown and "| taco − grpo | 2 |" in markdown
+    assert re.search(r"\| grpo \| 0, 1 \| [0-9.]+ ± [0-9.]+ \|", markdown)
+    page = (out / "report.html").read_text()
+    assert page.count("<svg") >= 4 and 'data-metric="taco/tail_fraction"' in page
+
+    # Run the same command again: every run is done, nothing is trained again.
+    capsys.readouterr()
+    assert cli_main(argv) == 0
+    out_text = capsys.readouterr().out
+    assert out_text.count("done, skipped") == 4
+    assert all(len(json.loads((runs / n / "run.json").read_text())["attempts"]) == 1 for n in ("grpo-seed0", "taco-seed1"))
+
+    if CHROMIUM is not None:
+        from test_viz import _chromium
+
+        dom = _chromium(tmp_path, (out / "report.html").as_uri(), "--dump-dom")
+        assert dom.count("<svg") >= 4 and "taco − grpo" in dom

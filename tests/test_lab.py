@@ -1,0 +1,199 @@
+"""The credit lab: task labels, metrics on hand-made tensors, the warm-up, and a tiny lab run with the real trainer."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+import statistics
+
+import pytest
+import torch
+
+from trl_credit.cli import main as cli_main
+from trl_credit.lab.metrics import (
+    add_sums,
+    credit_mass,
+    mean_of_edges,
+    precision,
+    steps_until_solved,
+    within_step_spread,
+)
+from trl_credit.lab.tasks import COMPLETION_LENGTH, FORK_POSITION, RARE_TOKEN, TASKS, VOCABULARY, get_task
+
+# ---------------------------------------------------------------------------------------------- tasks
+
+
+def test_needle_labels_the_key_occurrences():
+    task, prompt = get_task("needle"), ["find", "k2"]
+    completion = ["f0", "k2", "f1", "k1", "k2", "f3", RARE_TOKEN, "f4"]
+    assert task.reward(prompt, completion) == 1.0
+    assert task.decisive(prompt, completion) == [False, True, False, False, True, False, False, False]
+    assert task.implausible(prompt, completion) == [False] * 6 + [True, False]
+    assert task.reward(prompt, ["k1"] * 8) == 0.0 and not any(task.decisive(prompt, ["k1"] * 8))
+    with pytest.raises(ValueError, match="exactly one key"):
+        task.reward(["find"], completion)
+
+
+def _flipping_positions(task, prompt, completion) -> set[int]:
+    """Positions where replacing the token by some other word changes the reward."""
+    words = [w for w in VOCABULARY if w not in ("<pad>", "<eos>", "<unk>")]
+    base = task.reward(prompt, completion)
+    return {t for t, w in itertools.product(range(len(completion)), words)
+            if task.reward(prompt, completion[:t] + [w] + completion[t + 1 :]) != base}
+
+
+@pytest.mark.parametrize("name", ["needle", "rare"])
+def test_decisive_tokens_are_the_ones_that_decide_a_success(name):
+    """In a success with a single key, the key is the one token whose change can flip the reward."""
+    from trl_credit.lab.model import sample_prior
+
+    task, rng, checked = get_task(name), random.Random(0), 0
+    while checked < 20:
+        prompt = rng.choice(task.prompts())
+        completion = sample_prior(task, prompt, rng)
+        key = prompt.split()[1]
+        if completion.count(key) != 1:
+            continue
+        decisive = {t for t, flag in enumerate(task.decisive(prompt.split(), completion)) if flag}
+        assert decisive == _flipping_positions(task, prompt.split(), completion) == {completion.index(key)}
+        checked += 1
+
+
+def test_fork_decides_at_the_fork_only():
+    from trl_credit.lab.model import sample_prior
+
+    task, rng = get_task("fork"), random.Random(0)
+    assert [task.correct_choice(p.split()) for p in task.prompts()] == ["L", "R", "L", "R"]
+    for _ in range(10):
+        prompt = rng.choice(task.prompts())
+        completion = sample_prior(task, prompt, rng)
+        # Success or failure, the fork is the only position that can change the outcome.
+        assert _flipping_positions(task, prompt.split(), completion) == {FORK_POSITION}
+        assert task.decisive(prompt.split(), completion) == [t == FORK_POSITION for t in range(COMPLETION_LENGTH)]
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_priors_are_distributions(name):
+    task = get_task(name)
+    for prompt, position in itertools.product(task.prompts(), range(COMPLETION_LENGTH)):
+        distribution = task.prior(prompt.split(), position)
+        assert set(distribution) <= set(VOCABULARY) and min(distribution.values()) > 0
+        assert sum(distribution.values()) == pytest.approx(1.0)
+
+
+def test_rare_token_alone_is_in_tacos_tail_under_the_prior():
+    """TACO's tail is p < alpha * exp(-H) (alpha = 0.01): z must be in it at every position, no other token."""
+    task = get_task("rare")
+    for position in range(COMPLETION_LENGTH):
+        distribution = task.prior(["find", "k0"], position)
+        entropy = -sum(p * math.log(p) for p in distribution.values())
+        threshold = 0.01 * math.exp(-entropy)
+        assert {w for w, p in distribution.items() if p < threshold} == {RARE_TOKEN}
+
+
+def test_unknown_task_is_named():
+    with pytest.raises(ValueError, match="unknown lab task 'maze'; choose from needle, fork, rare"):
+        get_task("maze")
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def test_credit_mass_by_hand():
+    advantages_BT = torch.tensor([[2.0, 1.0, 1.0, 9.0], [-1.0, -1.0, -2.0, -1.0], [0.0, 0.0, 0.0, 0.0], [3.0, 3.0, 3.0, 3.0]])
+    mask_BT = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
+    labels_BT = torch.tensor([[1, 0, 0, 1], [0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    sums = credit_mass(advantages_BT, mask_BT, labels_BT)
+    # Row 0: |A| on valid tokens 4, on the label 2 (the masked label does not count); uniform 4 * 1/3.
+    # Row 1: 5 in all, 2 on the label, uniform 5 * 1/4. Row 2 (zero advantage) and row 3 (no label) do not count.
+    assert sums == pytest.approx({"pos_labelled": 2.0, "pos_total": 4.0, "pos_uniform": 4 / 3, "pos_rows": 1,
+                                  "neg_labelled": 2.0, "neg_total": 5.0, "neg_uniform": 1.25, "neg_rows": 1})
+    assert precision(sums, "pos") == pytest.approx({"precision": 0.5, "uniform": 1 / 3, "lift": 1.5, "rows": 1})
+    assert precision(sums, "neg") == pytest.approx({"precision": 0.4, "uniform": 0.25, "lift": 1.6, "rows": 1})
+    total = add_sums(add_sums({}, sums), sums)
+    assert precision(total, "pos")["lift"] == pytest.approx(1.5) and total["pos_rows"] == 2
+
+
+def test_sequence_advantages_have_lift_one():
+    """GRPO's (B,) advantages spread uniformly: its credit precision equals the uniform share exactly."""
+    generator = torch.Generator().manual_seed(0)
+    advantages_B = torch.randn(16, generator=generator)
+    mask_BT = torch.rand(16, 8, generator=generator) > 0.2
+    labels_BT = torch.rand(16, 8, generator=generator) > 0.7
+    sums = credit_mass(advantages_B, mask_BT, labels_BT)
+    for sign in ("pos", "neg"):
+        assert precision(sums, sign)["lift"] == pytest.approx(1.0, abs=1e-6)
+    assert math.isnan(precision({}, "pos")["precision"])
+    with pytest.raises(ValueError, match="same \\(B, T\\) shape"):
+        credit_mass(torch.ones(2, 3), torch.ones(2, 4), torch.ones(2, 4))
+
+
+def test_steps_until_solved_and_edges():
+    assert steps_until_solved([0.1, 0.9, 0.9, 0.95, 0.2], threshold=0.9, window=2) == 3
+    assert steps_until_solved([0.1, 0.9, 0.5], threshold=0.9, window=2) is None
+    assert steps_until_solved([0.95], threshold=0.9, window=1) == 1
+    with pytest.raises(ValueError, match="window must be >= 1"):
+        steps_until_solved([1.0], window=0)
+    assert mean_of_edges([1.0, 2.0, 3.0, 4.0], count=2) == (1.5, 3.5)
+
+
+def test_within_step_spread_by_hand():
+    spread = within_step_spread([[1.0, 3.0], [2.0, 2.0, 2.0], [5.0], [0.0, 0.0]])
+    # Variances 2, 0, 0 ([5] has one micro-batch); CVs sqrt(2)/2 and 0 ([0, 0] has no CV).
+    assert spread["steps"] == 3 and spread["grad_norm_var"] == pytest.approx(2 / 3)
+    assert spread["grad_norm_cv"] == pytest.approx(statistics.fmean([math.sqrt(2) / 2, 0.0]))
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+def test_warm_up_reaches_the_prior_tail_included():
+    from trl_credit.lab.model import make_model, make_tokenizer, sample_prior, token_probability, warm_up
+
+    task, tokenizer = get_task("rare"), make_tokenizer()
+    assert tokenizer.convert_ids_to_tokens(tokenizer("find k2 f3 z")["input_ids"]) == ["find", "k2", "f3", "z"]
+    model = make_model(tokenizer, seed=0)
+    rng = random.Random(1)
+    probe = [p.split() + sample_prior(task, p, rng) for p in task.prompts() for _ in range(8)]
+    before = token_probability(model, tokenizer, probe, 2, RARE_TOKEN)
+    kl = warm_up(model, tokenizer, task, seed=0)
+    after = token_probability(model, tokenizer, probe, 2, RARE_TOKEN)
+    assert kl < 0.01 and abs(before - 1 / len(tokenizer)) < 0.03
+    assert 0.0007 < after < 0.0014, f"p(z) = {after} after warm-up, prior 0.001"
+
+
+# ---------------------------------------------------------------------------------------------- a lab run
+
+
+def test_lab_cli_bad_input_exits_2(capsys):
+    for argv, message in ((["--tasks", "maze"], "unknown lab task 'maze'"), (["--seeds", "0", "0"], "duplicates"),
+                          (["--pass_k", "64"], "pass_k"), (["--bogus", "1"], "unrecognized arguments")):
+        assert cli_main(["lab", *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("trl-credit lab: error:") and message in err[0], err
+
+
+def test_tiny_lab_run(tmp_path, capsys):
+    """Two methods on the fork task, a few steps: records, GRPO's uniform spread, the report, no rerun of done runs."""
+    argv = ["lab", "--methods", "grpo", "taco", "--tasks", "fork", "--seeds", "0", "--max_steps", "4",
+            "--warm_up_steps", "50", "--eval_samples", "4", "--pass_k", "1", "2", "--output_dir", str(tmp_path)]
+    assert cli_main(argv) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [(r["task"], r["method"], r["seed"], r["steps"]) for r in results["runs"]] == [
+        ("fork", "grpo", 0, 4), ("fork", "taco", 0, 4)]
+    grpo, taco = (r["metrics"] for r in results["runs"])
+    # The fork is one of 8 completion tokens: GRPO puts exactly 1/8 of each response's credit there.
+    for sign in ("pos", "neg"):
+        if not math.isnan(grpo[f"decisive_lift_{sign}"]):
+            assert grpo[f"decisive_lift_{sign}"] == pytest.approx(1.0, abs=1e-6)
+            assert grpo[f"decisive_precision_{sign}"] == pytest.approx(1 / 8, abs=1e-6)
+    assert not math.isnan(grpo["decisive_lift_pos"]) or not math.isnan(grpo["decisive_lift_neg"])
+    assert 0 <= taco["pass@1"] <= taco["pass@2"] <= 1 and taco["avg@4"] == pytest.approx(taco["pass@1"])
+    assert taco["rare_prob_start"] > 0 and len(results["runs"][1]["rewards"]) == 4
+    report = (tmp_path / "report.md").read_text()
+    assert "## fork" in report and "| credit precision, positive responses |" in report and "Δ" in report
+    assert "fork grpo seed 0" in capsys.readouterr().out
+    assert cli_main(argv) == 0  # both runs are in results.json: nothing is trained again
+    assert "lab: fork" not in capsys.readouterr().out

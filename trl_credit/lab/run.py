@@ -1,0 +1,351 @@
+"""Running the credit lab: every (task, method, seed) trains the same warmed-up tiny model with `CreditGRPOTrainer`.
+
+`run_one` trains one policy and measures it; `run_lab` runs the grid, writes `results.json` (one record per run)
+and `report.md` (mean ± 95 % t interval over seeds, and each method's paired difference to `grpo` on the same seed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..compare.stats import paired_difference, t_interval
+from .metrics import mean_of_edges, precision, steps_until_solved, within_step_spread
+from .tasks import COMPLETION_LENGTH, RARE_TOKEN, TASKS, get_task
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LabConfig:
+    """Configuration of `trl-credit lab`.
+
+    Parameters that select the runs:
+        methods (`list[str]`, *optional*, defaults to `["grpo", "taco", "eapo", "tide"]`): credit methods, passed as
+            `CreditGRPOConfig(credit_method=...)`.
+        tasks (`list[str]`, *optional*, defaults to all): lab tasks (`needle`, `fork`, `rare`).
+        seeds (`list[int]`, *optional*, defaults to `[0, 1, 2]`): one run per seed; the seed sets the initial
+            model, the warm-up, the prompt order and sampling, identically for every method.
+
+    Parameters that control training:
+        max_steps (`int`, *optional*, defaults to `300`): optimizer steps per run.
+        learning_rate (`float`, *optional*, defaults to `2e-3`): Adam learning rate of the RL phase.
+        num_generations (`int`, *optional*, defaults to `8`): completions per prompt (the GRPO group).
+        prompts_per_step (`int`, *optional*, defaults to `4`): prompts per optimizer step.
+        micro_batches (`int`, *optional*, defaults to `2`): gradient-accumulation micro-batches per step, between
+            which the gradient-norm spread is measured.
+        warm_up_steps (`int`, *optional*, defaults to `300`): distillation steps into the task's prior before RL.
+
+    Parameters that control measurement:
+        solved_threshold (`float`, *optional*, defaults to `0.8`), solved_window (`int`, *optional*, defaults to
+            `5`): a task is solved at the first step where the mean training reward of the last `solved_window`
+            steps reaches `solved_threshold`.
+        eval_samples (`int`, *optional*, defaults to `32`): completions sampled per prompt after training for avg@n
+            and pass@k.
+        pass_k (`list[int]`, *optional*, defaults to `[1, 8]`): the k of pass@k (each <= eval_samples).
+        output_dir (`str`, *optional*, defaults to `"lab_results"`): where `results.json` and `report.md` go.
+    """
+
+    methods: list[str] = field(
+        default_factory=lambda: ["grpo", "taco", "eapo", "tide"],
+        metadata={"help": "Credit methods to compare (CreditGRPOConfig.credit_method values)."},
+    )
+    tasks: list[str] = field(default_factory=lambda: list(TASKS), metadata={"help": f"Lab tasks: {', '.join(TASKS)}."})
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds; one run per seed."})
+    max_steps: int = field(default=300, metadata={"help": "Optimizer steps per run."})
+    learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the RL phase."})
+    num_generations: int = field(default=8, metadata={"help": "Completions per prompt (GRPO group size)."})
+    prompts_per_step: int = field(default=4, metadata={"help": "Prompts per optimizer step."})
+    micro_batches: int = field(default=2, metadata={"help": "Gradient-accumulation micro-batches per step."})
+    warm_up_steps: int = field(default=300, metadata={"help": "Distillation steps into the task's prior before RL."})
+    solved_threshold: float = field(default=0.8, metadata={"help": "Trailing mean reward that counts as solved."})
+    solved_window: int = field(default=5, metadata={"help": "Steps in the trailing mean of `solved_threshold`."})
+    eval_samples: int = field(default=32, metadata={"help": "Completions per prompt for avg@n and pass@k after training."})
+    pass_k: list[int] = field(default_factory=lambda: [1, 8], metadata={"help": "k values of pass@k (<= eval_samples)."})
+    output_dir: str = field(default="lab_results", metadata={"help": "Folder for results.json and report.md."})
+
+    def __post_init__(self):
+        for name in ("methods", "tasks", "seeds"):
+            values = getattr(self, name)
+            if not values:
+                raise ValueError(f"{name} must not be empty")
+            duplicates = sorted({v for v in values if values.count(v) > 1})
+            if duplicates:
+                raise ValueError(f"{name} has duplicates: {duplicates}")
+        for task in self.tasks:
+            get_task(task)
+        for name in ("max_steps", "num_generations", "prompts_per_step", "micro_batches", "eval_samples",
+                     "solved_window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 (a group needs two completions), got {self.num_generations}")
+        if (self.prompts_per_step * self.num_generations) % self.micro_batches:
+            raise ValueError(
+                f"prompts_per_step * num_generations = {self.prompts_per_step * self.num_generations} completions "
+                f"must split into micro_batches={self.micro_batches} equal micro-batches"
+            )
+        if self.warm_up_steps < 0:
+            raise ValueError(f"warm_up_steps must be >= 0, got {self.warm_up_steps}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        bad = [k for k in self.pass_k if not 1 <= k <= self.eval_samples]
+        if bad:
+            raise ValueError(f"every pass_k must be between 1 and eval_samples={self.eval_samples}; got {bad[0]}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _probe_sequences(task, seed: int, count: int = 64) -> list[list[str]]:
+    """Prompt + completion word lists drawn from the prior and kept only when correct: "positive responses"."""
+    from .model import sample_prior
+
+    rng = random.Random(10_000 + seed)
+    sequences = []
+    while len(sequences) < count:
+        prompt = rng.choice(task.prompts())
+        completion = sample_prior(task, prompt, rng)
+        if task.reward(prompt.split(), completion) > 0:
+            sequences.append(prompt.split() + completion)
+    return sequences
+
+
+def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir: str | Path) -> dict:
+    """Warm up a fresh tiny model on the task's prior, train it with `method`, and measure it.
+
+    Returns:
+        A JSON-able record: the run's identity, its per-step `reward`, `entropy` and `step_time` series, and the
+        metrics (credit precision on decisive and implausible tokens, steps until solved, probability of the rare
+        token in correct responses, gradient-norm spread across micro-batches, avg@n and pass@k).
+    """
+    import torch
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback, set_seed
+
+    from trl_credit import CreditGRPOConfig
+
+    from ..evaluation import pass_at_k
+    from .model import make_model, make_tokenizer, sample_completions, token_probability, warm_up
+    from .trainer import LabTrainer
+
+    task = get_task(task_name)
+    started = time.monotonic()
+    set_seed(seed)
+    tokenizer = make_tokenizer()
+    model = make_model(tokenizer, seed)
+    warm_up_kl = warm_up(model, tokenizer, task, seed, steps=config.warm_up_steps) if config.warm_up_steps else math.nan
+    probe = _probe_sequences(task, seed)
+    prompt_length = len(task.prompts()[0].split())
+    rare_probability = [(0, token_probability(model, tokenizer, probe, prompt_length, RARE_TOKEN))]
+
+    class RareTokenProbe(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % 10 == 0 or state.global_step == state.max_steps:
+                rare_probability.append(
+                    (state.global_step, token_probability(model, tokenizer, probe, prompt_length, RARE_TOKEN))
+                )
+
+    completions_per_step = config.prompts_per_step * config.num_generations
+    args = CreditGRPOConfig(
+        output_dir=str(work_dir), credit_method=method, seed=seed, use_cpu=True, bf16=False,
+        gradient_checkpointing=False, per_device_train_batch_size=completions_per_step // config.micro_batches,
+        gradient_accumulation_steps=config.micro_batches, num_generations=config.num_generations,
+        max_completion_length=COMPLETION_LENGTH, max_steps=config.max_steps, learning_rate=config.learning_rate,
+        lr_scheduler_type="constant", temperature=1.0, logging_steps=1, report_to="none", save_strategy="no",
+        dataloader_num_workers=0, disable_tqdm=True,
+    )
+
+    def reward(prompts, completions, **kwargs):
+        return [task.reward(p.split(), c.split()) for p, c in zip(prompts, completions)]
+
+    dataset = Dataset.from_dict({"prompt": task.prompts() * 64})
+    trainer = LabTrainer(
+        model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer,
+        callbacks=[RareTokenProbe()], lab_task=task,
+    )
+    trainer.remove_callback(PrinterCallback)  # one line per step on stdout: the lab prints its own summary
+    trainer.train()
+
+    history = [entry for entry in trainer.state.log_history if "reward" in entry]
+    rewards = [entry["reward"] for entry in history]
+    entropies = [entry["entropy"] for entry in history if "entropy" in entry]
+    step_times = [entry["step_time"] for entry in history if "step_time" in entry]
+
+    policy = trainer.accelerator.unwrap_model(trainer.model).eval()
+    counts = []
+    for index, prompt in enumerate(task.prompts()):
+        completions = sample_completions(policy, tokenizer, prompt, config.eval_samples, seed=seed * 1000 + index)
+        counts.append(sum(int(task.reward(prompt.split(), c) > 0) for c in completions))
+    n = config.eval_samples
+    entropy_start, entropy_end = mean_of_edges(entropies)
+    decisive_pos, decisive_neg = precision(trainer.lab_decisive, "pos"), precision(trainer.lab_decisive, "neg")
+    implausible_pos = precision(trainer.lab_implausible, "pos")
+    spread = within_step_spread([trainer.lab_grad_norms[step] for step in sorted(trainer.lab_grad_norms)])
+    rare_start, rare_end = rare_probability[0][1], rare_probability[-1][1]
+    del trainer, policy, model
+    torch.set_grad_enabled(True)
+    return {
+        "task": task_name, "method": method, "seed": seed, "steps": len(rewards),
+        "warm_up_kl": warm_up_kl,
+        "rewards": [round(r, 4) for r in rewards], "entropies": [round(h, 4) for h in entropies], "mean_step_time": statistics.fmean(step_times) if step_times else None,
+        "rare_probability": rare_probability,
+        "metrics": {
+            "final_reward": mean_of_edges(rewards, 10)[1],
+            "steps_until_solved": steps_until_solved(rewards, config.solved_threshold, config.solved_window),
+            "decisive_precision_pos": decisive_pos["precision"], "decisive_lift_pos": decisive_pos["lift"],
+            "decisive_uniform_pos": decisive_pos["uniform"],
+            "decisive_precision_neg": decisive_neg["precision"], "decisive_lift_neg": decisive_neg["lift"],
+            "decisive_uniform_neg": decisive_neg["uniform"],
+            "implausible_lift_pos": implausible_pos["lift"], "implausible_rows_pos": implausible_pos["rows"],
+            "rare_prob_start": rare_start, "rare_prob_end": rare_end,
+            "rare_prob_growth": rare_end / rare_start if rare_start > 0 else math.nan,
+            "entropy_start": entropy_start, "entropy_end": entropy_end,
+            f"avg@{n}": statistics.fmean(c / n for c in counts),
+            **{f"pass@{k}": statistics.fmean(pass_at_k(n, c, k) for c in counts) for k in config.pass_k},
+            "grad_norm_var": spread["grad_norm_var"], "grad_norm_cv": spread["grad_norm_cv"],
+        },
+        "wall_seconds": round(time.monotonic() - started, 2),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The grid and its report
+# ---------------------------------------------------------------------------------------------------------------
+
+# (metric, label, which tasks it is reported for, whether higher is better: for the "vs grpo" sign only)
+REPORTED_METRICS = (
+    ("final_reward", "train reward, last 10 steps", ("needle", "fork", "rare")),
+    ("steps_until_solved", "steps until solved", ("needle", "fork", "rare")),
+    ("decisive_precision_pos", "credit precision, positive responses", ("needle", "fork", "rare")),
+    ("decisive_lift_pos", "precision lift over uniform, positive", ("needle", "fork", "rare")),
+    ("decisive_precision_neg", "credit precision, negative responses", ("fork",)),
+    ("decisive_lift_neg", "precision lift over uniform, negative", ("fork",)),
+    ("implausible_lift_pos", "credit lift on the rare token, positive", ("rare",)),
+    ("rare_prob_growth", "p(rare token) end / start, correct responses", ("rare",)),
+    ("entropy_end", "entropy, last 5 steps (nats)", ("needle", "fork", "rare")),
+    ("avg@{n}", "avg@n", ("needle", "fork", "rare")),
+    ("pass@{k}", "pass@k", ("needle", "fork", "rare")),
+    ("grad_norm_cv", "micro-batch grad-norm CV", ("needle", "fork", "rare")),
+    ("grad_norm_var", "micro-batch grad-norm variance", ("needle", "fork", "rare")),
+)
+
+
+def _metric_keys(config: LabConfig) -> list[tuple[str, str, tuple[str, ...]]]:
+    keys = []
+    for key, label, tasks in REPORTED_METRICS:
+        if key == "avg@{n}":
+            keys.append((f"avg@{config.eval_samples}", f"avg@{config.eval_samples}", tasks))
+        elif key == "pass@{k}":
+            keys += [(f"pass@{k}", f"pass@{k} (n={config.eval_samples})", tasks) for k in config.pass_k]
+        else:
+            keys.append((key, label, tasks))
+    return keys
+
+
+def _value(record: dict, key: str) -> float:
+    value = record["metrics"].get(key)
+    if key == "steps_until_solved" and value is None:
+        return math.nan  # not solved: reported separately as a count
+    return math.nan if value is None else float(value)
+
+
+def summarize(records: list[dict], config: LabConfig) -> dict:
+    """`{task: {metric: {method: {"mean": .., "ci": .., "n": .., "vs_grpo": ..}}}}` over seeds."""
+    summary: dict = {}
+    for task in config.tasks:
+        for key, label, tasks in _metric_keys(config):
+            if task not in tasks:
+                continue
+            by_method = {}
+            for method in config.methods:
+                values = {r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == method}
+                interval = t_interval(list(values.values()))
+                entry = {"mean": interval.mean, "half_width": interval.half_width, "n": interval.n,
+                         "text": interval.format()}
+                if key == "steps_until_solved":
+                    entry["solved"] = f"{sum(not math.isnan(v) for v in values.values())}/{len(values)}"
+                baseline = {r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == "grpo"}
+                if method != "grpo" and baseline:
+                    difference = paired_difference(values, baseline)
+                    entry["vs_grpo"] = {"mean": difference.mean, "half_width": difference.half_width,
+                                        "n": difference.n, "text": difference.format(),
+                                        "excludes_zero": difference.excludes_zero()}
+                by_method[method] = entry
+            summary.setdefault(task, {})[key] = {"label": label, "methods": by_method}
+    return summary
+
+
+def render_report(summary: dict, config: LabConfig, records: list[dict], command: str) -> str:
+    """`report.md`: one table per task, metrics as rows, methods as columns (mean ± 95 % CI; Δ vs grpo, paired)."""
+    total = sum(r["wall_seconds"] for r in records)
+    lines = [
+        "# Credit lab results", "",
+        f"Command: `{command}`", "",
+        f"{len(records)} runs ({', '.join(config.methods)} × {', '.join(config.tasks)} × seeds "
+        f"{', '.join(map(str, config.seeds))}), {config.max_steps} optimizer steps each, "
+        f"{config.prompts_per_step} prompts × {config.num_generations} completions per step, "
+        f"{config.micro_batches} micro-batches; {total / 60:.1f} min of wall time in all.",
+        "Cells: mean ± half-width of the 95 % t interval over seeds; `Δ` is the paired difference to `grpo` on the "
+        "same seed with its 95 % t interval (`*` when the interval excludes 0). `steps until solved` averages the "
+        "solved runs only; the count of solved runs is shown beside it.", "",
+    ]
+    for task, metrics in summary.items():
+        lines += [f"## {task}", "", "| metric | " + " | ".join(config.methods) + " |",
+                  "|---|" + "---|" * len(config.methods)]
+        for row in metrics.values():
+            cells = []
+            for method in config.methods:
+                entry = row["methods"].get(method, {})
+                text = entry.get("text", "–")
+                if "solved" in entry:
+                    text += f" [{entry['solved']} solved]"
+                if "vs_grpo" in entry:
+                    delta = entry["vs_grpo"]
+                    text += f"<br>Δ {delta['text']}{' *' if delta['excludes_zero'] else ''}"
+                cells.append(text)
+            lines.append(f"| {row['label']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def run_lab(config: LabConfig, command: str = "trl-credit lab", log=print) -> dict:
+    """Run every (task, method, seed), write `results.json` and `report.md` to `config.output_dir`; return the summary.
+
+    Runs already in `results.json` (same task, method, seed and training settings) are not repeated.
+    """
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    results_path = output_dir / "results.json"
+    settings = {k: v for k, v in asdict(config).items() if k not in ("methods", "tasks", "seeds", "output_dir")}
+    previous = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    records = [r for r in previous.get("runs", []) if previous.get("settings") == settings]
+    done = {(r["task"], r["method"], r["seed"]) for r in records}
+    for task in config.tasks:
+        for seed in config.seeds:
+            for method in config.methods:
+                if (task, method, seed) in done:
+                    continue
+                with tempfile.TemporaryDirectory() as work_dir:
+                    record = run_one(task, method, seed, config, work_dir)
+                records.append(record)
+                results_path.write_text(json.dumps({"settings": settings, "runs": records}, indent=1) + "\n")
+                m = record["metrics"]
+                log(f"lab: {task} {method} seed {seed}: reward {m['final_reward']:.3f}, solved at "
+                    f"{m['steps_until_solved']}, precision+ {m['decisive_precision_pos']:.3f} "
+                    f"(lift {m['decisive_lift_pos']:.2f}), {record['wall_seconds']:.0f} s")
+    wanted = [r for r in records if r["task"] in config.tasks and r["method"] in config.methods
+              and r["seed"] in config.seeds]
+    summary = summarize(wanted, config)
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (output_dir / "report.md").write_text(render_report(summary, config, wanted, command) + "\n")
+    return summary

@@ -1,0 +1,77 @@
+"""`LabTrainer`: the real `CreditGRPOTrainer`, plus a record of the advantages its loss consumed.
+
+Nothing in the product is patched. `_AdvantageRecorder` is a `GRPOTrainer` subclass placed between
+`CreditGRPOTrainer` and TRL's `GRPOTrainer` in the method resolution order:
+
+    LabTrainer -> CreditGRPOTrainer -> _AdvantageRecorder -> GRPOTrainer
+
+so its `_compute_loss` receives exactly the dict `CreditGRPOTrainer` hands to TRL's loss, and reads
+`inputs["advantages"]` after TRL's `_compute_loss` returns: that is the tensor the loss multiplied (`(B,)` for
+GRPO, `(B, T)` for the credit methods; TACO fills it in during that very forward). It also takes the gradient
+norm of each micro-batch's loss (one extra backward of the tiny model, outside the optimizer's gradients).
+"""
+
+from __future__ import annotations
+
+import torch
+from trl import GRPOTrainer
+
+from trl_credit import CreditGRPOTrainer
+
+from .metrics import add_sums, credit_mass
+from .tasks import LabTask
+
+
+class _AdvantageRecorder(GRPOTrainer):
+    lab_task: LabTask
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        self._record_micro_batch(model, inputs, loss)
+        return loss
+
+    @torch.no_grad()
+    def _labels(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(B, T)` decisive and implausible labels of the micro-batch's completions, from the task."""
+        tokens = self.processing_class.convert_ids_to_tokens
+        pad = self.processing_class.pad_token
+        decisive, implausible = [], []
+        for prompt_ids, completion_ids in zip(inputs["prompt_ids"].tolist(), inputs["completion_ids"].tolist()):
+            prompt = [word for word in tokens(prompt_ids) if word != pad]
+            completion = tokens(completion_ids)
+            decisive.append(self.lab_task.decisive(prompt, completion))
+            implausible.append(self.lab_task.implausible(prompt, completion))
+        device = inputs["completion_ids"].device
+        return torch.tensor(decisive, device=device), torch.tensor(implausible, device=device)
+
+    def _record_micro_batch(self, model, inputs, loss) -> None:
+        mask_BT = inputs["completion_mask"]
+        if "tool_mask" in inputs:
+            mask_BT = mask_BT * inputs["tool_mask"]
+        decisive_BT, implausible_BT = self._labels(inputs)
+        advantages = inputs["advantages"]
+        add_sums(self.lab_decisive, credit_mass(advantages, mask_BT, decisive_BT))
+        add_sums(self.lab_implausible, credit_mass(advantages, mask_BT, implausible_BT))
+        parameters = [p for p in model.parameters() if p.requires_grad]
+        gradients = torch.autograd.grad(loss, parameters, retain_graph=True, allow_unused=True)
+        norm = torch.sqrt(sum((g.float() ** 2).sum() for g in gradients if g is not None)).item()
+        self.lab_grad_norms.setdefault(self.state.global_step, []).append(norm)
+
+
+class LabTrainer(CreditGRPOTrainer, _AdvantageRecorder):
+    """`CreditGRPOTrainer` on a lab task, recording credit mass on labelled tokens and micro-batch gradient norms.
+
+    Args:
+        lab_task: The task whose `decisive` and `implausible` labels are applied to every micro-batch.
+        *args, **kwargs: As for `CreditGRPOTrainer`.
+
+    After `train()`: `lab_decisive` and `lab_implausible` hold accumulated `credit_mass` sums, `lab_grad_norms`
+    maps each optimizer step (0-based) to its micro-batch gradient norms.
+    """
+
+    def __init__(self, *args, lab_task: LabTask, **kwargs):
+        self.lab_task = lab_task
+        self.lab_decisive: dict[str, float] = {}
+        self.lab_implausible: dict[str, float] = {}
+        self.lab_grad_norms: dict[int, list[float]] = {}
+        super().__init__(*args, **kwargs)
