@@ -102,7 +102,9 @@ def test_unknown_task_is_named():
 
 
 def test_credit_mass_by_hand():
-    advantages_BT = torch.tensor([[2.0, 1.0, 1.0, 9.0], [-1.0, -1.0, -2.0, -1.0], [0.0, 0.0, 0.0, 0.0], [3.0, 3.0, 3.0, 3.0]])
+    advantages_BT = torch.tensor(
+        [[2.0, 1.0, 1.0, 9.0], [-1.0, -1.0, -2.0, -1.0], [0.0, 0.0, 0.0, 0.0], [3.0, 3.0, 3.0, 3.0]]
+    )
     mask_BT = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
     labels_BT = torch.tensor([[1, 0, 0, 1], [0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
     sums = credit_mass(advantages_BT, mask_BT, labels_BT)

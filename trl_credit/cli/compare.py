@@ -130,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{PROG}: plan ({len(runs)} runs; same seed = same prompts in the same order for every method)")
     for spec in runs:
         state, checkpoint = states[spec.name]
-        label = {"done": "done, skipped", "fresh": "train", "resume": f"resume from {checkpoint.name if checkpoint else ''}"}
-        print(f"  {spec.name:<24} {label[state]:<28} {shlex.join(spec.command(checkpoint))}")
+        label = {"done": "done, skipped", "fresh": "train"}.get(state) or f"resume from {checkpoint.name}"
+        print(f"  {spec.name:<24} {label:<28} {shlex.join(spec.command(checkpoint))}")
     for line in estimate_cost(runs, states, training_args, model_args.model_name_or_path, num_eval_samples):
         print(f"  {line}")
     if config.dry_run:

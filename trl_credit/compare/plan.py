@@ -69,7 +69,7 @@ class CompareConfig:
         default_factory=lambda: ["grpo", "taco", "eapo", "tide"],
         metadata={"help": "Methods to compare, each passed to `trl-credit grpo --method`."},
     )
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds; one run per method and seed."})
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds; one run per method each."})
     config: str | None = field(default=None, metadata={"help": "Recipe passed to every run as --config."})
     output_dir: str = field(default="compare_results", metadata={"help": "Folder of the runs and the report."})
     dry_run: bool = field(default=False, metadata={"help": "Print the plan and its estimated cost; train nothing."})

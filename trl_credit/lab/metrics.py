@@ -78,7 +78,7 @@ def precision(sums: dict[str, float], sign: str) -> dict[str, float]:
 
 
 def steps_until_solved(rewards: Sequence[float], threshold: float = 0.9, window: int = 5) -> int | None:
-    """The 1-based step at which the mean reward of the last `window` steps first reaches `threshold`; `None` if never."""
+    """The 1-based step at which the mean reward of the last `window` steps first reaches `threshold` (or `None`)."""
     if window < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     for end in range(window, len(rewards) + 1):

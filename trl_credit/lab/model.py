@@ -73,9 +73,8 @@ def warm_up(model, tokenizer, task: LabTask, seed: int, steps: int = 300, batch_
     kl = float("nan")
     for _ in range(steps):
         batch_prompts = [rng.choice(prompts) for _ in range(batch_size)]
-        input_ids = torch.tensor([
-            tokenizer.convert_tokens_to_ids(prompt.split() + sample_prior(task, prompt, rng)) for prompt in batch_prompts
-        ])
+        sequences = [prompt.split() + sample_prior(task, prompt, rng) for prompt in batch_prompts]
+        input_ids = torch.tensor([tokenizer.convert_tokens_to_ids(words) for words in sequences])
         prompt_length = input_ids.size(1) - COMPLETION_LENGTH
         # The logits at position p predict token p + 1: completion token t is predicted at prompt_length - 1 + t.
         logits_BTV = model(input_ids=input_ids).logits[:, prompt_length - 1 : -1]

@@ -6,8 +6,8 @@ and `report.md` (mean ± 95 % t interval over seeds, and each method's paired di
 
 from __future__ import annotations
 
+import functools
 import json
-import logging
 import math
 import random
 import statistics
@@ -19,8 +19,6 @@ from pathlib import Path
 from ..compare.stats import paired_difference, t_interval
 from .metrics import mean_of_edges, precision, steps_until_solved, within_step_spread
 from .tasks import COMPLETION_LENGTH, RARE_TOKEN, TASKS, get_task
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,8 +65,8 @@ class LabConfig:
     warm_up_steps: int = field(default=300, metadata={"help": "Distillation steps into the task's prior before RL."})
     solved_threshold: float = field(default=0.8, metadata={"help": "Trailing mean reward that counts as solved."})
     solved_window: int = field(default=5, metadata={"help": "Steps in the trailing mean of `solved_threshold`."})
-    eval_samples: int = field(default=32, metadata={"help": "Completions per prompt for avg@n and pass@k after training."})
-    pass_k: list[int] = field(default_factory=lambda: [1, 8], metadata={"help": "k values of pass@k (<= eval_samples)."})
+    eval_samples: int = field(default=32, metadata={"help": "Completions per prompt for avg@n and pass@k at the end."})
+    pass_k: list[int] = field(default_factory=lambda: [1, 8], metadata={"help": "k of pass@k (<= eval_samples)."})
     output_dir: str = field(default="lab_results", metadata={"help": "Folder for results.json and report.md."})
 
     def __post_init__(self):
@@ -86,7 +84,7 @@ class LabConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_generations < 2:
-            raise ValueError(f"num_generations must be >= 2 (a group needs two completions), got {self.num_generations}")
+            raise ValueError(f"num_generations must be >= 2 (a group of two or more), got {self.num_generations}")
         if (self.prompts_per_step * self.num_generations) % self.micro_batches:
             raise ValueError(
                 f"prompts_per_step * num_generations = {self.prompts_per_step * self.num_generations} completions "
@@ -128,7 +126,6 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
         metrics (credit precision on decisive and implausible tokens, steps until solved, probability of the rare
         token in correct responses, gradient-norm spread across micro-batches, avg@n and pass@k).
     """
-    import torch
     from datasets import Dataset
     from transformers import PrinterCallback, TrainerCallback, set_seed
 
@@ -193,11 +190,11 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
     spread = within_step_spread([trainer.lab_grad_norms[step] for step in sorted(trainer.lab_grad_norms)])
     rare_start, rare_end = rare_probability[0][1], rare_probability[-1][1]
     del trainer, policy, model
-    torch.set_grad_enabled(True)
     return {
         "task": task_name, "method": method, "seed": seed, "steps": len(rewards),
         "warm_up_kl": warm_up_kl,
-        "rewards": [round(r, 4) for r in rewards], "entropies": [round(h, 4) for h in entropies], "mean_step_time": statistics.fmean(step_times) if step_times else None,
+        "rewards": [round(r, 4) for r in rewards], "entropies": [round(h, 4) for h in entropies],
+        "mean_step_time": statistics.fmean(step_times) if step_times else None,
         "rare_probability": rare_probability,
         "metrics": {
             "final_reward": mean_of_edges(rewards, 10)[1],
@@ -222,7 +219,7 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
 # The grid and its report
 # ---------------------------------------------------------------------------------------------------------------
 
-# (metric, label, which tasks it is reported for, whether higher is better: for the "vs grpo" sign only)
+# (metric, label, the tasks it is reported for)
 REPORTED_METRICS = (
     ("final_reward", "train reward, last 10 steps", ("needle", "fork", "rare")),
     ("steps_until_solved", "steps until solved", ("needle", "fork", "rare")),
@@ -318,11 +315,12 @@ def render_report(summary: dict, config: LabConfig, records: list[dict], command
     return "\n".join(lines)
 
 
-def run_lab(config: LabConfig, command: str = "trl-credit lab", log=print) -> dict:
+def run_lab(config: LabConfig, command: str = "trl-credit lab", log=None) -> dict:
     """Run every (task, method, seed), write `results.json` and `report.md` to `config.output_dir`; return the summary.
 
     Runs already in `results.json` (same task, method, seed and training settings) are not repeated.
     """
+    log = log or functools.partial(print, flush=True)
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / "results.json"

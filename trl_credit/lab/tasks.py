@@ -104,7 +104,7 @@ class NeedleTask(LabTask):
 
 
 class ForkTask(LabTask):
-    """`fork`: reward 1 when the token at `FORK_POSITION` is `L` (even key) or `R` (odd key); decisive: that position."""
+    """`fork`: reward 1 when the token at `FORK_POSITION` is `L` (even key) or `R` (odd key), the decisive position."""
 
     name, prompt_word = "fork", "go"
     CHOICE_PROBABILITY = 0.3  # per choice at the fork in the prior
