@@ -184,7 +184,7 @@ def test_dry_run_prints_plan_and_measured_cost(tmp_path, capsys, tiny_model_dir)
     argv = ["compare", "--methods", "grpo", "taco", "--seeds", "0", "1", "--output_dir", str(out), "--dry_run",
             "--model_name_or_path", tiny_model_dir, "--dataset_name", "chain_sum", "--max_train_samples", "8",
             "--max_steps", "4", "--per_device_train_batch_size", "4", "--num_generations", "4",
-            "--use_cpu", "true", "--bf16", "false", "--eval_num_problems", "3", "--eval_n", "2"]
+            "--use_cpu", "true", "--bf16", "false", "--eval_num_problems", "3", "--eval_n", "2", "--save_strategy", "no"]
     assert cli_main(argv) == 0
     out_text = capsys.readouterr().out
     assert re.search(r"grpo-seed0\s+done, skipped", out_text)
@@ -192,6 +192,7 @@ def test_dry_run_prints_plan_and_measured_cost(tmp_path, capsys, tiny_model_dir)
     assert "optimizer steps: 4 per run x 4 runs = 16; 12 left" in out_text
     assert "evaluation: 6 sampled completions per run" in out_text
     assert "0.50 s/step x 12 steps" in out_text and "rough" in out_text
+    assert "warning: --save_strategy no: runs save no checkpoint" in out_text
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["grpo-seed0"]  # nothing was trained
 
 
@@ -200,6 +201,7 @@ def test_dry_run_of_the_default_comparison_uses_the_quickstart_measurement(tmp_p
     out_text = capsys.readouterr().out
     assert "optimizer steps: 30 per run x 12 runs = 360" in out_text  # 4 methods x 3 seeds of the quick start
     assert "19.03 s/step x 360 steps" in out_text and "README's quick-start measurement" in out_text
+    assert "warning" not in out_text  # the quick start saves checkpoints
 
 
 # ---------------------------------------------------------------------------------------------- report

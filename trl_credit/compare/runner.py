@@ -63,11 +63,12 @@ def execute_run(spec: RunSpec, echo: bool = True) -> dict:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    env=_child_environment())
         try:
-            for line in process.stdout:
-                log.write(line)
-                if echo:
-                    sys.stdout.buffer.write(line)
-                    sys.stdout.flush()
+            with process.stdout:
+                for line in process.stdout:
+                    log.write(line)
+                    if echo:
+                        sys.stdout.buffer.write(line)
+                        sys.stdout.flush()
         except BaseException:  # Ctrl-C: stop the run; its checkpoints let the next compare resume it
             process.terminate()
             process.wait()
