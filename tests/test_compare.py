@@ -110,7 +110,7 @@ def test_config_refuses_bad_values(kwargs, message):
         CompareConfig(**kwargs)
 
 
-@pytest.mark.parametrize("flag", ["--seed", "--method", "--output_dir=x", "--resume_from_checkpoint"])
+@pytest.mark.parametrize("flag", ["--seed", "--method", "--output_dir=x", "--resume_from_checkpoint", "--resume-from-checkpoint"])
 def test_flags_owned_by_compare_are_refused(flag):
     with pytest.raises(CompareUsageError, match="is set by compare"):
         check_passthrough(["--max_steps", "3", flag, "1"])

@@ -155,7 +155,9 @@ def build_runs(config: CompareConfig, passthrough: list[str]) -> list[RunSpec]:
 def check_passthrough(passthrough: list[str]) -> None:
     """Refuse flags compare owns and unknown `--eval_*` flags (the others are `trl-credit grpo`'s to judge)."""
     for arg in passthrough:
-        flag = arg.split("=", 1)[0]
+        if not arg.startswith("--"):
+            continue
+        flag = "--" + arg[2:].split("=", 1)[0].replace("-", "_")  # argparse also accepts `--output-dir`
         if flag in OWNED_FLAGS:
             raise CompareUsageError(f"{flag} is set by compare for each run; use {OWNED_FLAGS[flag]}")
         if flag.startswith("--eval_"):
