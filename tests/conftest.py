@@ -75,6 +75,24 @@ def tiny_model_dir(tmp_path, tiny_tokenizer):
     return str(path)
 
 
+@torch.no_grad()
+def naive_logprobs(model, batch, temperature, dtype=torch.float32):
+    """Full-vocabulary log-probs `(B, T, V)` at the completion positions, from the model's own logits (no trainer code).
+
+    The model's forward applies its own output transform (softcapping, logit scaling); the temperature divides it.
+    """
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    num_tokens = batch["completion_ids"].size(1)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -num_tokens - 1 : -1]
+    return torch.log_softmax(logits.to(dtype) / temperature, dim=-1)
+
+
+def sampled(logp_BTV, completion_ids):
+    """The log-probs of the sampled tokens, `(B, T)`."""
+    return logp_BTV.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+
+
 def tiny_prompt_dataset(n_prompts: int = 8):
     """Conversational prompts of the kind the tiny tokenizer knows."""
     from datasets import Dataset

@@ -14,7 +14,7 @@ import copy
 
 import pytest
 import torch
-from conftest import length_reward, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from conftest import length_reward, make_tiny_tokenizer, naive_logprobs, sampled, tiny_config, tiny_prompt_dataset
 
 from trl_credit import CreditGRPOTrainer, register_credit_method
 from trl_credit.methods.registry import (
@@ -63,15 +63,10 @@ def _tiny(family: str, vocab_size: int, pad_id: int, eos_id: int):
     return getattr(transformers, model_name)(config)
 
 
-@torch.no_grad()
 def _naive(model, batch, temperature):
-    """Sampled-token log-probs and full-vocabulary log-probs `(B, T, V)` from the model's own logits."""
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    num_tokens = batch["completion_ids"].size(1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -num_tokens - 1 : -1]
-    logp_BTV = torch.log_softmax(logits.double() / temperature, dim=-1)
-    return logp_BTV.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1), logp_BTV
+    """Sampled-token log-probs and full-vocabulary log-probs `(B, T, V)`, in float64, from the model's own logits."""
+    logp_BTV = naive_logprobs(model, batch, temperature, dtype=torch.float64)
+    return sampled(logp_BTV, batch["completion_ids"]), logp_BTV
 
 
 class BatchKeeper(CreditGRPOTrainer):

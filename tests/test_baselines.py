@@ -12,7 +12,15 @@ import math
 import pytest
 import torch
 import yaml
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from conftest import (
+    length_reward,
+    make_tiny_model,
+    make_tiny_tokenizer,
+    naive_logprobs,
+    sampled,
+    tiny_config,
+    tiny_prompt_dataset,
+)
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
@@ -271,13 +279,8 @@ def test_generation_baseline_must_precede_training_forward_ones():
 
 def _naive_statistics(model, inputs, temperature):
     """Sampled-token log-probs, entropies and max log-probs from the full logits."""
-    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-    completion_len = inputs["completion_ids"].size(1)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -completion_len - 1 : -1]
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
-    logps = logp_all.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
-    return logps, -(logp_all.exp() * logp_all).sum(-1), logp_all.amax(-1)
+    logp_all = naive_logprobs(model, inputs, temperature)
+    return sampled(logp_all, inputs["completion_ids"]), -(logp_all.exp() * logp_all).sum(-1), logp_all.amax(-1)
 
 
 def _expected(method, args, inputs, logps, entropy, max_logps, step):

@@ -2,7 +2,14 @@
 
 import pytest
 import torch
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from conftest import (
+    length_reward,
+    make_tiny_model,
+    make_tiny_tokenizer,
+    naive_logprobs,
+    tiny_config,
+    tiny_prompt_dataset,
+)
 
 from trl_credit import CreditGRPOTrainer
 from trl_credit.trainer.sources import valid_mask
@@ -28,18 +35,9 @@ class DeviationRecorder(CreditGRPOTrainer):
 
     def _check_deviation(self, batch, deviation_BT, mask_BT):
         policy = self.accelerator.unwrap_model(self.model)
-        input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-        attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        completion_len = batch["completion_ids"].size(1)
-
-        def logp(model):
-            logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -completion_len - 1 : -1]
-            return torch.log_softmax(logits.float() / self.temperature, dim=-1)
-
-        with torch.no_grad():
-            logp_policy = logp(policy)
-            with policy.disable_adapter():
-                logp_base = logp(policy)
+        logp_policy = naive_logprobs(policy, batch, self.temperature)
+        with policy.disable_adapter():
+            logp_base = naive_logprobs(policy, batch, self.temperature)
         want_BT = (1 - torch.exp(0.5 * (logp_policy + logp_base)).sum(-1)).clamp(0, 1) * mask_BT
         torch.testing.assert_close(deviation_BT, want_BT, atol=1e-5, rtol=1e-4)
         type(self).checked += 1

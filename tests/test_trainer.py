@@ -11,7 +11,15 @@ import math
 
 import pytest
 import torch
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from conftest import (
+    length_reward,
+    make_tiny_model,
+    make_tiny_tokenizer,
+    naive_logprobs,
+    sampled,
+    tiny_config,
+    tiny_prompt_dataset,
+)
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOTrainer, EAPOConfig, EAPOTrainer, TACOConfig, TACOTrainer, TIDEConfig, TIDETrainer
@@ -30,11 +38,6 @@ def _inputs(batch):
     attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
     return input_ids, attention_mask, mask
-
-
-def _naive_logps(model, input_ids, attention_mask, completion_len, temperature):
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -completion_len - 1 : -1]
-    return torch.log_softmax(logits.float() / temperature, dim=-1)
 
 
 class AdvantageRecorder:
@@ -73,9 +76,8 @@ class AdvantageRecorder:
         trainer, args = self.trainer, self.trainer.args
         if trainer.credit_method not in ("eapo", "tide"):
             return
-        input_ids, attention_mask, mask = _inputs(batch)
-        completion_len = batch["completion_ids"].size(1)
-        logp_policy = _naive_logps(trainer.model, input_ids, attention_mask, completion_len, trainer.temperature)
+        _, _, mask = _inputs(batch)
+        logp_policy = naive_logprobs(trainer.model, batch, trainer.temperature)
         entropy = -(logp_policy.exp() * logp_policy).sum(-1)
         if trainer.credit_method == "eapo":
             valid = entropy[mask.bool()]
@@ -86,20 +88,19 @@ class AdvantageRecorder:
             expected = eapo_advantages(batch["advantages"], entropy, mask, kappa=kappa, entropy_bounds=bounds)
         else:
             reference = trainer.deviation_reference.model_and_context()[0]
-            logp_ref = _naive_logps(reference, input_ids, attention_mask, completion_len, trainer.temperature)
+            logp_ref = naive_logprobs(reference, batch, trainer.temperature)
             deviation = (1 - torch.exp(0.5 * (logp_policy + logp_ref)).sum(-1)).clamp(0, 1)
             vocab = logp_policy.size(-1)
             expected = tide_advantages(batch["advantages"], deviation, entropy, mask, vocab, args.tide_tau, args.tide_kappa)
-        for i in range(input_ids.size(0)):
+        for i in range(mask.size(0)):
             self.expected[_row_key(batch["prompt_ids"][i], batch["completion_ids"][i])] = expected[i]
 
     @torch.no_grad()
     def _expect_taco(self, inputs):
         trainer = self.trainer
-        input_ids, attention_mask, mask = _inputs(inputs)
-        completion_ids = inputs["completion_ids"]
-        logp_all = _naive_logps(trainer.model, input_ids, attention_mask, completion_ids.size(1), trainer.temperature)
-        logps = logp_all.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        _, _, mask = _inputs(inputs)
+        logp_all = naive_logprobs(trainer.model, inputs, trainer.temperature)
+        logps = sampled(logp_all, inputs["completion_ids"])
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         return taco_advantages(inputs["advantages"], logps, entropy, mask, trainer.args.taco_alpha, trainer.args.taco_lambda)
 

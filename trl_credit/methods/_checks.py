@@ -26,6 +26,22 @@ def check_inputs(
         )
     if not torch.isfinite(advantages_B).all():
         raise ValueError("advantages_B contains NaN or inf; sequence advantages must be finite")
+    return _check_per_token(mask_BT, per_token_BT)
+
+
+def check_token_inputs(
+    advantages_BT: torch.Tensor, mask_BT: torch.Tensor, **per_token_BT: torch.Tensor
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`check_inputs` for `(B, T)` token advantages: the bool mask, then the advantages and the per-token tensors in
+    float32, 0 where masked."""
+    if advantages_BT.dim() != 2:
+        raise ValueError(f"advantages_BT must have shape (B, T), got {tuple(advantages_BT.shape)}")
+    if mask_BT.dim() != 2:
+        raise ValueError(f"mask_BT must have shape (B, T), got {tuple(mask_BT.shape)}")
+    return _check_per_token(mask_BT, {"advantages_BT": advantages_BT, **per_token_BT})
+
+
+def _check_per_token(mask_BT: torch.Tensor, per_token_BT: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list]:
     valid_BT = mask_BT.bool()
     cleaned = []
     for name, tensor_BT in per_token_BT.items():
@@ -37,37 +53,33 @@ def check_inputs(
     return valid_BT, cleaned
 
 
-def check_token_inputs(
-    advantages_BT: torch.Tensor, mask_BT: torch.Tensor, **per_token_BT: torch.Tensor
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """`check_inputs` for `(B, T)` token advantages: the bool mask, then the advantages and the per-token tensors in
-    float32, 0 where masked."""
-    if advantages_BT.dim() != 2:
-        raise ValueError(f"advantages_BT must have shape (B, T), got {tuple(advantages_BT.shape)}")
-    return check_inputs(advantages_BT.new_zeros(advantages_BT.shape[0]), mask_BT, advantages_BT=advantages_BT, **per_token_BT)
+def _interval(low: float, high: float, low_open: bool, high_open: bool) -> str:
+    return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+
+def _contains(value: float, low: float, high: float, low_open: bool, high_open: bool) -> bool:
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    return above and below
 
 
 def check_range(name: str, value: float, low: float, high: float, low_open: bool = False, high_open: bool = False) -> None:
     """Raise `ValueError` unless `value` lies in the interval; the message spells out the interval."""
-    above = value > low if low_open else value >= low
-    below = value < high if high_open else value <= high
-    if not (above and below):
-        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{name} must be in {interval}, got {value}")
+    if not _contains(value, low, high, low_open, high_open):
+        raise ValueError(f"{name} must be in {_interval(low, high, low_open, high_open)}, got {value}")
 
 
 def in_range(low: float, high: float, low_open: bool = False, high_open: bool = False):
     """A registry check `(predicate, allowed)` for a number in an interval."""
-    interval = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
 
     def ok(value) -> bool:
         try:
-            check_range("value", float(value), low, high, low_open, high_open)
+            number = float(value)
         except (TypeError, ValueError):
             return False
-        return True
+        return _contains(number, low, high, low_open, high_open)
 
-    return ok, interval
+    return ok, f"in {_interval(low, high, low_open, high_open)}"
 
 
 def paper(title: str, arxiv_id: str, key: str, authors: str, year: int = 2026) -> dict[str, str]:

@@ -147,10 +147,10 @@ class CreditGRPOTrainer(GRPOTrainer):
             advantages_BT = sequence_B.unsqueeze(1) * mask_BT
         loss_mask_BT, statistic_BT = None, None
         mode = "train" if self.model.training else "eval"
-        unwrapped = self.accelerator.unwrap_model(self.model)
+        num_vocab = vocab_size(self.accelerator.unwrap_model(self.model))
         for method, hyperparameters in methods:
             credit_batch = CreditBatch(
-                advantages_BT, sequence_B, mask_BT, statistics=statistics, vocab_size=vocab_size(unwrapped),
+                advantages_BT, sequence_B, mask_BT, statistics=statistics, vocab_size=num_vocab,
                 step=self.state.global_step, gather=self._gather_all, clip_range=(self.epsilon_low, self.epsilon_high),
             )
             result: CreditResult = method(credit_batch, hyperparameters)
@@ -267,19 +267,18 @@ class CreditGRPOTrainer(GRPOTrainer):
 
         num_rows = batch["completion_ids"].size(0)
         rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
-        if any(key in batch for key in MULTIMODAL_KEYS):  # image inputs are not laid out per row: score every row
-            with recorded_final_hidden(self, self._records_hidden) as hidden:
-                logps_BT, entropy_BT = policy_logps_and_entropy(self, batch, self._forward_batch_size())
-            logps_bT, entropy_bT = logps_BT[rows], entropy_BT[rows]
-            hidden = [torch.cat(hidden)[rows]] if hidden else hidden
         sub = {
             key: value[rows] for key, value in batch.items()
             if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.size(0) == num_rows
             and key not in MULTIMODAL_KEYS
         }
-        if not any(key in batch for key in MULTIMODAL_KEYS):
-            with recorded_final_hidden(self, self._records_hidden) as hidden:
-                logps_bT, entropy_bT = policy_logps_and_entropy(self, sub)
+        # Image inputs are not laid out per row: then every row is scored and the sampled ones kept.
+        has_images = any(key in batch for key in MULTIMODAL_KEYS)
+        with recorded_final_hidden(self, self._records_hidden) as hidden:
+            logps_bT, entropy_bT = policy_logps_and_entropy(self, batch if has_images else sub, self._forward_batch_size())
+        if has_images:
+            logps_bT, entropy_bT = logps_bT[rows], entropy_bT[rows]
+            hidden = [torch.cat(hidden)[rows]] if hidden else hidden
         if statistic_BT is not None:
             statistic_BT = statistic_BT[rows]
         if self._training_forward_methods:

@@ -109,16 +109,15 @@ def policy_max_logprob(trainer, batch, hidden_BLH: torch.Tensor) -> torch.Tensor
 def generation_statistics(trainer, batch, names, reference=None) -> dict[str, torch.Tensor]:
     """The requested generation-batch statistics, `(B, T)` float32 each, zero at masked positions."""
     statistics = {}
-    deviations = [name for name in names if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
-    for name in deviations:  # at most one reference per run
-        statistics[name], statistics[ROLLOUT_ENTROPY] = deviation_and_entropy(trainer, batch, reference)
-    needs_logps = ROLLOUT_LOGPS in names and "old_per_token_logps" not in batch
-    if needs_logps or (ROLLOUT_ENTROPY in names and ROLLOUT_ENTROPY not in statistics):
-        logps_BT, entropy_BT = policy_logps_and_entropy(trainer, batch, trainer._forward_batch_size())
-        statistics.setdefault(ROLLOUT_ENTROPY, entropy_BT)
-        statistics[ROLLOUT_LOGPS] = logps_BT
+    deviation = next((name for name in names if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)), None)
+    if deviation is not None:  # at most one reference per run; the same pass gives the policy's entropy
+        statistics[deviation], statistics[ROLLOUT_ENTROPY] = deviation_and_entropy(trainer, batch, reference)
     if ROLLOUT_LOGPS in names and "old_per_token_logps" in batch:
-        statistics[ROLLOUT_LOGPS] = batch["old_per_token_logps"].float()
+        statistics[ROLLOUT_LOGPS] = batch["old_per_token_logps"].float()  # TRL's own old-log-prob forward
+    if any(name in names and name not in statistics for name in (ROLLOUT_LOGPS, ROLLOUT_ENTROPY)):
+        logps_BT, entropy_BT = policy_logps_and_entropy(trainer, batch, trainer._forward_batch_size())
+        statistics.setdefault(ROLLOUT_LOGPS, logps_BT)
+        statistics.setdefault(ROLLOUT_ENTROPY, entropy_BT)
     mask_BT = valid_mask(batch)
     return {name: torch.where(mask_BT, statistics[name], 0.0) for name in names}
 
