@@ -268,6 +268,9 @@ def test_plain_grpo_config_is_refused(tmp_path):
         ("tide_distance", "kl", "tide_distance must be one of"),
         ("tide_reference", "base", "tide_reference must be one of"),
         ("statistics_vocab_chunk_size", 0, "statistics_vocab_chunk_size must be >= 1"),
+        ("credit_kwargs", "{boost: 2}", "credit_kwargs must be a JSON object"),
+        ("credit_kwargs", "[2.0]", "credit_kwargs must be a mapping"),
+        ("credit_kwargs", {"boost": 2.0}, r"credit_kwargs names \['boost'\], which no method of 'grpo' reads"),
     ],
 )
 def test_config_validation_names_bad_value(tmp_path, field, value, message):

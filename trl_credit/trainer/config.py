@@ -94,7 +94,12 @@ class CreditGRPOConfig(
         if not isinstance(self.credit_method, str):  # a list from Python or YAML
             self.credit_method = "+".join(str(name) for name in self.credit_method)
         if isinstance(self.credit_kwargs, str):
-            self.credit_kwargs = json.loads(self.credit_kwargs)
+            try:
+                self.credit_kwargs = json.loads(self.credit_kwargs)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"credit_kwargs must be a JSON object, got {self.credit_kwargs!r} ({error})") from None
+        if self.credit_kwargs is not None and not isinstance(self.credit_kwargs, dict):
+            raise ValueError(f"credit_kwargs must be a mapping of hyperparameter names to values, got {self.credit_kwargs!r}")
         self.eapo_quantiles = [float(q) for q in self.eapo_quantiles]  # the CLI passes strings
         self.validate_credit_fields()
         super().__post_init__()
