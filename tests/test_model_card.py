@@ -138,4 +138,5 @@ def test_a_stack_lists_every_method_with_its_paper():
     assert "### Credit method: EAPO + TACO" in text and "each reshaping the token advantages" in text
     assert "https://huggingface.co/papers/2609.33781" in text and "https://huggingface.co/papers/2607.07976" in text
     assert text.index("Cite EAPO as") < text.index("Cite TACO as") < text.index("Cite GRPO as")
-    assert "author       = {Lou, Xiuyi and others}" in text
+    assert "author       = {Lou, Xiuyi and Xu, Zicheng and Chuang, Yu-Neng and Le, Hoang Anh Duy" in text
+    assert "and others" not in text

@@ -28,7 +28,7 @@ EAPO_PAPER = paper(
     "Surprising Success, Repeated Failure: Entropy-Guided Credit Assignment for Exploration in LLM Reasoning",
     "2609.33781",
     "yeo2026eapo",
-    "Yeo and others",
+    "Yeo, Woongyeong and Kang, Minki and Lee, Chanuk and Park, Sangwoo and Baek, Jinheon and Hwang, Sung Ju",
 )
 
 

@@ -24,7 +24,8 @@ TACO_PAPER = paper(
     "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
     "2607.07976",
     "lou2026taco",
-    "Lou, Xiuyi and others",
+    "Lou, Xiuyi and Xu, Zicheng and Chuang, Yu-Neng and Le, Hoang Anh Duy and Xu, Zhaozhuo and Wang, Guanchu and "
+    "Braverman, Vladimir",
 )
 
 

@@ -37,7 +37,7 @@ TIDE_PAPER = paper(
     "TIDE: Token-Level Credit Assignment via Entropy-Gated Bounded Deviation",
     "2605.03327",
     "jin2026tide",
-    "Jin and others",
+    "Jin, Hongbo and Zhu, Rongpeng and Du, Zhongjing and Jiang, Xu and Tian, Jingqi and Zhang, Qiaoman and Ding, Jiayu",
 )
 
 
