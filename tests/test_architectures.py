@@ -14,7 +14,7 @@ import copy
 
 import pytest
 import torch
-from conftest import length_reward, make_tiny_tokenizer, naive_logprobs, sampled, tiny_config, tiny_prompt_dataset
+from conftest import length_reward, make_tiny_tokenizer, naive_logprobs, sampled, tiny_config
 
 from trl_credit import CreditGRPOTrainer, register_credit_method
 from trl_credit.methods.registry import (
@@ -24,6 +24,7 @@ from trl_credit.methods.registry import (
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
 )
+from trl_credit.trainer.engines import final_hidden
 
 RECORDS: list[dict] = []
 
@@ -82,23 +83,39 @@ class BatchKeeper(CreditGRPOTrainer):
         return super()._compute_loss(model, inputs)
 
 
+def _prompts_of_several_lengths():
+    """Prompts of 5 to 9 words, so that generation left-pads them."""
+    from datasets import Dataset
+
+    words = ["what is {a} + 1 ?", "what is the sum of {a} and 1 ?", "solve : {a} + 1 = x , so x ?"]
+    prompts = [[{"role": "user", "content": words[a % 3].format(a=a)}] for a in range(8)]
+    return Dataset.from_dict({"prompt": prompts})
+
+
 @pytest.mark.parametrize(
     "temperature,generation_kwargs",
-    [(1.0, None), (0.7, {"top_k": 5, "repetition_penalty": 1.3, "prefill_chunk_size": 4})],
-    ids=["t1.0", "t0.7-topk-reppen-prefill"],
+    [(1.0, None), (0.7, {"top_k": 5, "repetition_penalty": 1.3, "prefill_chunk_size": 4}), (1.0, {"use_cache": False})],
+    ids=["t1.0", "t0.7-topk-reppen-prefill", "t1.0-no-kv-cache"],
 )
 @pytest.mark.parametrize("family", ["qwen2", "llama", "gemma2", "cohere", "cohere2", "granite"])
-def test_statistics_equal_the_models_own_forward(tmp_path, family, temperature, generation_kwargs):
+def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, temperature, generation_kwargs):
+    from trl_credit.trainer import sources
+
     tokenizer = make_tiny_tokenizer()
     model = _tiny(family, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
     initial = copy.deepcopy(model).eval()
     args = tiny_config(
         "probe_generation+probe_forward", tmp_path, max_steps=1, temperature=temperature,
-        generation_kwargs=generation_kwargs, max_completion_length=6,
+        generation_kwargs=generation_kwargs, max_completion_length=6, per_device_train_batch_size=8, num_generations=2,
     )
     trainer = BatchKeeper(
-        model=model, reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(), processing_class=tokenizer
+        model=model, reward_funcs=length_reward, args=args, train_dataset=_prompts_of_several_lengths(),
+        processing_class=tokenizer,
     )
+    # Which models the deviation pass runs a forward of: the policy's hidden states come from `generate`, which
+    # records them only when it decodes with a KV cache; without one the policy's backbone runs again.
+    forwarded = []
+    monkeypatch.setattr(sources, "final_hidden", lambda m, **inputs: forwarded.append(m) or final_hidden(m, **inputs))
     reference = trainer.deviation_reference.model
     with torch.no_grad():  # a reference distinct from the policy: the deviation must be far from 0
         for param in reference.parameters():
@@ -109,12 +126,14 @@ def test_statistics_equal_the_models_own_forward(tmp_path, family, temperature, 
 
     generation, forward = [r for r in RECORDS if r["stage"] == "generation"], [r for r in RECORDS if r["stage"] == "forward"]
     assert len(generation) == 1 and len(forward) == 1
+    assert any(m is reference for m in forwarded)
+    assert any(m is model for m in forwarded) == (generation_kwargs == {"use_cache": False})
 
     def close(got, want, mask):
         torch.testing.assert_close(got[mask].double(), want[mask], atol=1e-5, rtol=1e-5)
 
     batch, mask = trainer.generation_batch, generation[0]["mask"]
-    assert mask.any()
+    assert mask.any() and (batch["prompt_mask"] == 0).any()  # left-padded prompts
     logps, logp_BTV = _naive(initial, batch, temperature)
     _, logq_BTV = _naive(reference_snapshot, batch, temperature)
     deviation = (1 - torch.exp(0.5 * (logp_BTV + logq_BTV)).sum(-1)).clamp(0, 1)

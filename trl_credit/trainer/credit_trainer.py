@@ -42,10 +42,12 @@ from .engines import vocab_size
 from .reference import DeviationReference, copy_initial_model
 from .sources import (
     MULTIMODAL_KEYS,
+    generates_in_one_call,
     generation_statistics,
     policy_logps_and_entropy,
     policy_max_logprob,
     recorded_final_hidden,
+    recorded_generation_hidden,
     valid_mask,
 )
 
@@ -109,9 +111,14 @@ class CreditGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------- generation batch
 
     def _generate_and_score_completions(self, inputs):
-        batch = super()._generate_and_score_completions(inputs)
+        # The deviation pass takes the policy's hidden states from `generate` where TRL generates in one call.
+        record = self.deviation_reference is not None and generates_in_one_call(self)
+        with recorded_generation_hidden(self, record) as generation:
+            batch = super()._generate_and_score_completions(inputs)
         if self._generation_statistics:
-            statistics = generation_statistics(self, batch, self._generation_statistics, self.deviation_reference)
+            statistics = generation_statistics(
+                self, batch, self._generation_statistics, self.deviation_reference, generation
+            )
             batch.update({statistic_key(name): value for name, value in statistics.items()})
             if self.deviation_reference is not None:
                 self.deviation_reference.after_batch(training=self.model.training)

@@ -3,10 +3,13 @@
 * `rollout_logps` / `rollout_entropy`: TRL's `_get_per_token_logps_and_entropies` on the policy over the
   generation batch (the fused LM head with the model's full output transform, the sampling temperature and the
   batch's multimodal inputs). `rollout_logps` reuses TRL's old-log-prob forward when it ran.
-* `reference_deviation` / `previous_policy_deviation`: final hidden states of the policy and the reference from
-  their backbones (with the multimodal inputs), streamed through both LM heads and output transforms. The same
-  pass gives the policy's full-vocabulary entropy, which is then `rollout_entropy` (it equals TRL's forward; the
-  tests check it per architecture), so no second policy forward runs.
+* `reference_deviation` / `previous_policy_deviation`: final hidden states of the policy and the reference,
+  streamed through both LM heads and output transforms. The same pass gives the policy's full-vocabulary entropy,
+  which is then `rollout_entropy`. The policy's hidden states are the ones `generate` already computed
+  (`recorded_generation_hidden`), so only the reference runs a forward; where TRL does not generate with one
+  `generate` call over the batch (vLLM, continuous batching, a `rollout_func`, tools, vision-language models), the
+  policy's backbone runs once more, with the multimodal inputs. Both sources equal TRL's forward: the tests check
+  them per architecture, with sampling options and prefill chunking.
 * `policy_logps` / `policy_entropy` come from the training forward itself (see `CreditGRPOTrainer._compute_loss`).
 * `policy_max_logprob`: TRL's fused LM head does not expose the maximum logit (its `outputs` are log-probs, entropy,
   `log_sum_sq_probs`, `mean_logits`, `is_top1`), so the final hidden states of that same forward are recorded from
@@ -78,11 +81,73 @@ def recorded_final_hidden(trainer, enabled: bool = True):
     if not enabled:
         yield recorded
         return
-    policy = trainer.accelerator.unwrap_model(trainer.model)
-    backbone = (policy.get_base_model() if is_peft_model(policy) else policy).base_model
-    handle = backbone.register_forward_hook(lambda module, args, output: recorded.append(output.last_hidden_state.detach()))
+    handle = _policy_backbone(trainer).register_forward_hook(
+        lambda module, args, output: recorded.append(output.last_hidden_state.detach())
+    )
     try:
         yield recorded
+    finally:
+        handle.remove()
+
+
+class GenerationHidden:
+    """The final hidden states of the policy's backbone as `generate` computes them, in call order.
+
+    `generate` runs the backbone with a KV cache: the prefill (one call, or one per chunk with `prefill_chunk_size`)
+    covers the prompt, then each decoding step covers the token it just sampled. Laid end to end along the sequence,
+    the calls give the hidden states of the whole padded sequence but its last token, position for position what
+    one forward over prompt + completion gives (`tests/test_architectures.py` checks the statistics built on them
+    against the model's own logits). TRL's scoring forwards and `final_hidden` pass `use_cache=False` and return
+    no cache, so they are not recorded.
+    """
+
+    def __init__(self):
+        self.calls: list[torch.Tensor] = []
+
+    def __call__(self, module, args, output):
+        if getattr(output, "past_key_values", None) is not None:
+            self.calls.append(output.last_hidden_state.detach())
+
+    def completion_hidden(self, batch) -> torch.Tensor | None:
+        """`(B, T, H)` hidden states that scored each completion token, or None when the record does not cover the
+        batch (nothing recorded, other rows, a sampling mode that is not one sequence per row)."""
+        valid_BT = valid_mask(batch)
+        prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+        if not self.calls or any(call.size(0) != valid_BT.size(0) for call in self.calls):
+            return None
+        # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
+        hidden_BtH = torch.cat(self.calls, dim=1)[:, prompt_len - 1 : prompt_len - 1 + completion_len]
+        generated = hidden_BtH.size(1)  # below completion_len only where TRL padded the completions further
+        if generated == 0 or valid_BT[:, generated:].any():
+            return None
+        return torch.nn.functional.pad(hidden_BtH, (0, 0, 0, completion_len - generated))
+
+
+def _policy_backbone(trainer):
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    return (policy.get_base_model() if is_peft_model(policy) else policy).base_model
+
+
+def generates_in_one_call(trainer) -> bool:
+    """Whether TRL samples the batch with one `model.generate` call, one sequence per row: its plain path, not vLLM,
+    continuous batching, a `rollout_func` or a tool loop. Vision-language models take the forward (not tested)."""
+    return not (
+        trainer.use_vllm or trainer.use_transformers_continuous_batching or trainer.rollout_func is not None
+        or trainer.tools or trainer._is_vlm
+    )
+
+
+@contextmanager
+def recorded_generation_hidden(trainer, enabled: bool = True):
+    """Yield a `GenerationHidden` that records the policy's backbone during `generate` inside the block (or None
+    when not `enabled`)."""
+    if not enabled:
+        yield None
+        return
+    record = GenerationHidden()
+    handle = _policy_backbone(trainer).register_forward_hook(record)
+    try:
+        yield record
     finally:
         handle.remove()
 
@@ -106,12 +171,22 @@ def policy_max_logprob(trainer, batch, hidden_BLH: torch.Tensor) -> torch.Tensor
     return out_BT
 
 
-def generation_statistics(trainer, batch, names, reference=None) -> dict[str, torch.Tensor]:
-    """The requested generation-batch statistics, `(B, T)` float32 each, zero at masked positions."""
+def generation_statistics(trainer, batch, names, reference=None, generation=None) -> dict[str, torch.Tensor]:
+    """The requested generation-batch statistics, `(B, T)` float32 each, zero at masked positions.
+
+    `generation`: the `GenerationHidden` recorded while TRL generated `batch`, if any.
+    """
     statistics = {}
     deviation = next((name for name in names if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)), None)
     if deviation is not None:  # at most one reference per run; the same pass gives the policy's entropy
-        statistics[deviation], statistics[ROLLOUT_ENTROPY] = deviation_and_entropy(trainer, batch, reference)
+        policy_hidden_BTH = generation.completion_hidden(batch) if generation is not None else None
+        # Every process must take the same path: the policy's forward is collective under ZeRO-3 and FSDP2.
+        recorded = torch.tensor([policy_hidden_BTH is not None], device=batch["completion_ids"].device)
+        if not trainer.accelerator.gather(recorded).all():
+            policy_hidden_BTH = None
+        statistics[deviation], statistics[ROLLOUT_ENTROPY] = deviation_and_entropy(
+            trainer, batch, reference, policy_hidden_BTH
+        )
     if ROLLOUT_LOGPS in names and "old_per_token_logps" in batch:
         statistics[ROLLOUT_LOGPS] = batch["old_per_token_logps"].float()  # TRL's own old-log-prob forward
     if any(name in names and name not in statistics for name in (ROLLOUT_LOGPS, ROLLOUT_ENTROPY)):
@@ -123,8 +198,12 @@ def generation_statistics(trainer, batch, names, reference=None) -> dict[str, to
 
 
 @torch.no_grad()
-def deviation_and_entropy(trainer, batch, reference) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token squared Hellinger distance from the reference and policy entropy, `(B, T)` each."""
+def deviation_and_entropy(trainer, batch, reference, policy_hidden_BTH=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token squared Hellinger distance from the reference and policy entropy, `(B, T)` each.
+
+    `policy_hidden_BTH`: the policy's final hidden states at the completion positions, when generation recorded
+    them; otherwise the policy's backbone runs here.
+    """
     policy = trainer.accelerator.unwrap_model(trainer.model)
     reference_model, reference_context = reference.model_and_context()
     input_ids, attention_mask, multimodal = sequence_inputs(batch)
@@ -148,7 +227,10 @@ def deviation_and_entropy(trainer, batch, reference) -> tuple[torch.Tensor, torc
             rows = slice(start, start + step)
             chunk_inputs = {"input_ids": input_ids[rows], "attention_mask": attention_mask[rows], **model_inputs}
             rows_valid_bT = valid_BT[rows]
-            hidden_nH = final_hidden(policy, **chunk_inputs)[:, positions][rows_valid_bT]
+            if policy_hidden_BTH is None:
+                hidden_nH = final_hidden(policy, **chunk_inputs)[:, positions][rows_valid_bT]
+            else:
+                hidden_nH = policy_hidden_BTH[rows][rows_valid_bT]
             with reference_context:
                 ref_hidden_nH = final_hidden(reference_model, **chunk_inputs)[:, positions][rows_valid_bT]
             with full_lm_head(policy) as (weight_VH, bias_V), full_lm_head(reference_model) as (ref_weight_VH, ref_bias_V):
