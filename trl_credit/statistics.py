@@ -35,8 +35,19 @@ class LogitTransform:
         return logits / temperature
 
 
+def _product_float32(hidden_nH: torch.Tensor, weight_CH: torch.Tensor) -> torch.Tensor:
+    """`hidden @ weight.T` as float32. On CUDA, half-precision operands stay in their dtype and the GEMM accumulates
+    and returns float32 (`out_dtype`), with no float32 copy of the LM-head chunk; other devices have no such kernel
+    (`aten::mm.dtype` is CUDA-only in torch 2.13), so there the operands are cast first. Both round nothing but the
+    float32 sums: every product of two bf16 or fp16 numbers is exact in float32."""
+    half = (torch.bfloat16, torch.float16)
+    if hidden_nH.is_cuda and hidden_nH.dtype in half and weight_CH.dtype == hidden_nH.dtype:
+        return torch.mm(hidden_nH, weight_CH.T, out_dtype=torch.float32)
+    return hidden_nH.float() @ weight_CH.float().T
+
+
 def _logits(hidden_nH, weight_VH, bias_V, start, end, transform, temperature) -> torch.Tensor:
-    logits_nC = hidden_nH.float() @ weight_VH[start:end].float().T
+    logits_nC = _product_float32(hidden_nH, weight_VH[start:end])
     if bias_V is not None:
         logits_nC = logits_nC + bias_V[start:end].float()
     return transform(logits_nC, temperature)
