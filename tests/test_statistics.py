@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from trl_credit.statistics import hellinger_and_entropy, hellinger_and_entropy_naive
+from trl_credit.statistics import (
+    LogitTransform,
+    hellinger_and_entropy,
+    hellinger_and_entropy_naive,
+    logprob_and_entropy,
+)
 
 
 @pytest.mark.parametrize("token_chunk,vocab_chunk", [(1, 1000), (37, 129), (500, 10_000)])
@@ -66,3 +71,17 @@ def test_streamed_matches_float64():
     logq = torch.log_softmax(hidden.double() @ ref_weight.double().T, -1)
     torch.testing.assert_close(deviation.double(), 1 - torch.exp(0.5 * (logp + logq)).sum(-1), atol=1e-6, rtol=0)
     torch.testing.assert_close(entropy.double(), -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("token_chunk,vocab_chunk", [(1, 1000), (13, 97), (4096, 100_000)])
+def test_sampled_logprob_and_entropy_match_float64(token_chunk, vocab_chunk):
+    g = torch.Generator().manual_seed(3)
+    n, h, v = 60, 16, 1000
+    hidden, weight, bias = torch.randn(n, h, generator=g) * 2, torch.randn(v, h, generator=g), torch.randn(v, generator=g)
+    # Tokens at both ends of the vocabulary and of every chunk, and random ones.
+    token_ids = torch.cat([torch.tensor([0, v - 1, min(vocab_chunk - 1, v - 1), min(vocab_chunk, v - 1)]), torch.randint(0, v, (n - 4,), generator=g)])
+    transform = LogitTransform(scale=0.5, softcap=3.0)
+    logps, entropy = logprob_and_entropy(hidden, token_ids, weight, bias, 0.7, token_chunk, vocab_chunk, transform)
+    logp_NV = torch.log_softmax(transform(hidden.double() @ weight.double().T + bias.double(), 0.7), dim=-1)
+    torch.testing.assert_close(logps.double(), logp_NV.gather(1, token_ids.unsqueeze(1)).squeeze(1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy.double(), -(logp_NV.exp() * logp_NV).sum(-1), atol=1e-5, rtol=1e-5)

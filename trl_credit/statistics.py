@@ -1,5 +1,6 @@
 """Full-vocabulary statistics, streamed so the `(N, V)` logits of a batch are never held: TIDE's deviation and
-entropy, and the most likely token's log-probability (`max_logprob`, for the min-p support weight).
+entropy, a sampled token's log-probability and the entropy from hidden states recorded during generation
+(`logprob_and_entropy`), and the most likely token's log-probability (`max_logprob`, for the min-p support weight).
 
 For N token positions with final hidden states `h` (policy) and `h_ref` (reference) and LM heads `W`, `W_ref`
 (`V x H`), TIDE needs per token the squared Hellinger distance `d = 1 - sum_v sqrt(p_v q_v)` between the two
@@ -53,6 +54,41 @@ def _logits(hidden_nH, weight_VH, bias_V, start, end, transform, temperature) ->
     return transform(logits_nC, temperature)
 
 
+class _StreamedSoftmax:
+    """Softmax statistics of `(n, V)` logits that arrive in vocabulary chunks, relative to the running maximum `m`:
+    `s = sum e^(z - m)` and `u = sum e^(z - m) (z - m)`, so that `log sum e^z = m + log s` and the entropy is
+    `log s - u / s`."""
+
+    def __init__(self, num_tokens: int, device: torch.device):
+        self.max = torch.full((num_tokens,), -torch.inf, device=device)
+        self.sum = torch.zeros(num_tokens, device=device)
+        self.moment = torch.zeros(num_tokens, device=device)
+
+    def add(self, z_nC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fold in one chunk; return its logits centred on the new maximum and the factor `e^(m_old - m_new)` that
+        re-centred the running sums."""
+        new_max = torch.maximum(self.max, z_nC.amax(dim=1))
+        rescale = torch.exp(self.max - new_max)
+        shift = torch.where(torch.isfinite(self.max), self.max - new_max, 0.0)  # (z - m_new) = (z - m_old) + shift
+        centred_nC = z_nC - new_max.unsqueeze(1)
+        exp_nC = torch.exp(centred_nC)
+        self.moment = rescale * (self.moment + shift * self.sum) + (exp_nC * centred_nC).sum(dim=1)
+        self.sum = rescale * self.sum + exp_nC.sum(dim=1)
+        self.max = new_max
+        return centred_nC, rescale
+
+    def log_normalizer(self) -> torch.Tensor:
+        return self.max + torch.log(self.sum)
+
+    def entropy(self) -> torch.Tensor:
+        return (torch.log(self.sum) - self.moment / self.sum).clamp(min=0.0)
+
+
+def _check_chunk_sizes(token_chunk_size: int, vocab_chunk_size: int) -> None:
+    if token_chunk_size < 1 or vocab_chunk_size < 1:
+        raise ValueError(f"chunk sizes must be >= 1, got {token_chunk_size} and {vocab_chunk_size}")
+
+
 @torch.no_grad()
 def hellinger_and_entropy(
     hidden_NH: torch.Tensor,
@@ -80,8 +116,7 @@ def hellinger_and_entropy(
     """
     if hidden_NH.shape != ref_hidden_NH.shape:
         raise ValueError(f"hidden_NH {tuple(hidden_NH.shape)} and ref_hidden_NH {tuple(ref_hidden_NH.shape)} differ")
-    if token_chunk_size < 1 or vocab_chunk_size < 1:
-        raise ValueError(f"chunk sizes must be >= 1, got {token_chunk_size} and {vocab_chunk_size}")
+    _check_chunk_sizes(token_chunk_size, vocab_chunk_size)
     ref_weight_VH = weight_VH if ref_weight_VH is None else ref_weight_VH
     ref_transform = transform if ref_transform is None else ref_transform
     num_tokens, vocab_size = hidden_NH.shape[0], weight_VH.shape[0]
@@ -89,28 +124,53 @@ def hellinger_and_entropy(
     entropy_N = torch.zeros(num_tokens, device=hidden_NH.device)
     for t0 in range(0, num_tokens, token_chunk_size):
         rows = slice(t0, min(t0 + token_chunk_size, num_tokens))
-        n = rows.stop - rows.start
-        max_p = max_q = torch.full((n,), -torch.inf, device=hidden_NH.device)
-        sum_p, moment_p, sum_q, geo = (torch.zeros(n, device=hidden_NH.device) for _ in range(4))
+        policy = _StreamedSoftmax(rows.stop - rows.start, hidden_NH.device)
+        reference = _StreamedSoftmax(rows.stop - rows.start, hidden_NH.device)
+        geo = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)  # sum e^((z - m) / 2 + (z' - m') / 2)
+        for v0 in range(0, vocab_size, vocab_chunk_size):
+            v1 = min(v0 + vocab_chunk_size, vocab_size)
+            centred_p, rescale_p = policy.add(_logits(hidden_NH[rows], weight_VH, bias_V, v0, v1, transform, temperature))
+            centred_q, rescale_q = reference.add(
+                _logits(ref_hidden_NH[rows], ref_weight_VH, ref_bias_V, v0, v1, ref_transform, temperature)
+            )
+            geo = torch.sqrt(rescale_p * rescale_q) * geo + torch.exp(0.5 * (centred_p + centred_q)).sum(dim=1)
+        deviation_N[rows] = (1.0 - geo / torch.sqrt(policy.sum * reference.sum)).clamp(0.0, 1.0)
+        entropy_N[rows] = policy.entropy()
+    return deviation_N, entropy_N
+
+
+@torch.no_grad()
+def logprob_and_entropy(
+    hidden_NH: torch.Tensor,
+    token_ids_N: torch.Tensor,
+    weight_VH: torch.Tensor,
+    bias_V: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    token_chunk_size: int = 1024,
+    vocab_chunk_size: int = 16384,
+    transform: LogitTransform = LogitTransform(),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probability of `token_ids_N` and full-vocabulary entropy, `(N,)` float32 each, streamed: what TRL's
+    forward gives for the sampled tokens, from final hidden states recorded elsewhere (`log p_y = z_y - log sum e^z`)."""
+    _check_chunk_sizes(token_chunk_size, vocab_chunk_size)
+    num_tokens, vocab_size = hidden_NH.shape[0], weight_VH.shape[0]
+    logps_N = torch.zeros(num_tokens, device=hidden_NH.device)
+    entropy_N = torch.zeros(num_tokens, device=hidden_NH.device)
+    for t0 in range(0, num_tokens, token_chunk_size):
+        rows = slice(t0, min(t0 + token_chunk_size, num_tokens))
+        ids_n = token_ids_N[rows]
+        policy = _StreamedSoftmax(rows.stop - rows.start, hidden_NH.device)
+        sampled_logit_n = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)
         for v0 in range(0, vocab_size, vocab_chunk_size):
             v1 = min(v0 + vocab_chunk_size, vocab_size)
             z_nC = _logits(hidden_NH[rows], weight_VH, bias_V, v0, v1, transform, temperature)
-            zq_nC = _logits(ref_hidden_NH[rows], ref_weight_VH, ref_bias_V, v0, v1, ref_transform, temperature)
-            new_max_p = torch.maximum(max_p, z_nC.amax(dim=1))
-            new_max_q = torch.maximum(max_q, zq_nC.amax(dim=1))
-            # Re-centre the accumulators on the new maxima: e^(z - m_old) = e^(z - m_new) * e^(m_new - m_old).
-            rescale_p, rescale_q = torch.exp(max_p - new_max_p), torch.exp(max_q - new_max_q)
-            shift_p = torch.where(torch.isfinite(max_p), max_p - new_max_p, 0.0)  # (z - m_new) = (z - m_old) + shift
-            centred_p, centred_q = z_nC - new_max_p.unsqueeze(1), zq_nC - new_max_q.unsqueeze(1)
-            exp_p, exp_q = torch.exp(centred_p), torch.exp(centred_q)
-            moment_p = rescale_p * (moment_p + shift_p * sum_p) + (exp_p * centred_p).sum(dim=1)
-            sum_p = rescale_p * sum_p + exp_p.sum(dim=1)
-            sum_q = rescale_q * sum_q + exp_q.sum(dim=1)
-            geo = torch.sqrt(rescale_p * rescale_q) * geo + torch.exp(0.5 * (centred_p + centred_q)).sum(dim=1)
-            max_p, max_q = new_max_p, new_max_q
-        deviation_N[rows] = (1.0 - geo / torch.sqrt(sum_p * sum_q)).clamp(0.0, 1.0)
-        entropy_N[rows] = (torch.log(sum_p) - moment_p / sum_p).clamp(min=0.0)
-    return deviation_N, entropy_N
+            policy.add(z_nC)
+            in_chunk = (ids_n >= v0) & (ids_n < v1)
+            chunk_logit_n = z_nC.gather(1, (ids_n - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)).squeeze(1)
+            sampled_logit_n = torch.where(in_chunk, chunk_logit_n, sampled_logit_n)
+        logps_N[rows] = sampled_logit_n - policy.log_normalizer()
+        entropy_N[rows] = policy.entropy()
+    return logps_N, entropy_N
 
 
 @torch.no_grad()
@@ -125,24 +185,18 @@ def max_logprob(
 ) -> torch.Tensor:
     """Log-probability of the most likely next token, `log max_v p_v`, `(N,)` float32, streamed.
 
-    With `m = max_v z_v`, `log max_v p_v = m - log sum_v e^(z_v) = -log sum_v e^(z_v - m)`: one pass over vocabulary
-    chunks keeps the running maximum and the rescaled sum `s = sum e^(z - m)`, so the `(N, V)` logits are never held.
+    With `m = max_v z_v`, `log max_v p_v = m - log sum_v e^(z_v)`, so the `(N, V)` logits are never held.
     `log p_y - log max_v p_v = (z_y - max_v z_v)` after the transform (temperature included): the min-p margin.
     """
-    if token_chunk_size < 1 or vocab_chunk_size < 1:
-        raise ValueError(f"chunk sizes must be >= 1, got {token_chunk_size} and {vocab_chunk_size}")
+    _check_chunk_sizes(token_chunk_size, vocab_chunk_size)
     num_tokens, vocab_size = hidden_NH.shape[0], weight_VH.shape[0]
     max_logprob_N = torch.zeros(num_tokens, device=hidden_NH.device)
     for t0 in range(0, num_tokens, token_chunk_size):
         rows = slice(t0, min(t0 + token_chunk_size, num_tokens))
-        running_max = torch.full((rows.stop - rows.start,), -torch.inf, device=hidden_NH.device)
-        sum_exp = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)
+        policy = _StreamedSoftmax(rows.stop - rows.start, hidden_NH.device)
         for v0 in range(0, vocab_size, vocab_chunk_size):
-            z_nC = _logits(hidden_NH[rows], weight_VH, bias_V, v0, min(v0 + vocab_chunk_size, vocab_size), transform, temperature)
-            new_max = torch.maximum(running_max, z_nC.amax(dim=1))
-            sum_exp = sum_exp * torch.exp(running_max - new_max) + torch.exp(z_nC - new_max.unsqueeze(1)).sum(dim=1)
-            running_max = new_max
-        max_logprob_N[rows] = -torch.log(sum_exp)
+            policy.add(_logits(hidden_NH[rows], weight_VH, bias_V, v0, min(v0 + vocab_chunk_size, vocab_size), transform, temperature))
+        max_logprob_N[rows] = policy.max - policy.log_normalizer()
     return max_logprob_N
 
 

@@ -111,8 +111,8 @@ class CreditGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------- generation batch
 
     def _generate_and_score_completions(self, inputs):
-        # The deviation pass takes the policy's hidden states from `generate` where TRL generates in one call.
-        record = self.deviation_reference is not None and generates_in_one_call(self)
+        # Generation-batch statistics take the policy's hidden states from `generate` where TRL generates in one call.
+        record = bool(self._generation_statistics) and generates_in_one_call(self)
         with recorded_generation_hidden(self, record) as generation:
             batch = super()._generate_and_score_completions(inputs)
         if self._generation_statistics:

@@ -1,15 +1,17 @@
 """Where each statistic comes from: TRL's own forward path, once per batch.
 
-* `rollout_logps` / `rollout_entropy`: TRL's `_get_per_token_logps_and_entropies` on the policy over the
-  generation batch (the fused LM head with the model's full output transform, the sampling temperature and the
-  batch's multimodal inputs). `rollout_logps` reuses TRL's old-log-prob forward when it ran.
-* `reference_deviation` / `previous_policy_deviation`: final hidden states of the policy and the reference,
-  streamed through both LM heads and output transforms. The same pass gives the policy's full-vocabulary entropy,
-  which is then `rollout_entropy`. The policy's hidden states are the ones `generate` already computed
-  (`recorded_generation_hidden`), so only the reference runs a forward; where TRL does not generate with one
-  `generate` call over the batch (vLLM, continuous batching, a `rollout_func`, tools, vision-language models), the
-  policy's backbone runs once more, with the multimodal inputs. Both sources equal TRL's forward: the tests check
-  them per architecture, with sampling options and prefill chunking.
+* The policy at generation. Where TRL samples the batch with one `generate` call (its plain path), the final hidden
+  states `generate` computed are recorded from the backbone (`recorded_generation_hidden`), and the LM head is
+  streamed over them with the model's output transform and the sampling temperature: no second policy forward.
+  Elsewhere (vLLM, continuous batching, a `rollout_func`, tools, vision-language models) the policy runs one no-grad
+  forward over the batch, TRL's `_get_per_token_logps_and_entropies` (with the multimodal inputs) or its backbone.
+  Both sources equal TRL's forward: `tests/test_architectures.py` checks them per architecture, with left padding,
+  sampling options and prefill chunking.
+  * `rollout_logps` / `rollout_entropy`: that LM-head stream, or TRL's forward; `rollout_logps` reuses TRL's
+    old-log-prob forward when it ran.
+  * `reference_deviation` / `previous_policy_deviation`: the policy's and the reference's final hidden states (one
+    no-grad forward of the reference) streamed through both LM heads and output transforms. The same pass gives the
+    policy's full-vocabulary entropy, which is then `rollout_entropy`.
 * `policy_logps` / `policy_entropy` come from the training forward itself (see `CreditGRPOTrainer._compute_loss`).
 * `policy_max_logprob`: TRL's fused LM head does not expose the maximum logit (its `outputs` are log-probs, entropy,
   `log_sum_sq_probs`, `mean_logits`, `is_top1`), so the final hidden states of that same forward are recorded from
@@ -34,7 +36,7 @@ from ..methods.registry import (
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
 )
-from ..statistics import hellinger_and_entropy, max_logprob
+from ..statistics import hellinger_and_entropy, logprob_and_entropy, max_logprob
 from .engines import final_hidden, full_lm_head, logit_transform, unsharded_root
 
 # Batch keys TRL passes to `_get_per_token_logps_and_entropies` besides the token ids (see `_compute_loss`).
@@ -176,25 +178,45 @@ def generation_statistics(trainer, batch, names, reference=None, generation=None
 
     `generation`: the `GenerationHidden` recorded while TRL generated `batch`, if any.
     """
+    policy_hidden_BTH = generation.completion_hidden(batch) if generation is not None else None
+    # Every process must take the same path: forwards and LM-head gathers are collective under ZeRO-3 and FSDP2.
+    recorded = torch.tensor([policy_hidden_BTH is not None], device=batch["completion_ids"].device)
+    if not trainer.accelerator.gather(recorded).all():
+        policy_hidden_BTH = None
     statistics = {}
     deviation = next((name for name in names if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)), None)
     if deviation is not None:  # at most one reference per run; the same pass gives the policy's entropy
-        policy_hidden_BTH = generation.completion_hidden(batch) if generation is not None else None
-        # Every process must take the same path: the policy's forward is collective under ZeRO-3 and FSDP2.
-        recorded = torch.tensor([policy_hidden_BTH is not None], device=batch["completion_ids"].device)
-        if not trainer.accelerator.gather(recorded).all():
-            policy_hidden_BTH = None
         statistics[deviation], statistics[ROLLOUT_ENTROPY] = deviation_and_entropy(
             trainer, batch, reference, policy_hidden_BTH
         )
     if ROLLOUT_LOGPS in names and "old_per_token_logps" in batch:
         statistics[ROLLOUT_LOGPS] = batch["old_per_token_logps"].float()  # TRL's own old-log-prob forward
     if any(name in names and name not in statistics for name in (ROLLOUT_LOGPS, ROLLOUT_ENTROPY)):
-        logps_BT, entropy_BT = policy_logps_and_entropy(trainer, batch, trainer._forward_batch_size())
+        if policy_hidden_BTH is None:
+            logps_BT, entropy_BT = policy_logps_and_entropy(trainer, batch, trainer._forward_batch_size())
+        else:
+            logps_BT, entropy_BT = streamed_logps_and_entropy(trainer, batch, policy_hidden_BTH)
         statistics.setdefault(ROLLOUT_LOGPS, logps_BT)
         statistics.setdefault(ROLLOUT_ENTROPY, entropy_BT)
     mask_BT = valid_mask(batch)
     return {name: torch.where(mask_BT, statistics[name], 0.0) for name in names}
+
+
+@torch.no_grad()
+def streamed_logps_and_entropy(trainer, batch, policy_hidden_BTH) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled-token log-probs and entropies, `(B, T)`, from the policy's final hidden states at the completion
+    positions: the LM head streamed over the valid tokens, as TRL's forward would score them."""
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    valid_BT = valid_mask(batch)
+    logps_BT = torch.zeros(valid_BT.shape, device=policy_hidden_BTH.device)
+    entropy_BT = torch.zeros(valid_BT.shape, device=policy_hidden_BTH.device)
+    with unsharded_root(policy), full_lm_head(policy) as (weight_VH, bias_V):
+        logps_BT[valid_BT], entropy_BT[valid_BT] = logprob_and_entropy(
+            policy_hidden_BTH[valid_BT], batch["completion_ids"][valid_BT], weight_VH, bias_V,
+            temperature=trainer.temperature, token_chunk_size=trainer.args.statistics_token_chunk_size,
+            vocab_chunk_size=trainer.args.statistics_vocab_chunk_size, transform=logit_transform(policy),
+        )
+    return logps_BT, entropy_BT
 
 
 @torch.no_grad()
