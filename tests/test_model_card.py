@@ -116,6 +116,8 @@ def test_no_token_in_card_or_upload(tmp_path, monkeypatch, tiny_model_dir):
     text = (output_dir / "README.md").read_text()
     assert FAKE_TOKEN not in text and "wandb-secret" not in text and "hf_" not in text
     assert "| `hub_token` | `<redacted>` |" in text and "| `tide_token_chunk_size` | `256` |" in text
+    record = (output_dir / model_card.CARD_INPUTS_NAME).read_text()  # what regenerate_model_card re-renders from
+    assert FAKE_TOKEN not in record and "wandb-secret" not in record and '"hub_token": "<redacted>"' in record
 
     # What Trainer.push_to_hub() would send: everything but checkpoints, `_*` files and .git.
     (output_dir / "checkpoint-2").mkdir()
@@ -126,6 +128,7 @@ def test_no_token_in_card_or_upload(tmp_path, monkeypatch, tiny_model_dir):
     uploaded = model_card.collect_upload_folder(output_dir)
     assert {"README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", *plots} <= set(uploaded)
     assert not [path for path in uploaded if path.startswith(("checkpoint-", "_", ".git"))]
+    assert model_card.CARD_INPUTS_NAME not in uploaded  # the card's record stays local
     for relative in uploaded:
         assert FAKE_TOKEN.encode() not in (output_dir / relative).read_bytes(), f"token in uploaded {relative}"
 
@@ -140,3 +143,139 @@ def test_a_stack_lists_every_method_with_its_paper():
     assert text.index("Cite EAPO as") < text.index("Cite TACO as") < text.index("Cite GRPO as")
     assert "author       = {Lou, Xiuyi and Xu, Zicheng and Chuang, Yu-Neng and Le, Hoang Anh Duy" in text
     assert "and others" not in text
+
+
+# ---------------------------------------------------------------------------------------------- evaluation results
+
+
+def _front_matter(text: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def _summary(dataset="chain_sum", split="test", n=4, correct=(0, 1, 3, 4), ks=(1, 2, 4)):
+    """A summary as `trl-credit eval` writes it, computed here from per-problem correct counts."""
+    from trl_credit.evaluation import summarize
+
+    metrics = summarize(list(correct), n, list(ks), [10] * (n * len(correct)))
+    return {"model": "m", "dataset": dataset, "split": split, "n": n, **metrics,
+            "config": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64, "n": n}}
+
+
+def test_eval_results_round_trip_through_the_cards_yaml(tmp_path):
+    from huggingface_hub import metadata_load
+    from huggingface_hub.repocard_data import model_index_to_eval_results
+
+    summaries = [_summary(), _summary("gsm8k", n=2, correct=(2, 0, 1), ks=(1, 2))]
+    make_card(eval_summary=summaries).save(tmp_path / "README.md")
+
+    # Independently of huggingface_hub: the YAML front matter, read as plain YAML.
+    [index] = _front_matter((tmp_path / "README.md").read_text())["model-index"]
+    assert index["name"] == "smollm2-taco"
+    found = {(r["dataset"]["name"], m["type"]): m["value"] for r in index["results"] for m in r["metrics"]}
+    expected = {("chain_sum", "avg@4"): 8 / 16, ("chain_sum", "pass@1"): 8 / 16, ("gsm8k", "avg@2"): 0.5,
+                ("gsm8k", "pass@2"): (1 + 0 + 1) / 3}
+    # pass@2 of 4 samples: 1 - C(4 - c, 2) / C(4, 2) per problem, c = 0, 1, 3, 4.
+    expected[("chain_sum", "pass@2")] = (0 + (1 - 3 / 6) + 1 + 1) / 4
+    expected[("chain_sum", "pass@4")] = 3 / 4
+    expected[("gsm8k", "pass@1")] = 0.5
+    assert found.keys() == expected.keys()
+    for key, value in expected.items():
+        assert found[key] == pytest.approx(value, abs=1e-12), key
+    for result in index["results"]:
+        assert result["task"]["type"] == "text-generation" and result["dataset"]["split"] == "test"
+    assert {r["dataset"]["type"] for r in index["results"]} == {"chain_sum", "openai/gsm8k"}  # gsm8k's Hub id
+
+    # And through huggingface_hub's own parsers: exactly the numbers the summaries hold.
+    model_name, results = model_index_to_eval_results(metadata_load(tmp_path / "README.md")["model-index"])
+    loaded = ModelCard.load(tmp_path / "README.md").data.eval_results
+    assert model_name == "smollm2-taco" and [r.metric_value for r in loaded] == [r.metric_value for r in results]
+    for result in results:
+        summary = summaries[result.dataset_name == "gsm8k"]
+        assert result.metric_value == summary[result.metric_type] and result.metric_name == result.metric_type
+        assert result.metric_args == {"n": summary["n"], "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64}
+    table = (tmp_path / "README.md").read_text().split("## Evaluation")[1]
+    assert "| Dataset | Split | Problems | n | avg@2 | avg@4 | pass@1 | pass@2 | pass@4 | Mean completion length |" in table
+    assert "| chain_sum | test | 4 | 4 | – | 0.5 | 0.5 | 0.625 | 0.75 | 10 |" in table
+
+
+def test_no_evaluation_no_model_index_and_local_files_are_named_not_located(tmp_path):
+    assert "model-index" not in _front_matter(make_card().content)
+    local = _summary(dataset=str(tmp_path / "held" / "out.jsonl"), split=None)
+    text = make_card(eval_summary=local).content
+    [index] = _front_matter(text)["model-index"]
+    assert {r["dataset"]["name"] for r in index["results"]} == {"out.jsonl"} and str(tmp_path) not in text
+
+
+# ---------------------------------------------------------------------------------------------- quick start
+
+
+def _quick_start_prompt(text: str):
+    """The value assigned to `prompt` in the card's quick-start snippet, evaluated as a Python literal."""
+    import ast
+
+    code = text.split("## Quick start")[1].split("```python\n")[1].split("```")[0]
+    [assignment] = [node for node in ast.parse(code).body if isinstance(node, ast.Assign)
+                    and node.targets[0].id == "prompt"]
+    return ast.literal_eval(assignment.value), code
+
+
+def test_quick_start_asks_the_given_training_prompt():
+    messages = [{"role": "system", "content": 'Say "hi" {{ not jinja }} ünïcode\t\\ and \u2028'},
+                {"role": "user", "content": "What is 3 + 4?\n\n\nPut the final answer in \\boxed{}."}]
+    prompt, code = _quick_start_prompt(make_card(example_prompt=messages).content)
+    assert prompt == messages and "# The first training prompt" in code
+    assert _quick_start_prompt(make_card(example_prompt="Compute 2 + 2.")
+                               .content)[0] == "Compute 2 + 2."
+    generic, code = _quick_start_prompt(make_card().content)
+    assert generic == [{"role": "user", "content": model_card.DEFAULT_QUICK_START_QUESTION}]
+    assert "# The first training prompt" not in code
+
+
+def test_first_training_prompt():
+    from datasets import Dataset
+
+    from trl_credit.data import load_math_dataset
+
+    chain = load_math_dataset("chain_sum", num_samples=3, seed=0)
+    assert model_card.first_training_prompt(chain) == chain[0]["prompt"]
+    assert chain[0]["prompt"][-1]["role"] == "user" and "\\boxed{}" in chain[0]["prompt"][-1]["content"]
+    assert model_card.first_training_prompt(Dataset.from_list([{"prompt": "2 + 2 ="}, {"prompt": "x"}])) == "2 + 2 ="
+    image = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is shown?"}]}]
+    assert model_card.first_training_prompt(Dataset.from_list([{"prompt": image}])) is None
+    assert model_card.first_training_prompt(Dataset.from_list([{"question": "q"}])) is None
+    assert model_card.first_training_prompt([]) is None
+
+
+# ---------------------------------------------------------------------------------------------- regeneration
+
+
+def test_regenerate_model_card_with_new_results_keeps_everything_else(tmp_path):
+    messages = [{"role": "user", "content": "What is 1 + 1?"}]
+    make_card(example_prompt=messages, eval_summary=None).save(tmp_path / "README.md")
+    before = (tmp_path / "README.md").read_text()
+    assert (tmp_path / model_card.CARD_INPUTS_NAME).is_file()
+    assert model_card.regenerate_model_card(tmp_path) == tmp_path / "README.md"
+    assert (tmp_path / "README.md").read_text() == before  # nothing new: the same card
+
+    summary = _summary()
+    (tmp_path / "eval_chain_sum_test.json").write_text(json.dumps(summary))
+    model_card.regenerate_model_card(tmp_path)
+    after = (tmp_path / "README.md").read_text()
+    [index] = _front_matter(after)["model-index"]
+    assert {m["type"]: m["value"] for m in index["results"][0]["metrics"]} == {
+        key: summary[key] for key in ("avg@4", "pass@1", "pass@2", "pass@4")}
+    assert "## Evaluation" in after and _quick_start_prompt(after)[0] == messages
+    assert before.split("## Quick start")[1].split("### Framework versions")[0] in after  # the rest is unchanged
+
+    model_card.regenerate_model_card(tmp_path, example_prompt="A new prompt.")
+    assert _quick_start_prompt((tmp_path / "README.md").read_text())[0] == "A new prompt."
+
+
+def test_regenerate_model_card_without_or_with_a_broken_record(tmp_path):
+    assert model_card.regenerate_model_card(tmp_path) is None  # no trl-credit card here: nothing written
+    assert not (tmp_path / "README.md").exists()
+    (tmp_path / model_card.CARD_INPUTS_NAME).write_text('{"model_name": "x"}')
+    with pytest.raises(ValueError, match="does not record a trl-credit model card"):
+        model_card.regenerate_model_card(tmp_path)

@@ -3,7 +3,12 @@
 The card follows TRL's own (`trl.trainer.utils.generate_model_card`): the same sections in the same
 order (quick start, training procedure, framework versions, citations), plus the credit method with
 all its hyperparameters, the method paper next to GRPO's and TRL's citations, the training data, the
-training curves and, when `trl-credit eval` summaries are given, an evaluation table.
+training curves and, when `trl-credit eval` summaries are given, an evaluation table and the same numbers as
+`model-index` metadata (huggingface_hub's `EvalResult`s), which the Hub renders as evaluation results. The
+quick-start snippet prompts the model with the first training prompt when one is given.
+
+`CreditModelCard.save` also records the card's inputs next to it (`_trl_credit_card.json`, which a Hub push
+skips), so that `regenerate_model_card` can render the card again once `trl-credit eval` has added results.
 
 The Jinja template is `model_cards/credit_model_card.md.j2` at the top of the source tree, installed as
 the package data folder `trl_credit/model_cards`.
@@ -20,9 +25,16 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import ModelCard, ModelCardData
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 TEMPLATE_NAME = "credit_model_card.md.j2"
+CARD_INPUTS_NAME = "_trl_credit_card.json"  # `_*` files stay out of `Trainer.push_to_hub` uploads
+EVAL_TASK_TYPE = "text-generation"
+SAMPLING_SETTINGS = ("temperature", "top_p", "max_new_tokens")  # recorded with each metric of the model-index
+DEFAULT_QUICK_START_QUESTION = (  # TRL's own card asks this when no training prompt is known
+    "If you had a time machine, but could only go to the past or the future once and never return, which would you "
+    "choose and why?"
+)
 TRL_CREDIT_URL = "https://github.com/trl-credit/trl-credit"
 BASE_TAGS = ("trl", "grpo", "trl-credit")
 
@@ -113,33 +125,65 @@ def _framework_versions() -> list[tuple[str, str]]:
 
 
 def load_eval_summaries(output_dir: str | Path) -> list[dict[str, Any]]:
-    """The `trl-credit eval` summaries saved in `output_dir` (`eval*.json` with `pass@k` or `avg@...`)."""
+    """The `trl-credit eval` summaries saved in `output_dir` (`eval*.json` holding avg@ or pass@ metrics)."""
     summaries = []
     for path in sorted(Path(output_dir).glob("eval*.json")):
         try:
             summary = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             continue  # not an eval summary: the card simply has no row for it
-        if isinstance(summary, dict) and any(key == "pass@k" or key.startswith("avg@") for key in summary):
+        if isinstance(summary, dict) and eval_metrics(summary):
             summaries.append(summary)
     return summaries
 
 
-def _k_sorted(keys) -> list[str]:
-    return sorted(keys, key=lambda k: (int(k) if str(k).isdigit() else float("inf"), str(k)))
+_METRIC_KEY = re.compile(r"(avg|pass)@(\d+|n)")
+
+
+def eval_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
+    """The avg@/pass@ numbers of one evaluation summary, as `{"avg@4": ..., "pass@1": ...}`, avg@ first, then by k.
+
+    Reads the flat keys `trl-credit eval` writes (`avg@4`, `pass@1`, ...) and the nested form
+    `{"avg@k": {k: value}, "pass@k": {k: value}}`; `avg@n` is the accuracy averaged over the `n` samples per problem.
+    """
+    metrics = {key: float(value) for key, value in summary.items()
+               if _METRIC_KEY.fullmatch(key) and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    for kind in ("avg", "pass"):
+        for k, value in (summary.get(f"{kind}@k") or {}).items():
+            metrics[f"{kind}@{k}"] = float(value)
+
+    def order(key: str) -> tuple:
+        kind, k = key.split("@")
+        return (kind != "avg", int(k) if k.isdigit() else float("inf"))
+
+    return {key: metrics[key] for key in sorted(metrics, key=order)}
+
+
+def _dataset_reference(name: str) -> tuple[str, str, str | None]:
+    """`(name shown, Hub type, Hub config)` of an evaluation data set; a local file is named by its file name only."""
+    from .data import SOURCES, hub_dataset_id
+
+    spec, hub_id = SOURCES.get(name), hub_dataset_id(name)
+    if spec is not None:
+        return name, hub_id or name, spec.hub_config if spec.kind == "hub" else None
+    if hub_id is not None:
+        return hub_id, hub_id, None
+    label = Path(name).name or name  # no local path in a card meant for the Hub
+    return label, label, None
 
 
 def eval_table(summaries: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Columns and rows of the evaluation table, one row per summary.
+    """Columns and rows of the evaluation table, one row per summary (see `eval_metrics` for the metrics read).
 
-    A summary has `pass@k` (`{k: value}`), and `avg@k` (`{k: value}`) or `avg@n` (a float averaged over
-    the `n` samples per problem); `dataset`, `n` and `mean_completion_length` are shown when present.
+    `dataset`, `split`, `num_problems`, `n` (samples per problem) and `mean_completion_length` are shown when
+    present; the split and problem columns only when some summary has them.
     """
-    avg_ks = _k_sorted({str(k) for s in summaries for k in (s.get("avg@k") or {})})
-    pass_ks = _k_sorted({str(k) for s in summaries for k in (s.get("pass@k") or {})})
-    has_avg_n = any("avg@n" in s for s in summaries)
-    columns = ["Dataset", "n", *(f"avg@{k}" for k in avg_ks), *(["avg@n"] if has_avg_n else []),
-               *(f"pass@{k}" for k in pass_ks), "Mean completion length"]
+    metrics = [eval_metrics(s) for s in summaries]
+    names = list(eval_metrics({key: 0.0 for m in metrics for key in m}))  # every metric, in eval_metrics' order
+    has_split = any(s.get("split") for s in summaries)
+    has_problems = any("num_problems" in s for s in summaries)
+    columns = ["Dataset", *(["Split"] if has_split else []), *(["Problems"] if has_problems else []), "n", *names,
+               "Mean completion length"]
 
     def cell(value) -> str:
         if value is None:
@@ -147,18 +191,72 @@ def eval_table(summaries: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[
         return f"{value:.4g}" if isinstance(value, float) else str(value).replace("|", "\\|")
 
     rows = []
-    for s in summaries:
-        avg, passes = {str(k): v for k, v in (s.get("avg@k") or {}).items()}, {str(k): v for k, v in (s.get("pass@k") or {}).items()}
-        row = [s.get("dataset"), s.get("n"), *(avg.get(k) for k in avg_ks), *([s.get("avg@n")] if has_avg_n else []),
-               *(passes.get(k) for k in pass_ks), s.get("mean_completion_length")]
+    for s, values in zip(summaries, metrics):
+        dataset = _dataset_reference(str(s["dataset"]))[0] if s.get("dataset") else None
+        row = [dataset, *([s.get("split")] if has_split else []), *([s.get("num_problems")] if has_problems else []),
+               s.get("n"), *(values.get(name) for name in names), s.get("mean_completion_length")]
         rows.append([cell(value) for value in row])
     return columns, rows
+
+
+def eval_results(summaries: Sequence[Mapping[str, Any]]) -> list[EvalResult]:
+    """The summaries as huggingface_hub `EvalResult`s (`model-index` metadata): one per summary and metric.
+
+    Task `text-generation`; the data set's Hub id as its type when it has one (its name otherwise), its split;
+    the metric (`avg@4`, `pass@1`, ...) as type and name, with the sampling settings it was measured under as
+    `metric_args` (`n` samples per problem, and the temperature, top-p and token limit `trl-credit eval` recorded).
+    """
+    results = []
+    for summary in summaries:
+        if not summary.get("dataset"):
+            continue  # the model-index needs a data set
+        name, dataset_type, dataset_config = _dataset_reference(str(summary["dataset"]))
+        config = summary.get("config") if isinstance(summary.get("config"), Mapping) else {}
+        settings = {"n": summary.get("n"), **{key: config.get(key) for key in SAMPLING_SETTINGS}}
+        settings = {key: value for key, value in settings.items() if value is not None}
+        for metric, value in eval_metrics(summary).items():
+            results.append(EvalResult(
+                task_type=EVAL_TASK_TYPE, dataset_type=dataset_type, dataset_name=name, dataset_config=dataset_config,
+                dataset_split=summary.get("split"), metric_type=metric, metric_name=metric, metric_value=value,
+                metric_args=settings or None,
+            ))
+    return results
 
 
 def _grpo_paper() -> dict[str, str]:
     from trl import GRPOTrainer  # deferred: importing TRL takes seconds and the trainer has it loaded already
 
     return dict(GRPOTrainer._paper)
+
+
+def first_training_prompt(dataset) -> str | list[dict[str, str]] | None:
+    """The first prompt of a training set as the trainer receives it, for the card's quick start.
+
+    A conversation (a list of `{"role", "content"}` messages, to which the text-generation pipeline applies the
+    chat template as TRL does) or a plain string. `None` when the data set is empty, has no `prompt` column, or its
+    first prompt is not plain text (image or tool-call content).
+    """
+    row = next(iter(dataset), None)
+    prompt = row.get("prompt") if isinstance(row, Mapping) else None
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(
+        isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+    ):
+        return [{"role": m["role"], "content": m["content"]} for m in prompt]
+    return None
+
+
+def _python_literal(prompt: str | Sequence[Mapping[str, str]]) -> str:
+    """`prompt` as Python source for the quick-start snippet: a string, or a list with one message per line.
+
+    JSON string literals are valid Python ones (same escapes), and read like the snippet's other strings.
+    """
+    if isinstance(prompt, str):
+        return json.dumps(prompt, ensure_ascii=False)
+    lines = [f'    {{"role": {json.dumps(m["role"])}, "content": {json.dumps(m["content"], ensure_ascii=False)}}},'
+             for m in prompt]
+    return "\n".join(["[", *lines, "]"])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -183,7 +281,8 @@ def generate_credit_model_card(
     trainer_name: str,
     papers: Sequence[Mapping[str, str]] = (),
     grpo_paper: Mapping[str, str] | None = None,
-) -> ModelCard:
+    example_prompt: str | Sequence[Mapping[str, str]] | None = None,
+) -> CreditModelCard:
     """Build the model card of a model trained with a trl-credit trainer.
 
     Args:
@@ -197,19 +296,29 @@ def generate_credit_model_card(
             with other training settings; rendered as a table, secret-looking keys redacted.
         tags: extra tags; `trl`, `grpo`, `trl-credit` and the method name are always added.
         plots: PNG paths relative to the folder the card is saved in (see `save_training_plots`).
-        eval_summary: one `trl-credit eval` summary, a list of them, or `None` (no evaluation section).
+        eval_summary: one `trl-credit eval` summary, a list of them, or `None` (no evaluation section); also
+            written as `model-index` metadata (see `eval_results`).
         wandb_url, trackio_url, comet_url: experiment-tracker links shown as badges.
         trainer_name: the trainer's `_name` (e.g. `"TACO"`).
         papers: the papers of the methods of the stack (`title`, `id` = arXiv id, `citation` = BibTeX).
         grpo_paper: GRPO's paper; defaults to `trl.GRPOTrainer._paper`.
+        example_prompt: the prompt of the quick-start snippet, normally `first_training_prompt(train_dataset)`;
+            `None` asks TRL's generic question.
 
     Returns:
-        A `huggingface_hub.ModelCard` whose metadata validates; `card.save(path)` writes it.
+        A `huggingface_hub.ModelCard` whose metadata validates; `card.save(path)` writes it and records these
+        inputs next to it for `regenerate_model_card`.
     """
     from .methods import get_credit_method, parse_credit_methods
 
     names = [get_credit_method(name).name for name in parse_credit_methods(method)] or ["grpo"]
     grpo_paper = dict(grpo_paper) if grpo_paper is not None else _grpo_paper()
+    inputs = _recordable_inputs(
+        base_model=base_model, model_name=model_name, hub_model_id=hub_model_id, dataset_name=dataset_name,
+        method=method, hyperparameters=hyperparameters, tags=tags, plots=plots, wandb_url=wandb_url,
+        trackio_url=trackio_url, comet_url=comet_url, trainer_name=trainer_name, papers=papers, grpo_paper=grpo_paper,
+        example_prompt=example_prompt,
+    )
     papers = [
         {**paper, "name": METHOD_DISPLAY_NAMES.get(paper.get("name"), paper.get("name") or paper["title"])}
         for paper in papers if paper.get("id") != grpo_paper.get("id")
@@ -218,6 +327,8 @@ def generate_credit_model_card(
     if isinstance(eval_summary, Mapping):
         eval_summary = [eval_summary]
     eval_columns, eval_rows = eval_table(eval_summary or [])
+    if example_prompt is None:
+        example_prompt = [{"role": "user", "content": DEFAULT_QUICK_START_QUESTION}]
 
     from .data import hub_dataset_id
 
@@ -225,7 +336,7 @@ def generate_credit_model_card(
     card_data = ModelCardData(
         base_model=base_model, library_name="transformers",
         datasets=[dataset_name] if on_hub else None,
-        model_name=model_name, tags=all_tags,
+        model_name=model_name, tags=all_tags, eval_results=eval_results(eval_summary or []) or None,
     )
     card = ModelCard.from_template(
         card_data,
@@ -233,6 +344,8 @@ def generate_credit_model_card(
         base_model=base_model,
         model_name=model_name,
         hub_model_id=hub_model_id,
+        quick_start_prompt=_python_literal(example_prompt),
+        quick_start_from_training=inputs["example_prompt"] is not None,
         dataset_name=dataset_name,
         dataset_on_hub=on_hub,
         method_display=" + ".join(METHOD_DISPLAY_NAMES.get(name, name) for name in names),
@@ -254,7 +367,75 @@ def generate_credit_model_card(
     # README do not. No code block of the card holds two consecutive blank lines.
     content = re.sub(r"\n{3,}", "\n\n", card.content)
     # Last line of defence: no input above should hold a token, but a URL or a value might.
-    return ModelCard(scrub_secrets(content))
+    card = CreditModelCard(scrub_secrets(content))
+    card.inputs = inputs
+    return card
+
+
+class CreditModelCard(ModelCard):
+    """A `ModelCard` that remembers the inputs of `generate_credit_model_card` it was rendered from.
+
+    `save(path)` writes the card and, next to it, those inputs (`_trl_credit_card.json`: secret-looking
+    hyperparameters redacted, no evaluation summary, which is read again from the folder), so that
+    `regenerate_model_card` can render the same card with new evaluation results.
+    """
+
+    inputs: dict[str, Any] | None = None
+
+    def save(self, filepath: str | Path) -> None:
+        super().save(filepath)
+        if self.inputs is not None:
+            record = Path(filepath).parent / CARD_INPUTS_NAME
+            record.write_text(json.dumps(self.inputs, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _recordable_inputs(*, hyperparameters: Mapping[str, Any], wandb_url, trackio_url, comet_url, tags, plots, papers,
+                       **inputs) -> dict[str, Any]:
+    """The card's inputs as JSON: secret-looking hyperparameters redacted, other non-JSON values as text."""
+
+    def plain(name: str, value):
+        if _is_secret_key(name) and value not in (None, ""):
+            return REDACTED
+        if isinstance(value, str):
+            return scrub_secrets(value)
+        return value if value is None or isinstance(value, (bool, int, float)) else scrub_secrets(str(value))
+
+    return {
+        **inputs, "hyperparameters": {name: plain(name, value) for name, value in hyperparameters.items()},
+        "tags": list(tags), "plots": list(plots), "papers": [dict(paper) for paper in papers],
+        **{name: plain(name, url) for name, url in
+           (("wandb_url", wandb_url), ("trackio_url", trackio_url), ("comet_url", comet_url))},
+    }
+
+
+def regenerate_model_card(
+    folder: str | Path, example_prompt: str | Sequence[Mapping[str, str]] | None = None
+) -> Path | None:
+    """Render the card saved in `folder` again, with the `eval*.json` summaries found there now.
+
+    Args:
+        folder: A training output folder whose card was saved by `CreditModelCard.save`.
+        example_prompt: A new quick-start prompt; `None` keeps the recorded one.
+
+    Returns:
+        The path of the rewritten `README.md`, or `None` when `folder` holds no recorded trl-credit card.
+
+    Raises:
+        ValueError: the record exists but cannot be read back.
+    """
+    folder = Path(folder)
+    record = folder / CARD_INPUTS_NAME
+    if not record.is_file():
+        return None
+    try:
+        inputs = json.loads(record.read_text(encoding="utf-8"))
+        if example_prompt is not None:
+            inputs["example_prompt"] = example_prompt
+        card = generate_credit_model_card(**inputs, eval_summary=load_eval_summaries(folder) or None)
+    except (json.JSONDecodeError, TypeError, KeyError, AttributeError) as error:
+        raise ValueError(f"{record} does not record a trl-credit model card ({error})") from error
+    card.save(folder / "README.md")
+    return folder / "README.md"
 
 
 # --------------------------------------------------------------------------------------------------
