@@ -105,9 +105,21 @@ def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
     }))
     assert cli_main(["grpo", "--config", str(recipe), "--taco_lambda", "0.5"]) == 0
     produced = {p.name for p in output_dir.iterdir()}
-    assert {"model.safetensors", "README.md", "plots", "token_credit.jsonl", "trainer_state.json"} <= produced or (
-        {"model.safetensors", "README.md", "plots", "token_credit.jsonl"} <= produced
-    )
+    assert {"model.safetensors", "README.md", "plots", "token_credit.jsonl", "trainer_state.json"} <= produced
+    assert not [name for name in produced if name.startswith("checkpoint-")]  # save_strategy no, yet the curves:
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    assert [entry["step"] for entry in history if "reward" in entry] == [1, 2]
     card = (output_dir / "README.md").read_text()
     assert "taco_lambda" in card and "0.5" in card and "2607.07976" in card
     assert "huggingface.co/datasets/" not in card  # a local file is named, not linked to the Hub
+
+    # The quick start asks the first training prompt, as the trainer received it (the data set's first row).
+    import ast
+
+    from trl_credit.data import load_math_dataset
+
+    code = card.split("## Quick start")[1].split("```python\n")[1].split("```")[0]
+    [prompt] = [ast.literal_eval(node.value) for node in ast.parse(code).body
+                if isinstance(node, ast.Assign) and node.targets[0].id == "prompt"]
+    assert prompt == load_math_dataset(str(data))[0]["prompt"]
+    assert prompt[-1]["role"] == "user" and prompt[-1]["content"].startswith("what is 0 + 1 ?")
