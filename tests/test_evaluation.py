@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -95,6 +96,64 @@ def test_cli_with_a_controlled_generator(tmp_path, monkeypatch, capsys):
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["pass@2"] == pytest.approx(sum(closed_form_pass_at_k(4, c, 2) for c in correct) / 3)
     assert printed["avg@4"] == pytest.approx(6 / 12)
+
+
+def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, capsys):
+    """`trl-credit eval` on a training folder: the summary lands there and the card's YAML carries its numbers."""
+    import yaml
+
+    from trl_credit import model_card
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text("{}")  # a model folder (never loaded: the backend is faked)
+    model_card.generate_credit_model_card(
+        base_model=None, model_name="run", hub_model_id=None, dataset_name="chain_sum", method="taco",
+        hyperparameters={"taco_alpha": 0.01}, trainer_name="TACO", papers=[],
+        grpo_paper={"title": "DeepSeekMath", "id": "2402.03300", "citation": "@article{shao2024deepseekmath,\n}"},
+    ).save(run_dir / "README.md")
+    correct = [2, 0, 4]
+    monkeypatch.setattr(evaluation, "build_backend", lambda config, path: CountingBackend(
+        evaluation.prepare_eval_data(config).dataset["solution"], correct))
+    argv = ["--model_name_or_path", str(run_dir), "--dataset_name", "chain_sum", "--dataset_split", "test",
+            "--num_problems", "3", "--n", "4", "--k", "1", "2", "--output_dir", str(tmp_path / "eval")]
+    assert eval_main(argv) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert printed["model_card"] == str(run_dir / "README.md")
+    written = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert json.loads((run_dir / "eval_chain_sum_test.json").read_text()) == written
+
+    card = (run_dir / "README.md").read_text()
+    [index] = yaml.safe_load(card.split("---\n")[1])["model-index"]
+    [result] = index["results"]
+    assert result["task"]["type"] == "text-generation"
+    assert result["dataset"] == {"name": "chain_sum", "type": "chain_sum", "split": "test"}
+    metrics = {m["type"]: m["value"] for m in result["metrics"]}
+    # From the per-problem correct counts, and from the per-problem records the evaluation wrote.
+    records = [json.loads(line) for line in (tmp_path / "eval" / "completions.jsonl").read_text().splitlines()]
+    assert metrics["avg@4"] == pytest.approx(6 / 12)
+    assert metrics["pass@2"] == pytest.approx(sum(closed_form_pass_at_k(4, c, 2) for c in correct) / 3)
+    assert metrics["pass@2"] == pytest.approx(sum(r["pass@2"] for r in records) / len(records))
+    assert metrics == {key: written[key] for key in ("avg@4", "pass@1", "pass@2")}
+    assert "| chain_sum | test | 3 | 4 | 0.5 |" in card.split("## Evaluation")[1]
+
+    # --update_model_card false leaves the folder alone.
+    argv[argv.index("--output_dir") + 1] = str(tmp_path / "eval2")
+    assert eval_main([*argv, "--update_model_card", "false"]) == 0
+    assert "model_card" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (run_dir / "README.md").read_text() == card
+    assert json.loads((run_dir / "eval_chain_sum_test.json").read_text()) == written
+
+
+def test_cli_leaves_a_folder_without_a_trl_credit_card_alone(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    before = sorted(p.name for p in Path(tiny_model_dir).iterdir())
+    monkeypatch.setattr(evaluation, "build_backend", lambda config, path: CountingBackend(
+        evaluation.prepare_eval_data(config).dataset["solution"], [1]))
+    argv = ["--model_name_or_path", tiny_model_dir, "--dataset_name", "chain_sum", "--num_problems", "1", "--n", "2",
+            "--output_dir", str(tmp_path / "eval")]
+    assert eval_main(argv) == 0
+    assert "model_card" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sorted(p.name for p in Path(tiny_model_dir).iterdir()) == before
 
 
 def test_cli_transformers_backend_on_a_tiny_model(tiny_model_dir, tmp_path, capsys):

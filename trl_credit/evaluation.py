@@ -8,7 +8,8 @@ against the gold answer with `trl_credit.rewards.check_answers` (Math-Verify), a
   https://huggingface.co/papers/2107.03374), computed in the numerically stable product form;
 - `mean_completion_length` is the mean number of generated tokens per completion (EOS included, as in TRL).
 
-`run_evaluation` writes one JSON line per problem (`completions.jsonl`) and `summary.json` to the output folder.
+`run_evaluation` writes one JSON line per problem (`completions.jsonl`) and `summary.json` to the output folder;
+`update_model_card` copies the summary into the evaluated model's folder and renders its trl-credit card again.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class EvalConfig:
     Parameters that control scoring and output:
         verify_timeout (`float`, *optional*, defaults to `5.0`): seconds one answer check may take.
         output_dir (`str`, *optional*): defaults to `eval_results/<model>__<dataset>`.
+        update_model_card (`bool`, *optional*, defaults to `True`): when the model is a folder with a trl-credit
+            model card, copy the summary there as `eval_<dataset>_<split>.json` and render the card again with it.
     """
 
     model_name_or_path: str = field(metadata={"help": "Local model folder, Hub id, or `smollm2-135m-instruct` (offline)."})
@@ -127,6 +130,10 @@ class EvalConfig:
     vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vLLM GPU memory fraction."})
     verify_timeout: float = field(default=DEFAULT_VERIFY_TIMEOUT_S, metadata={"help": "Seconds per answer check."})
     output_dir: str | None = field(default=None, metadata={"help": "Output folder; default eval_results/<model>__<dataset>."})
+    update_model_card: bool = field(
+        default=True,
+        metadata={"help": "Copy the summary into a trl-credit model folder and render its model card again with it."},
+    )
 
     def __post_init__(self) -> None:
         for name in ("n", "max_new_tokens", "batch_size"):
@@ -377,3 +384,24 @@ def run_evaluation(
     }
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     return summary
+
+
+def update_model_card(config: EvalConfig, summary: dict) -> Path | None:
+    """Add an evaluation to the card of the evaluated model, when it is a folder with a trl-credit model card.
+
+    Writes `summary` to the model folder as `eval_<dataset>_<split>.json` (a later evaluation of the same split
+    replaces it), where model cards look for results, then renders the card again (`README.md`: evaluation table and
+    `model-index` metadata). Returns the card's path, or `None` when nothing was written: `update_model_card` is
+    off, or the model is a Hub id or a folder without a card recorded by `trl_credit.model_card.CreditModelCard`.
+
+    Raises:
+        ValueError: the folder's card record cannot be read back.
+    """
+    from .model_card import CARD_INPUTS_NAME, regenerate_model_card
+
+    folder = Path(config.model_name_or_path).expanduser()
+    if not config.update_model_card or not (folder / CARD_INPUTS_NAME).is_file():
+        return None
+    name = "_".join(_slug(part) for part in (config.dataset_name, summary.get("split")) if part)
+    (folder / f"eval_{name}.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    return regenerate_model_card(folder)

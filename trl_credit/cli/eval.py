@@ -6,7 +6,9 @@ Example (offline):
         --n 4 --max_new_tokens 64
 
 Every input is checked before the model is loaded: a bad flag or value, an unknown data set, a missing column
-or a missing vLLM exits with status 2 and one line on stderr.
+or a missing vLLM exits with status 2 and one line on stderr. When the model is a `trl-credit grpo` output folder,
+the summary is also saved there and its model card is rendered again with the results (`--update_model_card false`
+leaves the folder alone).
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ import sys
 
 from transformers import HfArgumentParser
 
-from ..evaluation import EvalConfig, check_backend_available, check_model_reference, prepare_eval_data, run_evaluation
+from ..evaluation import (
+    EvalConfig,
+    check_backend_available,
+    check_model_reference,
+    prepare_eval_data,
+    run_evaluation,
+    update_model_card,
+)
 
 PROG = "trl-credit eval"
 
@@ -58,9 +67,15 @@ def main(argv: list[str]) -> int:
         return 2
 
     summary = run_evaluation(config, prepared=prepared)
+    try:
+        card = update_model_card(config, summary)
+    except ValueError as error:  # the evaluation itself is saved: report, do not fail
+        print(f"{PROG}: warning: model card not updated: {_one_line(error)}", file=sys.stderr)
+        card = None
     metrics = {key: value for key, value in summary.items() if key.startswith(("avg@", "pass@"))}
     print(json.dumps({**metrics, "mean_completion_length": summary["mean_completion_length"],
-                      "num_problems": summary["num_problems"], "output_dir": config.output_dir}))
+                      "num_problems": summary["num_problems"], "output_dir": config.output_dir,
+                      **({"model_card": str(card)} if card is not None else {})}))
     return 0
 
 

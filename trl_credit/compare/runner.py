@@ -7,7 +7,7 @@ memory. After a successful exit compare writes `RUN/.done` with the wall time an
 
 The evaluation calls `trl_credit.evaluation.run_evaluation`, the code behind `trl-credit eval`, in this process:
 completions and `summary.json` go to `RUN/eval/`, and the summary is copied to `RUN/eval.json`, where model cards
-look for evaluation results.
+look for evaluation results; the run's model card is then rendered again with them.
 """
 
 from __future__ import annotations
@@ -102,26 +102,29 @@ def evaluation_config(spec: RunSpec, settings: dict):
 
 
 def _comparable(config: dict) -> dict:
-    return {key: value for key, value in config.items() if key != "output_dir"}
+    # Neither setting changes the numbers (and summaries written before `update_model_card` existed lack it).
+    return {key: value for key, value in config.items() if key not in ("output_dir", "update_model_card")}
 
 
 def evaluate_run(spec: RunSpec, settings: dict, train_problems: set[str] | None = None) -> dict:
     """Evaluate a finished run's model unless `eval.json` already holds an evaluation with the same settings.
 
+    Either way, the run's model card is then rendered again with the evaluation.
+
     `train_problems`, the problem texts the run trained on, gives `train_overlap`: how many evaluated problems also
     occur verbatim in training (small procedural tasks repeat problems across splits).
     """
     from ..evaluation import run_evaluation
+    from ..model_card import regenerate_model_card
 
     config = evaluation_config(spec, settings)
     summary_path = spec.output_dir / EVAL_SUMMARY
-    if summary_path.is_file():
-        summary = json.loads(summary_path.read_text())
-        if _comparable(summary.get("config", {})) == _comparable(asdict(config)):
-            return summary
-    summary = run_evaluation(config)
-    if train_problems is not None:
-        problems = [json.loads(line)["problem"] for line in open(Path(config.output_dir) / "completions.jsonl")]
-        summary["train_overlap"] = sum(problem in train_problems for problem in problems)
-    summary_path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    if summary is None or _comparable(summary.get("config", {})) != _comparable(asdict(config)):
+        summary = run_evaluation(config)
+        if train_problems is not None:
+            problems = [json.loads(line)["problem"] for line in open(Path(config.output_dir) / "completions.jsonl")]
+            summary["train_overlap"] = sum(problem in train_problems for problem in problems)
+        summary_path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    regenerate_model_card(spec.output_dir)  # also when cached: the card may have been saved before the evaluation
     return summary
