@@ -10,6 +10,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import yaml
 
 from trl_credit.cli import main as cli_main
 from trl_credit.compare.plan import (
@@ -22,7 +23,14 @@ from trl_credit.compare.plan import (
     run_name,
     run_state,
 )
-from trl_credit.compare.report import RunResult, final_table, mean_band, paired_table, write_report
+from trl_credit.compare.report import (
+    RunResult,
+    collect_results,
+    final_table,
+    mean_band,
+    paired_table,
+    write_report,
+)
 from trl_credit.compare.stats import paired_difference, student_t_cdf, student_t_quantile, t_interval
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -192,7 +200,8 @@ def test_dry_run_prints_plan_and_measured_cost(tmp_path, capsys, tiny_model_dir)
     assert "optimizer steps: 4 per run x 4 runs = 16; 12 left" in out_text
     assert "evaluation: 6 sampled completions per run" in out_text
     assert "0.50 s/step x 12 steps" in out_text and "rough" in out_text
-    assert "warning: --save_strategy no: runs save no checkpoint" in out_text
+    assert "warning: --save_strategy no: runs save no checkpoint, so an interrupted run restarts from scratch" in out_text
+    assert "no learning curves" not in out_text  # `trl-credit grpo` saves trainer_state.json at the end anyway
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["grpo-seed0"]  # nothing was trained
 
 
@@ -250,6 +259,26 @@ def _write_fake_runs(output_dir: Path) -> list[RunSpec]:
         (spec.output_dir / "eval.json").write_text(json.dumps(result.eval_summary))
         (spec.output_dir / ".done").write_text(json.dumps(result.done))
     return runs
+
+
+def _write_state(path: Path, rewards: list[float]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"global_step": len(rewards), "log_history": _history(rewards)}))
+
+
+def test_curves_come_from_the_run_folder_else_its_latest_checkpoint(tmp_path):
+    finished_no_checkpoint, interrupted, finished = build_runs(
+        CompareConfig(methods=["grpo"], seeds=[0, 1, 2], output_dir=str(tmp_path)), [])
+    # `trl-credit grpo --save_strategy no` leaves only the run folder's trainer_state.json (`save_state`).
+    _write_state(finished_no_checkpoint.output_dir / "trainer_state.json", [0.1, 0.2, 0.3])
+    # An interrupted run has checkpoints only: the latest one, in numeric order.
+    _write_state(interrupted.output_dir / "checkpoint-2" / "trainer_state.json", [0.5, 0.6])
+    _write_state(interrupted.output_dir / "checkpoint-10" / "trainer_state.json", [0.5, 0.6] + [0.7] * 8)
+    # A finished run with checkpoints: the run folder's complete history, not an earlier checkpoint's.
+    _write_state(finished.output_dir / "checkpoint-2" / "trainer_state.json", [0.9, 0.9])
+    _write_state(finished.output_dir / "trainer_state.json", [0.0, 0.1, 0.2, 0.4])
+    rewards = {r.seed: r.series("reward")[1] for r in collect_results([finished_no_checkpoint, interrupted, finished])}
+    assert rewards == {0: [0.1, 0.2, 0.3], 1: [0.5, 0.6] + [0.7] * 8, 2: [0.0, 0.1, 0.2, 0.4]}
 
 
 def test_report_markdown_and_self_contained_html(tmp_path):
@@ -313,6 +342,11 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
         summary = json.loads((runs / name / "eval.json").read_text())
         assert summary["num_problems"] == 2 and "avg@2" in summary and "pass@2" in summary
         assert summary["train_overlap"] == 0
+        # The run's model card was rendered again after its evaluation: the same numbers in its YAML.
+        [index] = yaml.safe_load((runs / name / "README.md").read_text().split("---\n")[1])["model-index"]
+        metrics = {m["type"]: m["value"] for result in index["results"] for m in result["metrics"]}
+        assert metrics == {key: summary[key] for key in summary if key.startswith(("avg@", "pass@"))}
+        assert json.loads((runs / name / "trainer_state.json").read_text())["global_step"] == 2
     # Same seed, same prompts in the same order, whatever the method; another seed, another order.
     assert _token_credit_prompts(runs / "grpo-seed0") == _token_credit_prompts(runs / "taco-seed0")
     assert _token_credit_prompts(runs / "grpo-seed1") == _token_credit_prompts(runs / "taco-seed1")

@@ -135,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in estimate_cost(runs, states, training_args, model_args.model_name_or_path, num_eval_samples):
         print(f"  {line}")
     if training_args.save_strategy == "no":
-        print("  warning: --save_strategy no: runs save no checkpoint, so an interrupted run restarts from scratch, "
-              "and the report has no learning curves (TRL writes trainer_state.json with its checkpoints)")
+        print("  warning: --save_strategy no: runs save no checkpoint, so an interrupted run restarts from scratch")
     if config.dry_run:
         return 0
     return execute(config, runs, eval_settings, script_args, command)

@@ -51,7 +51,11 @@ class RunResult:
 
 
 def collect_results(runs: Sequence[RunSpec]) -> list[RunResult]:
-    """Read every run folder that has a log history, an evaluation or a completion marker."""
+    """Read every run folder that has a log history, an evaluation or a completion marker.
+
+    The log history is the run folder's `trainer_state.json` (saved by `trl-credit grpo` at the end of training),
+    or its latest checkpoint's while the run is unfinished (the more advanced of the two; `find_trainer_state`).
+    """
     results = []
     for spec in runs:
         try:
