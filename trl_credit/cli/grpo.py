@@ -215,7 +215,6 @@ def train(script_args, training_args, model_args) -> None:
     from trl import get_peft_config, get_quantization_config
 
     from ..data import hub_dataset_id
-    from ..model_card import first_training_prompt, regenerate_model_card
     from ..models import resolve_model_path
     from ..rewards import get_reward_funcs
     from ..trainer import trainer_pair
@@ -255,9 +254,6 @@ def train(script_args, training_args, model_args) -> None:
     trainer.save_state()  # trainer_state.json in the output folder: the curves, whether or not checkpoints were saved
     dataset_name = hub_dataset_id(script_args.dataset_name) or script_args.dataset_name
     trainer.create_model_card(dataset_name=dataset_name)
-    example_prompt = first_training_prompt(dataset)
-    if trainer.is_world_process_zero() and example_prompt is not None:  # the quick start asks a training prompt
-        regenerate_model_card(training_args.output_dir, example_prompt=example_prompt)
     trainer.accelerator.print(f"trl-credit: {reward_summary(trainer.state.log_history)}")
     trainer.accelerator.print(f"trl-credit: model, model card and plots saved to {training_args.output_dir}")
     if training_args.push_to_hub:

@@ -321,7 +321,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         """TRL's card, extended with the credit methods, their hyperparameters and papers, and training plots."""
         if not self.is_world_process_zero():
             return
-        from ..model_card import generate_credit_model_card, load_eval_summaries
+        from ..model_card import first_training_prompt, generate_credit_model_card, load_eval_summaries
         from ..plots import save_training_plots
 
         policy = self.accelerator.unwrap_model(self.model)
@@ -343,5 +343,6 @@ class CreditGRPOTrainer(GRPOTrainer):
             comet_url=get_comet_experiment_url(),
             trainer_name=self._name,
             papers=[{**m.paper, "name": m.name} for m in methods if m.paper],
+            example_prompt=first_training_prompt(self.train_dataset) if self.train_dataset is not None else None,
         )
         card.save(os.path.join(self.args.output_dir, "README.md"))
