@@ -1,18 +1,26 @@
-"""Worker of `tests/test_multiprocess.py`, run by `accelerate launch --multi_gpu --num_processes 2` on CPU (gloo).
+"""Worker of `tests/test_multiprocess.py`: 2 CPU processes (gloo) train every method under one distributed engine.
 
     accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no --dynamo_backend no \
-        --main_process_port PORT tests/multiproc_worker.py OUT_DIR
+        --main_process_port PORT tests/multiproc_worker.py OUT_DIR ddp
+    accelerate launch --config_file ZERO3.yaml --num_processes 2 --main_process_port PORT \
+        tests/multiproc_worker.py OUT_DIR zero3                                          # zero2, zero3, fsdp2
 
 (`accelerate launch --cpu` starts a single process unless mpirun is used; `--multi_gpu` starts two with
-torchrun, and `use_cpu=True` makes accelerate pick the MULTI_CPU / gloo backend.)
+torchrun, and `use_cpu=True` makes accelerate pick the MULTI_CPU / gloo backend. The DeepSpeed and FSDP2 configs,
+written by the test, say `use_cpu: true` as well.)
 
-One launch trains every method for a few steps on the tiny model, one after the other, and saves, per rank and per
-generation batch, exactly what the trainer saw and produced: the rows, the sequence advantages, the statistics the
-method read, the token advantages it returned, and (rank 0) the policy weights at that moment. Rank 0 also saves the
-logged history. The test then recomputes everything single-process on the concatenation of both ranks' rows.
+One launch trains grpo, taco, eapo and tide for a few steps on the tiny model, one after the other, and saves, per
+rank and per generation batch, exactly what the trainer saw and produced: the rows, the sequence advantages, the
+statistics the method read, the token advantages it returned, and the policy weights at generation time (gathered
+whole under ZeRO-3 and FSDP2). Rank 0 also saves the logged history. The test then recomputes everything
+single-process on the concatenation of both ranks' rows.
 
-Finally it checks TIDE's statistics helpers on a model sharded with FSDP2 (`fully_shard` over a 2-rank CPU mesh)
-against the unsharded model, and saves the differences.
+* `ddp`: then checks TIDE's statistics helpers on a model sharded with FSDP2 (`fully_shard` over a 2-rank CPU
+  mesh) against the unsharded model, and saves the differences.
+* `zero3`: records, at every generation batch and every credit computation, that the policy's LM head is
+  partitioned (the test's DeepSpeed config sets `stage3_param_persistence_threshold: 0`), then trains TIDE once
+  more with every completion of rank 1 masked (`tide_uneven`): rank 1 has no valid token in any chunk of the
+  deviation pass while rank 0 has several, and the run must still finish.
 """
 
 from __future__ import annotations
@@ -31,13 +39,15 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from conftest import make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset  # noqa: E402
+from trl import GRPOTrainer  # noqa: E402
 
 import trl_credit  # noqa: E402
 from trl_credit import CreditGRPOTrainer  # noqa: E402
 from trl_credit.statistics import hellinger_and_entropy  # noqa: E402
 
 METHODS = ("grpo", "taco", "eapo", "tide")
-STEPS = 3
+ENGINES = ("ddp", "zero2", "zero3", "fsdp2")
+STEPS = {"ddp": 3, "zero2": 2, "zero3": 2, "fsdp2": 2}
 ROW_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
 
 
@@ -50,17 +60,45 @@ def _cpu(tensor):
     return tensor.detach().to("cpu").clone()
 
 
+def full_state_dict(model) -> dict[str, torch.Tensor]:
+    """The whole state dict on every process: ZeRO-3 partitions are gathered, FSDP2 DTensors assembled (collective
+    under both, so every process calls it at the same point)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    if any(hasattr(p, "ds_id") for p in params):
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(params):
+            return {name: _cpu(value) for name, value in model.state_dict().items()}
+    return {
+        name: _cpu(value.full_tensor() if isinstance(value, DTensor) else value)
+        for name, value in model.state_dict().items()
+    }
+
+
+def head_layout(model) -> dict:
+    """How the LM head's weight is stored on this process right now."""
+    from torch.distributed.tensor import DTensor
+
+    weight = model.get_output_embeddings().weight
+    layout = {"shape": tuple(weight.shape), "ds_shape": tuple(getattr(weight, "ds_shape", ())), "dtensor": False}
+    if isinstance(weight, DTensor):
+        layout.update(dtensor=True, local_shape=tuple(weight.to_local().shape))
+    return layout
+
+
 class RecordingTrainer(CreditGRPOTrainer):
     """Saves what each credit hook received and returned; the computation itself is the parent's."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.records = []
+        self.head_layouts = []  # (where, layout) at every generation batch and credit computation
+        self._generation_policy = None
 
-    def _policy_state(self):
-        if not self.accelerator.is_main_process:
-            return None
-        return {name: _cpu(value) for name, value in self.accelerator.unwrap_model(self.model).state_dict().items()}
+    def _unwrapped(self):
+        return self.accelerator.unwrap_model(self.model)
 
     def _record(self, batch, advantages_BT, **stats):
         self.records.append(
@@ -69,18 +107,22 @@ class RecordingTrainer(CreditGRPOTrainer):
                 **{key: _cpu(batch[key]) for key in ROW_KEYS},
                 "advantages_B": _cpu(batch["advantages"]),
                 "advantages_BT": None if advantages_BT is None else _cpu(advantages_BT),
-                "policy_state": self._policy_state(),
+                # On-policy with one micro-batch per generation batch: also the policy of the training forward.
+                "policy_state": self._generation_policy if self.accelerator.is_main_process else None,
                 **{name: _cpu(value) for name, value in stats.items()},
             }
         )
 
     def _generate_and_score_completions(self, inputs):
+        self.head_layouts.append(("generation", head_layout(self._unwrapped())))
+        self._generation_policy = full_state_dict(self._unwrapped())  # every process: a collective when sharded
         batch = super()._generate_and_score_completions(inputs)
         if self.credit_method == "grpo":
             self._record(batch, None)
         return batch
 
     def _apply_credit(self, batch, methods, statistics, record_metrics=True):
+        self.head_layouts.append(("credit", head_layout(self._unwrapped())))
         updates, statistic_BT = super()._apply_credit(batch, methods, statistics, record_metrics)
         if record_metrics:  # not the token-credit log's preview
             forward = {"logps_BT": statistics.get("policy_logps"), "entropy_BT": statistics.get("policy_entropy")}
@@ -89,34 +131,66 @@ class RecordingTrainer(CreditGRPOTrainer):
         return updates, statistic_BT
 
 
-def train_all_methods(out: Path) -> None:
+class _MaskRankOneCompletions(GRPOTrainer):
+    """Rank 1's completions all masked once TRL has built the batch, before any credit statistic: what TRL's
+    `mask_truncated_completions` does to a process whose completions are all truncated (the loss normaliser is
+    recounted the same way)."""
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        if self.accelerator.process_index == 1:
+            batch["completion_mask"] = torch.zeros_like(batch["completion_mask"])
+        batch["num_items_in_batch"] = self.accelerator.gather(batch["completion_mask"].sum()).sum()
+        return batch
+
+
+class UnevenRecordingTrainer(RecordingTrainer, _MaskRankOneCompletions):
+    """`RecordingTrainer` above `CreditGRPOTrainer` above the masking layer above TRL's `GRPOTrainer`."""
+
+
+def train_method(out: Path, engine: str, method: str, run_name: str | None = None, uneven: bool = False) -> None:
+    run_name = run_name or method
     tokenizer = make_tiny_tokenizer()
-    for method in METHODS:
-        args = tiny_config(
-            method, out / method, max_steps=STEPS, taco_alpha=0.5,  # alpha 0.5: enough tail tokens to compare
-        )
-        trainer = RecordingTrainer(
-            model=make_tiny_model(tokenizer), reward_funcs=char_reward, args=args,
-            train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
-        )
-        assert trainer.accelerator.num_processes == 2, trainer.accelerator.state
-        trainer.train()
-        rank = trainer.accelerator.process_index
-        reference_state = None
-        if method == "tide" and rank == 0:
-            reference = trainer.accelerator.unwrap_model(trainer.deviation_reference.model)
-            reference_state = {name: _cpu(value) for name, value in reference.state_dict().items()}
-        checksum = sum(p.detach().double().sum().item() for p in trainer.model.parameters())
-        torch.save(
-            {"records": trainer.records, "reference_state": reference_state, "checksum": checksum,
-             "temperature": trainer.temperature, "args": {"taco_alpha": args.taco_alpha, "taco_lambda": args.taco_lambda,
-             "eapo_kappa": args.eapo_kappa, "eapo_quantiles": args.eapo_quantiles, "tide_tau": args.tide_tau,
-             "tide_kappa": args.tide_kappa}},
-            out / f"{method}_rank{rank}.pt",
-        )
-        if rank == 0:
-            (out / f"{method}_log_history.json").write_text(json.dumps(trainer.state.log_history))
-        trainer.accelerator.wait_for_everyone()
+    overrides = dict(max_steps=STEPS[engine], taco_alpha=0.5)  # alpha 0.5: enough tail tokens to compare
+    if uneven:  # one-token chunks: rank 0 streams several, rank 1 none
+        overrides.update(statistics_token_chunk_size=1)
+    args = tiny_config(method, out / run_name, **overrides)
+    trainer_class = UnevenRecordingTrainer if uneven else RecordingTrainer
+    trainer = trainer_class(
+        model=make_tiny_model(tokenizer), reward_funcs=char_reward, args=args,
+        train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
+    )
+    accelerator = trainer.accelerator
+    assert accelerator.num_processes == 2, accelerator.state
+    engine_info = {"name": engine, "distributed_type": str(accelerator.distributed_type.value)}
+    if engine.startswith("zero"):
+        assert trainer.is_deepspeed_enabled
+        engine_info["zero_stage"] = accelerator.state.deepspeed_plugin.zero_stage
+    if engine == "fsdp2":
+        assert trainer.is_fsdp_enabled and accelerator.state.fsdp_plugin.fsdp_version == 2
+        engine_info["fsdp_version"] = 2
+    trainer.train()
+    rank = accelerator.process_index
+    reference_state = None
+    if method == "tide":  # every process: gathering a partitioned or sharded reference is collective
+        reference_state = full_state_dict(accelerator.unwrap_model(trainer.deviation_reference.model))
+        engine_info["reference_head"] = head_layout(accelerator.unwrap_model(trainer.deviation_reference.model))
+        if rank != 0:
+            reference_state = None
+    final_state = full_state_dict(trainer._unwrapped())
+    checksum = sum(value.double().sum().item() for value in final_state.values())
+    torch.save(
+        {"records": trainer.records, "reference_state": reference_state, "checksum": checksum,
+         "engine": engine_info, "max_steps": args.max_steps, "head_layouts": trainer.head_layouts,
+         "temperature": trainer.temperature, "args": {"taco_alpha": args.taco_alpha, "taco_lambda": args.taco_lambda,
+         "eapo_kappa": args.eapo_kappa, "eapo_quantiles": args.eapo_quantiles, "tide_tau": args.tide_tau,
+         "tide_kappa": args.tide_kappa}},
+        out / f"{run_name}_rank{rank}.pt",
+    )
+    if rank == 0:
+        (out / f"{run_name}_log_history.json").write_text(json.dumps(trainer.state.log_history))
+    accelerator.wait_for_everyone()
+    del trainer
 
 
 @torch.no_grad()
@@ -190,16 +264,53 @@ def _uneven_mask_statistics(policy, reference, input_ids, rank):
     return int((deviation_BT > 0).sum())
 
 
+def allow_fsdp_on_cpu() -> None:
+    """Let accelerate's FSDP path run on CPU processes (gloo).
+
+    Accelerate turns `ACCELERATE_USE_FSDP` into `DistributedType.FSDP` only for accelerator device types
+    (`MULTI_GPU`, `MULTI_XPU`, ...), never for `MULTI_CPU`, so on a CPU machine it would silently train with DDP.
+    This keeps everything else of accelerate's FSDP2 path (its plugin from the launch config, `fsdp2_prepare_model`,
+    TRL's `prepare_fsdp` for TIDE's reference) and only promotes the CPU processes' state to FSDP.
+    """
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    original_init = AcceleratorState.__init__
+
+    def init(self, *args, fsdp_plugin=None, **kwargs):
+        original_init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type = DistributedType.FSDP
+            self.fsdp_plugin = fsdp_plugin
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    AcceleratorState.__init__ = init
+
+
 def main() -> None:
     out = Path(sys.argv[1])
+    engine = sys.argv[2] if len(sys.argv) > 2 else "ddp"
+    if engine not in ENGINES:
+        raise SystemExit(f"unknown engine {engine!r}; one of {ENGINES}")
     out.mkdir(parents=True, exist_ok=True)
     expected_root = os.environ.get("TRL_CREDIT_EXPECTED_ROOT")
     if expected_root and not Path(trl_credit.__file__).resolve().is_relative_to(Path(expected_root).resolve()):
         raise RuntimeError(f"imported trl_credit from {trl_credit.__file__}, not from {expected_root}")
-    train_all_methods(out)
-    from accelerate import PartialState
+    if engine.startswith("zero"):
+        import deepspeed
 
-    check_fsdp2_tide_helpers(out, PartialState().process_index)
+        # Pure gloo: skips DeepSpeed's shared-memory comm op, which it would first compile with g++ (1-2 min).
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    if engine == "fsdp2":
+        allow_fsdp_on_cpu()
+    for method in METHODS:
+        train_method(out, engine, method)
+    if engine == "zero3":
+        train_method(out, engine, "tide", run_name="tide_uneven", uneven=True)
+    if engine == "ddp":
+        from accelerate import PartialState
+
+        check_fsdp2_tide_helpers(out, PartialState().process_index)
 
 
 if __name__ == "__main__":

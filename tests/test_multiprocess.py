@@ -1,17 +1,29 @@
-"""Two processes (gloo, CPU) compute the same token advantages and log the same metrics as one process.
+"""Two processes (gloo, CPU) compute the same token advantages and log the same metrics as one process, under
+plain data parallelism, DeepSpeed ZeRO-2, DeepSpeed ZeRO-3 and FSDP2.
 
-One `accelerate launch` of `tests/multiproc_worker.py` trains grpo, taco, eapo and tide for a few steps with two
-processes and saves, per rank and per generation batch, the rows, the sequence advantages, the token advantages and
-the policy weights. Here the two ranks' rows are concatenated and everything is recomputed in this single process
-from full logits and `torch.quantile`, with the pure method functions: the token advantages must match row for row,
-and every logged credit metric must equal the statistic over both ranks' tokens (and, for the checks to mean
-something, differ from rank 0's own statistic).
+One `accelerate launch` per engine runs `tests/multiproc_worker.py`, which trains grpo, taco, eapo and tide for a
+few steps with two processes and saves, per rank and per generation batch, the rows, the sequence advantages, the
+token advantages and the policy weights. Here the two ranks' rows are concatenated and everything is recomputed in
+this single process from full logits and `torch.quantile`, with the pure method functions: the token advantages must
+match row for row, and every logged credit metric must equal the statistic over both ranks' tokens (and, for the
+checks to mean something, differ from rank 0's own statistic).
+
+| engine  | launch                                                                                              |
+|---------|-----------------------------------------------------------------------------------------------------|
+| `ddp`   | `--multi_gpu --num_processes 2` with `use_cpu=True`: MULTI_CPU, DDP over gloo (3 steps a method)    |
+| `zero2` | accelerate config `distributed_type: DEEPSPEED`, `use_cpu: true`, DeepSpeed JSON `stage: 2` (2 steps) |
+| `zero3` | the same with `stage: 3` and `stage3_param_persistence_threshold: 0`: the tiny model's LM head stays partitioned at every step, so TIDE's `full_lm_head` must gather it; plus a TIDE run with every completion of rank 1 masked, which must finish (the launch has a timeout) |
+| `fsdp2` | accelerate config `distributed_type: FSDP`, `fsdp_version: 2`, `use_cpu: true`; accelerate only enables FSDP for accelerator devices, so the worker promotes the CPU processes' state to FSDP (`allow_fsdp_on_cpu`) |
+
+The `ddp` launch also checks TIDE's statistics helpers on a model sharded by hand with FSDP2 `fully_shard`.
+Each launch runs once per module (the fixtures are module-scoped); select one engine with `-k zero3`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from conftest import make_tiny_model, make_tiny_tokenizer
 
 from trl_credit.methods import eapo_advantages, eapo_kappa_schedule, taco_advantages, taco_tail_risk, tide_advantages
@@ -28,6 +41,9 @@ from trl_credit.methods import eapo_advantages, eapo_kappa_schedule, taco_advant
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "multiproc_worker.py"
 TOL = dict(atol=1e-4, rtol=1e-4)
+ENGINES = ("ddp", "zero2", "zero3", "fsdp2")
+METHODS = ("grpo", "taco", "eapo", "tide")
+LAUNCH_TIMEOUT_S = 300  # a hang (a collective only one process reaches) fails the test instead of stalling CI
 
 
 def _free_port() -> int:
@@ -36,30 +52,120 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("multiproc")
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-        "--main_process_port", str(_free_port()), str(WORKER), str(out),
-    ]
+def _deepspeed_config(stage: int) -> dict:
+    """DeepSpeed JSON for CPU processes; "auto" fields are filled from the training arguments by transformers."""
+    zero = {"stage": stage, "offload_optimizer": {"device": "none"}, "offload_param": {"device": "none"}}
+    if stage == 3:  # default 100k elements: the tiny model's head would stay whole after its first gather
+        zero["stage3_param_persistence_threshold"] = 0
+    return {
+        "zero_optimization": zero,
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": False},
+        "fp16": {"enabled": False},
+    }
+
+
+def _accelerate_config(engine: str, directory: Path) -> dict:
+    """An accelerate config for 2 CPU processes (`use_cpu: true`)."""
+    config = {
+        "compute_environment": "LOCAL_MACHINE", "num_machines": 1, "num_processes": 2, "machine_rank": 0,
+        "use_cpu": True, "rdzv_backend": "static", "same_network": True,
+    }
+    if engine in ("zero2", "zero3"):
+        stage = int(engine[-1])
+        ds_config = directory / f"ds_zero{stage}.json"
+        ds_config.write_text(json.dumps(_deepspeed_config(stage), indent=2))
+        # With a DeepSpeed JSON, accelerate refuses inline ZeRO keys and `mixed_precision` in the YAML.
+        config.update(distributed_type="DEEPSPEED", deepspeed_config={
+            "deepspeed_config_file": str(ds_config), "zero3_init_flag": stage == 3,
+        })
+    elif engine == "fsdp2":
+        config.update(distributed_type="FSDP", mixed_precision="no", fsdp_config={
+            "fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": True,
+            "fsdp_state_dict_type": "FULL_STATE_DICT", "fsdp_cpu_ram_efficient_loading": False,
+            "fsdp_offload_params": False, "fsdp_activation_checkpointing": False,
+        })
+    else:
+        raise ValueError(engine)
+    return config
+
+
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and all its descendants (Linux `/proc`): torch's elastic agent starts the workers in new sessions, so
+    killing the launcher's process group would leave them running, holding the output pipes open."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, stack = [], [pid]
+    while stack:
+        tree.append(stack.pop())
+        stack.extend(children.get(tree[-1], []))
+    return tree
+
+
+def launch(engine: str, out: Path) -> None:
+    """`accelerate launch` the worker with 2 processes under `engine`; fail on error or after LAUNCH_TIMEOUT_S."""
+    command = [sys.executable, "-m", "accelerate.commands.launch"]
+    if engine == "ddp":
+        command += ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                    "--dynamo_backend", "no"]
+    else:
+        config_file = out / "accelerate.yaml"
+        config_file.write_text(yaml.safe_dump(_accelerate_config(engine, out)))
+        command += ["--config_file", str(config_file), "--num_processes", "2"]
+    command += ["--main_process_port", str(_free_port()), str(WORKER), str(out / "runs"), engine]
     env = dict(
         os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-        CUDA_VISIBLE_DEVICES="", TRL_CREDIT_EXPECTED_ROOT=str(ROOT),
+        CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu", TRL_CREDIT_EXPECTED_ROOT=str(ROOT),
         # This checkout's trl_credit and the test helpers, ahead of any editable install of another checkout.
         PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
     )
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"worker failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    print(f"2-process launch took {time.perf_counter() - start:.1f} s")
-    return out
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        for pid in _process_tree(proc.pid):  # the launcher and both workers
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"{engine}: the 2-process launch hung for {LAUNCH_TIMEOUT_S} s:\n{stdout[-3000:]}\n{stderr[-6000:]}")
+    assert proc.returncode == 0, f"{engine} worker failed:\n{stdout[-4000:]}\n{stderr[-8000:]}"
+    print(f"{engine}: 2-process launch took {time.perf_counter() - start:.1f} s")
 
 
-def _load(run_dir, method):
-    ranks = [torch.load(run_dir / f"{method}_rank{r}.pt", weights_only=False) for r in (0, 1)]
-    history = json.loads((run_dir / f"{method}_log_history.json").read_text())
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """`launched(engine)`: the run directory of that engine's launch, launched on first use in this module."""
+    runs = {}
+
+    def get(engine):
+        if engine not in runs:
+            out = tmp_path_factory.mktemp(f"multiproc_{engine}")
+            launch(engine, out)
+            runs[engine] = out / "runs"
+        return runs[engine]
+
+    return get
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def run_dir(request, launched):
+    return launched(request.param)
+
+
+def _load(run_dir, run):
+    ranks = [torch.load(run_dir / f"{run}_rank{r}.pt", weights_only=False) for r in (0, 1)]
+    history = json.loads((run_dir / f"{run}_log_history.json").read_text())
     return ranks, history
 
 
@@ -121,11 +227,17 @@ def _check_weight_metrics(entry, prefix, advantages_B, advantages_BT, mask_BT):
     assert entry["credit/adv_abs_mean"] == pytest.approx(advantages_BT[valid].abs().mean().item(), abs=1e-5)
 
 
+# ------------------------------------------------------------------------------------ every engine, every method
+
+
 def test_both_processes_trained_every_method_in_sync(run_dir):
-    for method in ("grpo", "taco", "eapo", "tide"):
+    for method in METHODS:
         ranks, history = _load(run_dir, method)
-        assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], abs=1e-9)  # DDP kept the replicas equal
-        assert [e["step"] for e in history if "loss" in e] == [1, 2, 3]
+        # The replicas (gathered whole under ZeRO-3 and FSDP2) are equal after training.
+        assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], abs=1e-9)
+        steps = ranks[0]["max_steps"]
+        assert [e["step"] for e in history if "loss" in e] == list(range(1, steps + 1))
+        assert len(ranks[0]["records"]) == steps  # one credit computation per step
         # Each rank generated its own half of every generation batch.
         for r0, r1 in _paired_batches(ranks):
             assert r0["prompt_ids"].size(0) == r1["prompt_ids"].size(0) == 4
@@ -134,8 +246,33 @@ def test_both_processes_trained_every_method_in_sync(run_dir):
             assert both.view(-1, 4).sum(-1).abs().max() < 1e-4
 
 
-def test_eapo_two_processes_equal_single_process(run_dir):
-    ranks, history = _load(run_dir, "eapo")
+def test_the_engine_was_in_effect(run_dir):
+    """The launch really trained under its engine, and the tensors the checks rely on were really sharded."""
+    vocab = len(make_tiny_tokenizer())
+    for method in METHODS:
+        for rank in _load(run_dir, method)[0]:
+            info, layouts = rank["engine"], rank["head_layouts"]
+            engine = info["name"]
+            assert layouts and {where for where, _ in layouts} >= {"generation"}
+            if engine == "ddp":
+                assert info["distributed_type"] == "MULTI_CPU"
+            elif engine in ("zero2", "zero3"):
+                assert info["distributed_type"] == "DEEPSPEED" and info["zero_stage"] == int(engine[-1])
+            else:
+                assert info["distributed_type"] == "FSDP" and info["fsdp_version"] == 2
+            for where, layout in layouts:
+                if engine == "zero3":  # partitioned at every generation batch and every credit computation
+                    assert layout["shape"] == (0,) and layout["ds_shape"][0] == vocab, (method, where, layout)
+                elif engine == "fsdp2" and where == "generation":  # between steps: sharded by rows
+                    assert layout["dtensor"] and layout["local_shape"][0] < vocab, (method, layout)
+                elif engine in ("ddp", "zero2"):
+                    assert layout["shape"][0] == vocab and not layout["dtensor"]
+            if method == "tide" and engine in ("zero3", "fsdp2"):  # TIDE's reference is sharded as well
+                head = info["reference_head"]
+                assert (head["shape"] == (0,)) if engine == "zero3" else (head["local_shape"][0] < vocab), head
+
+
+def check_eapo(ranks, history, require_discriminating=True):
     args, temperature = ranks[0]["args"], ranks[0]["temperature"]
     discriminating = False
     for r0, r1 in _paired_batches(ranks):
@@ -158,11 +295,12 @@ def test_eapo_two_processes_equal_single_process(run_dir):
         _check_weight_metrics(entry, "eapo", advantages_B, expected_BT, mask_BT)
         rank0_q_lo = torch.quantile(entropies[0][r0["completion_mask"].bool()], args["eapo_quantiles"][0]).item()
         discriminating |= abs(rank0_q_lo - q_lo) > 1e-4
-    assert discriminating, "rank 0's own quantile never differed from the global one: the test proves nothing"
+    assert discriminating or not require_discriminating, (
+        "rank 0's own quantile never differed from the global one: the test proves nothing"
+    )
 
 
-def test_taco_two_processes_equal_single_process(run_dir):
-    ranks, history = _load(run_dir, "taco")
+def check_taco(ranks, history, require_discriminating=True):
     args, temperature = ranks[0]["args"], ranks[0]["temperature"]
     alpha, lam = args["taco_alpha"], args["taco_lambda"]
     discriminating = False
@@ -197,11 +335,12 @@ def test_taco_two_processes_equal_single_process(run_dir):
         n0 = r0["completion_mask"].size(0)
         rank0_tail = tail[:n0][valid[:n0]].float().mean().item()
         discriminating |= abs(rank0_tail - entry["taco/tail_fraction"]) > 1e-4
-    assert discriminating, "rank 0's own tail fraction never differed from the global one: the test proves nothing"
+    assert discriminating or not require_discriminating, (
+        "rank 0's own tail fraction never differed from the global one: the test proves nothing"
+    )
 
 
-def test_tide_two_processes_equal_single_process(run_dir):
-    ranks, history = _load(run_dir, "tide")
+def check_tide(ranks, history, require_discriminating=True):
     args, temperature = ranks[0]["args"], ranks[0]["temperature"]
     reference_state = ranks[0]["reference_state"]
     discriminating = False
@@ -228,11 +367,45 @@ def test_tide_two_processes_equal_single_process(run_dir):
         _check_weight_metrics(entry, "tide", advantages_B, expected_BT, mask_BT)
         n0 = r0["completion_mask"].size(0)
         discriminating |= abs(deviation_BT[:n0][valid[:n0]].mean().item() - entry["tide/mean_deviation"]) > 1e-4
-    assert discriminating, "rank 0's own mean deviation never differed from the global one: the test proves nothing"
+    assert discriminating or not require_discriminating, (
+        "rank 0's own mean deviation never differed from the global one: the test proves nothing"
+    )
 
 
-def test_fsdp2_sharded_tide_statistics_equal_unsharded(run_dir):
-    """FSDP2 (`fully_shard`, 2-rank CPU mesh): TIDE's helpers see the whole LM head and root parameters."""
+def test_eapo_two_processes_equal_single_process(run_dir):
+    check_eapo(*_load(run_dir, "eapo"))
+
+
+def test_taco_two_processes_equal_single_process(run_dir):
+    check_taco(*_load(run_dir, "taco"))
+
+
+def test_tide_two_processes_equal_single_process(run_dir):
+    check_tide(*_load(run_dir, "tide"))
+
+
+# ------------------------------------------------------------------------------------------- engine-specific
+
+
+def test_zero3_tide_finishes_when_one_process_has_no_valid_token(launched):
+    """ZeRO-3, head partitioned: every completion of rank 1 masked, so each chunk of its deviation pass holds no
+    valid position while rank 0 streams several one-token chunks. Both ranks ran every forward and head gather
+    (the launch finished within its timeout), and the advantages and metrics are still the single-process ones."""
+    ranks, history = _load(launched("zero3"), "tide_uneven")
+    records = [rank["records"] for rank in ranks]
+    assert len(records[0]) == len(records[1]) == ranks[0]["max_steps"]
+    assert all(not r["completion_mask"].any() and not r["advantages_BT"].any() for r in records[1])
+    assert all(r["completion_mask"].sum() > 1 for r in records[0])  # several one-token chunks on rank 0
+    assert any(r["advantages_BT"].abs().sum() > 0 for r in records[0])
+    assert ranks[0]["checksum"] == pytest.approx(ranks[1]["checksum"], abs=1e-9)
+    assert {layout["shape"] for _, layout in ranks[1]["head_layouts"]} == {(0,)}
+    # Only rank 0's tokens count, so the global statistic is rank 0's own: nothing to discriminate.
+    check_tide(ranks, history, require_discriminating=False)
+
+
+def test_fsdp2_sharded_tide_statistics_equal_unsharded(launched):
+    """FSDP2 (`fully_shard` by hand, 2-rank CPU mesh): TIDE's helpers see the whole LM head and root parameters."""
+    run_dir = launched("ddp")
     for rank in (0, 1):
         result = json.loads((run_dir / f"fsdp2_rank{rank}.json").read_text())
         assert result["head_was_sharded"] and result["local_head_rows"] < result["vocab"]
