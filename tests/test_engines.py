@@ -1,20 +1,17 @@
-"""Scale-out engines as far as a CPU allows: accelerate configs, the ZeRO-3 head branch, vLLM-style rollouts, gpu_check.
+"""Scale-out engines as far as a CPU allows: accelerate configs, the LM-head helpers, vLLM-style rollouts, gpu_check.
 
 * The accelerate YAMLs load with accelerate's own config loader and mirror TRL's.
 * vLLM is emulated by a `rollout_func` returning completions and sampling log-probs, with `use_vllm` switched on
   after construction: TRL's real vLLM code then runs the old-log-prob forward, computes the importance-sampling
   ratio and multiplies the per-token loss by it. EAPO must reuse that forward's entropies (no extra forward) and
   every method's token advantages must be the pure functions' output.
-* FSDP2 is tested for real with two processes in `test_multiprocess.py`; DeepSpeed is not installed in CI, so its
-  ZeRO-3 branch of `full_lm_head` is checked here against a *fake* `deepspeed` module (a unit test of the branch
-  only, clearly not a product test).
+* DeepSpeed ZeRO-2, ZeRO-3 (LM head partitioned at every step, so `full_lm_head` gathers it and `vocab_size` reads
+  `ds_shape`) and FSDP2 are tested for real with two processes in `test_multiprocess.py`, every method.
 """
 
 from __future__ import annotations
 
 import sys
-import types
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -76,43 +73,9 @@ def test_accelerate_launch_parser_accepts_the_configs():
 
 def test_full_lm_head_and_unsharded_root_are_identity_without_sharding():
     model = make_tiny_model(make_tiny_tokenizer())
+    assert vocab_size(model) == model.lm_head.weight.shape[0]
     with unsharded_root(model), full_lm_head(model) as (weight, bias):
         assert weight is model.lm_head.weight and bias is None
-
-
-def test_full_lm_head_zero3_branch_with_fake_deepspeed(monkeypatch):
-    """UNIT TEST OF THE BRANCH ONLY (fake `deepspeed` module): parameters tagged with `ds_id`, as ZeRO-3 tags its
-    partitioned parameters, are gathered with `deepspeed.zero.GatheredParameters` for the duration of the block."""
-    events = []
-
-    @contextmanager
-    def gathered_parameters(params, modifier_rank=None):
-        events.append(("enter", [tuple(p.shape) for p in params], modifier_rank))
-        yield
-        events.append(("exit",))
-
-    fake = types.ModuleType("deepspeed")
-    fake.zero = types.SimpleNamespace(GatheredParameters=gathered_parameters)
-    monkeypatch.setitem(sys.modules, "deepspeed", fake)
-    head = torch.nn.Linear(4, 6, bias=True)
-    for param in head.parameters():
-        param.ds_id = 0
-    model = types.SimpleNamespace(get_output_embeddings=lambda: head)
-    with full_lm_head(model) as (weight, bias):
-        assert events == [("enter", [(6, 4), (6,)], None)]  # read-only gather (no modifier rank) of weight and bias
-        assert weight is head.weight and bias is head.bias
-    assert events[-1] == ("exit",)
-
-
-def test_vocab_size_of_a_zero3_partitioned_head():
-    """UNIT TEST OF THE BRANCH ONLY: ZeRO-3 leaves a partitioned parameter empty and records its shape as `ds_shape`
-    (deepspeed/runtime/zero/partition_parameters.py); TIDE's entropy gate divides by log of the vocabulary size."""
-    model = make_tiny_model(make_tiny_tokenizer())
-    vocab = model.lm_head.weight.shape[0]
-    assert vocab_size(model) == vocab
-    weight = model.lm_head.weight
-    weight.ds_shape, weight.data = weight.shape, torch.empty(0)
-    assert vocab_size(model) == vocab
 
 
 # ---------------------------------------------------------------------------------------- vLLM-style rollouts
