@@ -36,7 +36,7 @@ from trl_credit.methods import (
 )
 from trl_credit.methods.clip_cov import clip_cov_generator
 from trl_credit.methods.high_entropy import high_entropy_count
-from trl_credit.statistics import max_logprob
+from trl_credit.statistics import token_statistics
 
 BASELINES = ["stapo", "tampo", "minp_support", "ar_lopti", "clip_cov", "high_entropy", "entropy_adv"]
 PAPERS = {
@@ -144,7 +144,7 @@ def test_streamed_max_logprob_equals_full_logits():
     hidden, weight, bias = torch.randn(13, 8), torch.randn(40, 8), torch.randn(40)
     for temperature in (1.0, 0.6):
         full = torch.log_softmax((hidden @ weight.T + bias) / temperature, dim=-1).amax(-1)
-        streamed = max_logprob(hidden, weight, bias, temperature, token_chunk_size=4, vocab_chunk_size=7)
+        streamed = token_statistics(hidden, weight, bias, temperature=temperature, token_chunk_size=4, vocab_chunk_size=7).max_logprob
         torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
 
 

@@ -1,6 +1,6 @@
 """Full-vocabulary statistics, streamed so the `(N, V)` logits of a batch are never held: TIDE's deviation and
-entropy, a sampled token's log-probability and the entropy from hidden states recorded during generation
-(`logprob_and_entropy`), and the most likely token's log-probability (`max_logprob`, for the min-p support weight).
+entropy, and one model's sampled-token log-probability, entropy and most likely token's log-probability from hidden
+states recorded elsewhere (`token_statistics`: generation, the training forward; the min-p support weight).
 
 For N token positions with final hidden states `h` (policy) and `h_ref` (reference) and LM heads `W`, `W_ref`
 (`V x H`), TIDE needs per token the squared Hellinger distance `d = 1 - sum_v sqrt(p_v q_v)` between the two
@@ -18,6 +18,7 @@ and `H = log s - u / s`. The extra memory is O(N + token_chunk x vocab_chunk), w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -139,65 +140,52 @@ def hellinger_and_entropy(
     return deviation_N, entropy_N
 
 
+class TokenStatistics(NamedTuple):
+    """Per-token statistics of one model's next-token distributions, `(N,)` float32 each."""
+
+    logps: torch.Tensor | None  # log-probability of the given tokens (None when no tokens were given)
+    entropy: torch.Tensor  # full-vocabulary entropy
+    max_logprob: torch.Tensor  # log-probability of the most likely token
+
+
 @torch.no_grad()
-def logprob_and_entropy(
+def token_statistics(
     hidden_NH: torch.Tensor,
-    token_ids_N: torch.Tensor,
     weight_VH: torch.Tensor,
     bias_V: torch.Tensor | None = None,
+    token_ids_N: torch.Tensor | None = None,
     temperature: float = 1.0,
     token_chunk_size: int = 1024,
     vocab_chunk_size: int = 16384,
     transform: LogitTransform = LogitTransform(),
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probability of `token_ids_N` and full-vocabulary entropy, `(N,)` float32 each, streamed: what TRL's
-    forward gives for the sampled tokens, from final hidden states recorded elsewhere (`log p_y = z_y - log sum e^z`)."""
+) -> TokenStatistics:
+    """The log-probability of `token_ids_N`, the entropy and the most likely token's log-probability, streamed.
+
+    From final hidden states recorded elsewhere, what TRL's forward gives for sampled tokens:
+    `log p_y = z_y - log sum_v e^(z_v)`. With `m = max_v z_v`, `log max_v p_v = m - log sum_v e^(z_v)`, and
+    `log p_y - log max_v p_v = z_y - m` after the transform (temperature included) is the min-p margin.
+    """
     _check_chunk_sizes(token_chunk_size, vocab_chunk_size)
     num_tokens, vocab_size = hidden_NH.shape[0], weight_VH.shape[0]
     logps_N = torch.zeros(num_tokens, device=hidden_NH.device)
     entropy_N = torch.zeros(num_tokens, device=hidden_NH.device)
+    max_logprob_N = torch.zeros(num_tokens, device=hidden_NH.device)
     for t0 in range(0, num_tokens, token_chunk_size):
         rows = slice(t0, min(t0 + token_chunk_size, num_tokens))
-        ids_n = token_ids_N[rows]
+        ids_n = token_ids_N[rows] if token_ids_N is not None else None
         policy = _StreamedSoftmax(rows.stop - rows.start, hidden_NH.device)
         sampled_logit_n = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)
         for v0 in range(0, vocab_size, vocab_chunk_size):
             v1 = min(v0 + vocab_chunk_size, vocab_size)
             z_nC = _logits(hidden_NH[rows], weight_VH, bias_V, v0, v1, transform, temperature)
             policy.add(z_nC)
-            in_chunk = (ids_n >= v0) & (ids_n < v1)
-            chunk_logit_n = z_nC.gather(1, (ids_n - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)).squeeze(1)
-            sampled_logit_n = torch.where(in_chunk, chunk_logit_n, sampled_logit_n)
+            if ids_n is not None:
+                chunk_logit_n = z_nC.gather(1, (ids_n - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)).squeeze(1)
+                sampled_logit_n = torch.where((ids_n >= v0) & (ids_n < v1), chunk_logit_n, sampled_logit_n)
         logps_N[rows] = sampled_logit_n - policy.log_normalizer()
         entropy_N[rows] = policy.entropy()
-    return logps_N, entropy_N
-
-
-@torch.no_grad()
-def max_logprob(
-    hidden_NH: torch.Tensor,
-    weight_VH: torch.Tensor,
-    bias_V: torch.Tensor | None = None,
-    temperature: float = 1.0,
-    token_chunk_size: int = 1024,
-    vocab_chunk_size: int = 16384,
-    transform: LogitTransform = LogitTransform(),
-) -> torch.Tensor:
-    """Log-probability of the most likely next token, `log max_v p_v`, `(N,)` float32, streamed.
-
-    With `m = max_v z_v`, `log max_v p_v = m - log sum_v e^(z_v)`, so the `(N, V)` logits are never held.
-    `log p_y - log max_v p_v = (z_y - max_v z_v)` after the transform (temperature included): the min-p margin.
-    """
-    _check_chunk_sizes(token_chunk_size, vocab_chunk_size)
-    num_tokens, vocab_size = hidden_NH.shape[0], weight_VH.shape[0]
-    max_logprob_N = torch.zeros(num_tokens, device=hidden_NH.device)
-    for t0 in range(0, num_tokens, token_chunk_size):
-        rows = slice(t0, min(t0 + token_chunk_size, num_tokens))
-        policy = _StreamedSoftmax(rows.stop - rows.start, hidden_NH.device)
-        for v0 in range(0, vocab_size, vocab_chunk_size):
-            policy.add(_logits(hidden_NH[rows], weight_VH, bias_V, v0, min(v0 + vocab_chunk_size, vocab_size), transform, temperature))
         max_logprob_N[rows] = policy.max - policy.log_normalizer()
-    return max_logprob_N
+    return TokenStatistics(logps_N if token_ids_N is not None else None, entropy_N, max_logprob_N)
 
 
 @torch.no_grad()

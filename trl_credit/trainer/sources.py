@@ -36,7 +36,7 @@ from ..methods.registry import (
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
 )
-from ..statistics import hellinger_and_entropy, logprob_and_entropy, max_logprob
+from ..statistics import hellinger_and_entropy, token_statistics
 from .engines import final_hidden, full_lm_head, logit_transform, unsharded_root
 
 # Batch keys TRL passes to `_get_per_token_logps_and_entropies` besides the token ids (see `_compute_loss`).
@@ -165,11 +165,11 @@ def policy_max_logprob(trainer, batch, hidden_BLH: torch.Tensor) -> torch.Tensor
     hidden_nH = hidden_BLH[:, prompt_len - 1 : prompt_len - 1 + completion_len][valid_BT]
     out_BT = torch.zeros(valid_BT.shape, device=hidden_BLH.device)
     with unsharded_root(policy), full_lm_head(policy) as (weight_VH, bias_V):
-        out_BT[valid_BT] = max_logprob(
+        out_BT[valid_BT] = token_statistics(
             hidden_nH, weight_VH, bias_V, temperature=trainer.temperature,
             token_chunk_size=trainer.args.statistics_token_chunk_size,
             vocab_chunk_size=trainer.args.statistics_vocab_chunk_size, transform=logit_transform(policy),
-        )
+        ).max_logprob
     return out_BT
 
 
@@ -211,11 +211,12 @@ def streamed_logps_and_entropy(trainer, batch, policy_hidden_BTH) -> tuple[torch
     logps_BT = torch.zeros(valid_BT.shape, device=policy_hidden_BTH.device)
     entropy_BT = torch.zeros(valid_BT.shape, device=policy_hidden_BTH.device)
     with unsharded_root(policy), full_lm_head(policy) as (weight_VH, bias_V):
-        logps_BT[valid_BT], entropy_BT[valid_BT] = logprob_and_entropy(
-            policy_hidden_BTH[valid_BT], batch["completion_ids"][valid_BT], weight_VH, bias_V,
+        streamed = token_statistics(
+            policy_hidden_BTH[valid_BT], weight_VH, bias_V, token_ids_N=batch["completion_ids"][valid_BT],
             temperature=trainer.temperature, token_chunk_size=trainer.args.statistics_token_chunk_size,
             vocab_chunk_size=trainer.args.statistics_vocab_chunk_size, transform=logit_transform(policy),
         )
+        logps_BT[valid_BT], entropy_BT[valid_BT] = streamed.logps, streamed.entropy
     return logps_BT, entropy_BT
 
 
