@@ -3,8 +3,9 @@
 * The accelerate YAMLs load with accelerate's own config loader and mirror TRL's.
 * vLLM is emulated by a `rollout_func` returning completions and sampling log-probs, with `use_vllm` switched on
   after construction: TRL's real vLLM code then runs the old-log-prob forward, computes the importance-sampling
-  ratio and multiplies the per-token loss by it. EAPO must reuse that forward's entropies (no extra forward) and
-  every method's token advantages must be the pure functions' output.
+  ratio and multiplies the per-token loss by it. Every registered method trains there; TACO's, EAPO's and TIDE's
+  token advantages must be the pure functions' output (EAPO and TIDE take the policy's statistics from one no-grad
+  forward there: TRL's old-log-prob forward keeps no entropies, and no `generate` ran to record hidden states).
 * DeepSpeed ZeRO-2, ZeRO-3 (LM head partitioned at every step, so `full_lm_head` gathers it and `vocab_size` reads
   `ds_shape`) and FSDP2 are tested for real with two processes in `test_multiprocess.py`, every method.
 """
@@ -21,6 +22,7 @@ from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_c
 from test_trainer import AdvantageRecorder, assert_all_params_changed
 
 from trl_credit import CreditGRPOTrainer
+from trl_credit.methods import CREDIT_METHODS
 from trl_credit.trainer.engines import full_lm_head, unsharded_root, vocab_size
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,9 +130,7 @@ class ISRecorder(CreditGRPOTrainer):
         return super()._compute_loss(model, inputs)
 
 
-@pytest.mark.parametrize("method", ["grpo", "taco", "eapo", "tide"])
-@pytest.mark.parametrize("is_mode", ["token_truncate", "sequence_mask"])
-def test_vllm_importance_sampling_path(monkeypatch, tmp_path, method, is_mode):
+def _train_through_vllm_path(monkeypatch, tmp_path, method, is_mode, check_advantages=True):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     tokenizer = make_tiny_tokenizer()
     args = tiny_config(method, tmp_path / "out", vllm_importance_sampling_mode=is_mode, vllm_importance_sampling_clip_max=2.0)
@@ -141,17 +141,32 @@ def test_vllm_importance_sampling_path(monkeypatch, tmp_path, method, is_mode):
     # What `use_vllm=True` would set up, minus the engine: TRL's generation-batch and loss code take the vLLM branch.
     trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
     assert trainer.vllm_importance_sampling_correction
-    recorder = AdvantageRecorder(monkeypatch, trainer)  # independent recomputation of the consumed advantages
+    # An independent recomputation of the consumed advantages (grpo, taco, eapo, tide).
+    recorder = AdvantageRecorder(monkeypatch, trainer) if check_advantages else None
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
 
-    assert recorder.checked_batches == 3
+    assert recorder is None or recorder.checked_batches == 3
     assert trainer.vllm_generation.syncs == 3  # one weight sync per generation batch
     ratios = torch.cat([r.flatten() for r in trainer.is_ratios])
     assert ratios.numel() and (ratios != 1).any()  # the correction really multiplied the per-token loss
     log = trainer.state.log_history[0]
     assert "sampling/importance_sampling_ratio/mean" in log
     assert_all_params_changed(before, dict(trainer.model.named_parameters()))
+    return log
+
+
+@pytest.mark.parametrize("method", ["grpo", "taco", "eapo", "tide"])
+@pytest.mark.parametrize("is_mode", ["token_truncate", "sequence_mask"])
+def test_vllm_importance_sampling_path(monkeypatch, tmp_path, method, is_mode):
+    _train_through_vllm_path(monkeypatch, tmp_path, method, is_mode)
+
+
+@pytest.mark.parametrize("method", sorted(set(CREDIT_METHODS) - {"taco", "eapo", "tide"}))
+def test_vllm_importance_sampling_path_of_the_baselines(monkeypatch, tmp_path, method):
+    """The papers' baselines (their advantages are checked in test_baselines.py) train through the same path."""
+    log = _train_through_vllm_path(monkeypatch, tmp_path, method, "token_truncate", check_advantages=False)
+    assert any(key.startswith(f"{method}/") for key in log), f"{method} logged no metric of its own"
 
 
 # ------------------------------------------------------------------------------------------------- gpu_check
