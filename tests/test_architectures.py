@@ -24,7 +24,7 @@ from trl_credit.methods.registry import (
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
 )
-from trl_credit.trainer.engines import final_hidden
+from trl_credit.trainer.engines import completion_hidden
 
 RECORDS: list[dict] = []
 
@@ -115,7 +115,7 @@ def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, 
     # Which models the deviation pass runs a forward of: the policy's hidden states come from `generate`, which
     # records them only when it decodes with a KV cache; without one the policy's backbone runs again.
     forwarded = []
-    monkeypatch.setattr(sources, "final_hidden", lambda m, **inputs: forwarded.append(m) or final_hidden(m, **inputs))
+    monkeypatch.setattr(sources, "completion_hidden", lambda m, *a, **k: forwarded.append(m) or completion_hidden(m, *a, **k))
     reference = trainer.deviation_reference.model
     with torch.no_grad():  # a reference distinct from the policy: the deviation must be far from 0
         for param in reference.parameters():

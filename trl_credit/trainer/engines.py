@@ -6,6 +6,7 @@ and the head directly and gather what DeepSpeed ZeRO-3 or FSDP2 shard.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 
 import torch
@@ -14,14 +15,46 @@ from accelerate.utils import is_peft_model
 from ..statistics import LogitTransform
 
 
+def backbone(model):
+    """The decoder TRL's fused LM head calls (`model.base_model`); a PEFT model's adapters stay in effect."""
+    return (model.get_base_model() if is_peft_model(model) else model).base_model
+
+
 def final_hidden(model, **model_inputs) -> torch.Tensor:
     """`(b, L, H)` final (post-norm) hidden states, without computing the LM head.
 
-    Calls the backbone as TRL's fused LM head does (`model.base_model`), so vision-language models get their
-    image inputs; a PEFT model's adapters stay in effect.
+    Calls the backbone as TRL's fused LM head does, so vision-language models get their image inputs.
     """
-    hf_model = model.get_base_model() if is_peft_model(model) else model
-    return hf_model.base_model(**model_inputs, use_cache=False).last_hidden_state
+    return backbone(model)(**model_inputs, use_cache=False).last_hidden_state
+
+
+def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion_mask, **multimodal) -> torch.Tensor:
+    """`(b, T, H)` final hidden states that score each completion token: position `P - 1 + t` of prompt + completion.
+
+    Rows with the same prompt (a GRPO group) share its forward: each distinct prompt runs once with a KV cache, the
+    cache is repeated for its rows, and the completions run on it with the whole attention mask, continuing at
+    position P as one forward over prompt + completion does (`tests/test_architectures.py` checks the equality).
+    With image inputs, one forward over prompt + completion.
+    """
+    prompt_len, completion_len = prompt_ids.size(1), completion_ids.size(1)
+    attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+    if multimodal:
+        hidden_BLH = final_hidden(
+            model, input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=attention_mask, **multimodal
+        )
+        return hidden_BLH[:, prompt_len - 1 : prompt_len - 1 + completion_len]
+    decoder = backbone(model)
+    distinct, row_prompt = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
+    prompt_out = decoder(input_ids=distinct[:, :prompt_len], attention_mask=distinct[:, prompt_len:], use_cache=True)
+    cache = prompt_out.past_key_values
+    cache.reorder_cache(row_prompt)  # each row gets its prompt's keys and values
+    # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name still works, with a warning).
+    cache_kwarg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    completion_out = decoder(
+        input_ids=completion_ids, attention_mask=attention_mask, use_cache=True, **{cache_kwarg: cache}
+    )
+    # The prompt's last position scores the first completion token; the last completion token scores nothing.
+    return torch.cat([prompt_out.last_hidden_state[row_prompt, -1:], completion_out.last_hidden_state[:, :-1]], dim=1)
 
 
 def logit_transform(model) -> LogitTransform:

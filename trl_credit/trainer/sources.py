@@ -27,7 +27,6 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 
 import torch
-from accelerate.utils import is_peft_model
 from trl.models.utils import disable_gradient_checkpointing
 
 from ..methods.registry import (
@@ -37,7 +36,7 @@ from ..methods.registry import (
     ROLLOUT_LOGPS,
 )
 from ..statistics import hellinger_and_entropy, token_statistics
-from .engines import final_hidden, full_lm_head, logit_transform, unsharded_root
+from .engines import backbone, completion_hidden, full_lm_head, logit_transform, unsharded_root
 
 # Batch keys TRL passes to `_get_per_token_logps_and_entropies` besides the token ids (see `_compute_loss`).
 MULTIMODAL_KEYS = (
@@ -83,7 +82,7 @@ def recorded_final_hidden(trainer, enabled: bool = True):
     if not enabled:
         yield recorded
         return
-    handle = _policy_backbone(trainer).register_forward_hook(
+    handle = backbone(trainer.accelerator.unwrap_model(trainer.model)).register_forward_hook(
         lambda module, args, output: recorded.append(output.last_hidden_state.detach())
     )
     try:
@@ -99,8 +98,8 @@ class GenerationHidden:
     covers the prompt, then each decoding step covers the token it just sampled. Laid end to end along the sequence,
     the calls give the hidden states of the whole padded sequence but its last token, position for position what
     one forward over prompt + completion gives (`tests/test_architectures.py` checks the statistics built on them
-    against the model's own logits). TRL's scoring forwards and `final_hidden` pass `use_cache=False` and return
-    no cache, so they are not recorded.
+    against the model's own logits). TRL's scoring forwards pass `use_cache=False` and return no cache, so they
+    are not recorded.
     """
 
     def __init__(self):
@@ -125,11 +124,6 @@ class GenerationHidden:
         return torch.nn.functional.pad(hidden_BtH, (0, 0, 0, completion_len - generated))
 
 
-def _policy_backbone(trainer):
-    policy = trainer.accelerator.unwrap_model(trainer.model)
-    return (policy.get_base_model() if is_peft_model(policy) else policy).base_model
-
-
 def generates_in_one_call(trainer) -> bool:
     """Whether TRL samples the batch with one `model.generate` call, one sequence per row: its plain path, not vLLM,
     continuous batching, a `rollout_func` or a tool loop. Vision-language models take the forward (not tested)."""
@@ -147,7 +141,7 @@ def recorded_generation_hidden(trainer, enabled: bool = True):
         yield None
         return
     record = GenerationHidden()
-    handle = _policy_backbone(trainer).register_forward_hook(record)
+    handle = backbone(trainer.accelerator.unwrap_model(trainer.model)).register_forward_hook(record)
     try:
         yield record
     finally:
@@ -229,16 +223,12 @@ def deviation_and_entropy(trainer, batch, reference, policy_hidden_BTH=None) -> 
     """
     policy = trainer.accelerator.unwrap_model(trainer.model)
     reference_model, reference_context = reference.model_and_context()
-    input_ids, attention_mask, multimodal = sequence_inputs(batch)
-    model_inputs = {key: value for key, value in multimodal.items() if key not in _ROW_COUNTS}
-    prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+    multimodal = {key: value for key, value in sequence_inputs(batch)[2].items() if key not in _ROW_COUNTS}
     valid_BT = valid_mask(batch)
-    deviation_BT = torch.zeros(valid_BT.shape, device=input_ids.device)
-    entropy_BT = torch.zeros(valid_BT.shape, device=input_ids.device)
-    # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
-    positions = slice(prompt_len - 1, prompt_len - 1 + completion_len)
+    deviation_BT = torch.zeros(valid_BT.shape, device=valid_BT.device)
+    entropy_BT = torch.zeros(valid_BT.shape, device=valid_BT.device)
     # Image inputs are not laid out per row (TRL slices them by image counts), so they go in one chunk.
-    step = input_ids.size(0) if model_inputs else trainer._forward_batch_size()
+    step = valid_BT.size(0) if multimodal else trainer._forward_batch_size()
     with (
         disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs),
         unsharded_root(policy),
@@ -246,16 +236,16 @@ def deviation_and_entropy(trainer, batch, reference, policy_hidden_BTH=None) -> 
     ):
         # Every chunk runs on every process, even one without a valid token: the forwards and head gathers are
         # collective under ZeRO-3 and FSDP2.
-        for start in range(0, input_ids.size(0), step):
+        for start in range(0, valid_BT.size(0), step):
             rows = slice(start, start + step)
-            chunk_inputs = {"input_ids": input_ids[rows], "attention_mask": attention_mask[rows], **model_inputs}
+            chunk = [batch[key][rows] for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")]
             rows_valid_bT = valid_BT[rows]
             if policy_hidden_BTH is None:
-                hidden_nH = final_hidden(policy, **chunk_inputs)[:, positions][rows_valid_bT]
+                hidden_nH = completion_hidden(policy, *chunk, **multimodal)[rows_valid_bT]
             else:
                 hidden_nH = policy_hidden_BTH[rows][rows_valid_bT]
             with reference_context:
-                ref_hidden_nH = final_hidden(reference_model, **chunk_inputs)[:, positions][rows_valid_bT]
+                ref_hidden_nH = completion_hidden(reference_model, *chunk, **multimodal)[rows_valid_bT]
             with full_lm_head(policy) as (weight_VH, bias_V), full_lm_head(reference_model) as (ref_weight_VH, ref_bias_V):
                 deviation_n, entropy_n = hellinger_and_entropy(
                     hidden_nH, ref_hidden_nH, weight_VH, ref_weight_VH, bias_V, ref_bias_V,
