@@ -92,36 +92,44 @@ def recorded_final_hidden(trainer, enabled: bool = True):
 
 
 class GenerationHidden:
-    """The final hidden states of the policy's backbone as `generate` computes them, in call order.
+    """The final hidden states with which `generate` scored each token it sampled, read from the policy's backbone.
 
     `generate` runs the backbone with a KV cache: the prefill (one call, or one per chunk with `prefill_chunk_size`)
-    covers the prompt, then each decoding step covers the token it just sampled. Laid end to end along the sequence,
-    the calls give the hidden states of the whole padded sequence but its last token, position for position what
-    one forward over prompt + completion gives (`tests/test_architectures.py` checks the statistics built on them
-    against the model's own logits). TRL's scoring forwards pass `use_cache=False` and return no cache, so they
-    are not recorded.
+    covers the prompt, then each decoding step covers the one token it just sampled. Laid end to end, the calls
+    cover the padded sequence position by position, as one forward over prompt + completion does; a call's last
+    position scores the next token, so only that position of each call is kept (`B x H` per decoding step, not the
+    prompt's hidden states). `tests/test_architectures.py` checks the statistics built on them against the model's
+    own logits. TRL's scoring forwards pass `use_cache=False` and return no cache, so they are not recorded.
     """
 
     def __init__(self):
-        self.calls: list[torch.Tensor] = []
+        self.length = 0  # sequence positions covered so far
+        self.last_positions: list[int] = []
+        self.last_hidden: list[torch.Tensor] = []  # (B, H) each
 
     def __call__(self, module, args, output):
-        if getattr(output, "past_key_values", None) is not None:
-            self.calls.append(output.last_hidden_state.detach())
+        if getattr(output, "past_key_values", None) is None:
+            return
+        self.length += output.last_hidden_state.size(1)
+        self.last_positions.append(self.length - 1)
+        self.last_hidden.append(output.last_hidden_state[:, -1].detach())
 
     def completion_hidden(self, batch) -> torch.Tensor | None:
         """`(B, T, H)` hidden states that scored each completion token, or None when the record does not cover the
-        batch (nothing recorded, other rows, a sampling mode that is not one sequence per row)."""
+        batch (nothing recorded, other rows, a decoding mode that is not one token per step)."""
         valid_BT = valid_mask(batch)
         prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
-        if not self.calls or any(call.size(0) != valid_BT.size(0) for call in self.calls):
-            return None
         # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
-        hidden_BtH = torch.cat(self.calls, dim=1)[:, prompt_len - 1 : prompt_len - 1 + completion_len]
-        generated = hidden_BtH.size(1)  # below completion_len only where TRL padded the completions further
-        if generated == 0 or valid_BT[:, generated:].any():
+        if prompt_len - 1 not in self.last_positions:
             return None
-        return torch.nn.functional.pad(hidden_BtH, (0, 0, 0, completion_len - generated))
+        first = self.last_positions.index(prompt_len - 1)
+        scoring = self.last_hidden[first : first + completion_len]
+        generated = len(scoring)  # below completion_len only where TRL padded the completions further
+        if self.last_positions[first : first + generated] != list(range(prompt_len - 1, prompt_len - 1 + generated)):
+            return None
+        if any(hidden.size(0) != valid_BT.size(0) for hidden in scoring) or valid_BT[:, generated:].any():
+            return None
+        return torch.nn.functional.pad(torch.stack(scoring, dim=1), (0, 0, 0, completion_len - generated))
 
 
 def generates_in_one_call(trainer) -> bool:
