@@ -35,7 +35,7 @@ from ..methods.registry import (
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
 )
-from ..statistics import hellinger_and_entropy, token_statistics
+from ..statistics import TokenStatistics, hellinger_and_entropy, token_statistics
 from .engines import backbone, completion_hidden, full_lm_head, logit_transform, unsharded_root
 
 # Batch keys TRL passes to `_get_per_token_logps_and_entropies` besides the token ids (see `_compute_loss`).
@@ -74,21 +74,24 @@ def policy_logps_and_entropy(trainer, batch, batch_size: int | None = None) -> t
 
 
 @contextmanager
+def _policy_backbone_hook(trainer, hook):
+    """Run `hook(module, args, output)` after every forward of the policy's backbone inside the block."""
+    handle = backbone(trainer.accelerator.unwrap_model(trainer.model)).register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
 def recorded_final_hidden(trainer, enabled: bool = True):
     """Yield a list that receives the `(b, L, H)` final hidden states (detached) of every forward of the policy's
     backbone run inside the block, in call order; TRL's fused LM head calls the backbone once per row chunk, so
     concatenating the list gives the batch's hidden states. Records nothing when not `enabled`."""
     recorded = []
-    if not enabled:
+    hook = lambda module, args, output: recorded.append(output.last_hidden_state.detach())  # noqa: E731
+    with _policy_backbone_hook(trainer, hook) if enabled else nullcontext():
         yield recorded
-        return
-    handle = backbone(trainer.accelerator.unwrap_model(trainer.model)).register_forward_hook(
-        lambda module, args, output: recorded.append(output.last_hidden_state.detach())
-    )
-    try:
-        yield recorded
-    finally:
-        handle.remove()
 
 
 class GenerationHidden:
@@ -145,34 +148,41 @@ def generates_in_one_call(trainer) -> bool:
 def recorded_generation_hidden(trainer, enabled: bool = True):
     """Yield a `GenerationHidden` that records the policy's backbone during `generate` inside the block (or None
     when not `enabled`)."""
-    if not enabled:
-        yield None
-        return
-    record = GenerationHidden()
-    handle = backbone(trainer.accelerator.unwrap_model(trainer.model)).register_forward_hook(record)
-    try:
+    record = GenerationHidden() if enabled else None
+    with _policy_backbone_hook(trainer, record) if enabled else nullcontext():
         yield record
-    finally:
-        handle.remove()
 
 
 @torch.no_grad()
 def policy_max_logprob(trainer, batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
     """`(B, T)` log-probability of the policy's most likely next token at each completion position, zero where masked,
-    from the final hidden states `hidden_BLH` of prompt + completion (the LM head streamed over the valid tokens)."""
-    policy = trainer.accelerator.unwrap_model(trainer.model)
+    from the final hidden states `hidden_BLH` of prompt + completion."""
     prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
-    valid_BT = valid_mask(batch)
     # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
-    hidden_nH = hidden_BLH[:, prompt_len - 1 : prompt_len - 1 + completion_len][valid_BT]
-    out_BT = torch.zeros(valid_BT.shape, device=hidden_BLH.device)
+    hidden_BTH = hidden_BLH[:, prompt_len - 1 : prompt_len - 1 + completion_len]
+    return streamed_policy_statistics(trainer, batch, hidden_BTH).max_logprob
+
+
+@torch.no_grad()
+def streamed_policy_statistics(trainer, batch, hidden_BTH: torch.Tensor) -> TokenStatistics:
+    """The policy's sampled-token log-probs, entropies and most likely token's log-probs, `(B, T)` each, zero where
+    masked, from its final hidden states at the completion positions: the LM head streamed over the valid tokens with
+    the model's output transform and the sampling temperature, as TRL's forward scores them."""
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    valid_BT = valid_mask(batch)
     with unsharded_root(policy), full_lm_head(policy) as (weight_VH, bias_V):
-        out_BT[valid_BT] = token_statistics(
-            hidden_nH, weight_VH, bias_V, temperature=trainer.temperature,
-            token_chunk_size=trainer.args.statistics_token_chunk_size,
+        streamed_N = token_statistics(
+            hidden_BTH[valid_BT], weight_VH, bias_V, token_ids_N=batch["completion_ids"][valid_BT],
+            temperature=trainer.temperature, token_chunk_size=trainer.args.statistics_token_chunk_size,
             vocab_chunk_size=trainer.args.statistics_vocab_chunk_size, transform=logit_transform(policy),
-        ).max_logprob
-    return out_BT
+        )
+
+    def per_token(values_N: torch.Tensor) -> torch.Tensor:
+        values_BT = torch.zeros(valid_BT.shape, device=values_N.device)
+        values_BT[valid_BT] = values_N
+        return values_BT
+
+    return TokenStatistics(*(per_token(values_N) for values_N in streamed_N))
 
 
 def generation_statistics(trainer, batch, names, reference=None, generation=None) -> dict[str, torch.Tensor]:
@@ -180,11 +190,13 @@ def generation_statistics(trainer, batch, names, reference=None, generation=None
 
     `generation`: the `GenerationHidden` recorded while TRL generated `batch`, if any.
     """
-    policy_hidden_BTH = generation.completion_hidden(batch) if generation is not None else None
-    # Every process must take the same path: forwards and LM-head gathers are collective under ZeRO-3 and FSDP2.
-    recorded = torch.tensor([policy_hidden_BTH is not None], device=batch["completion_ids"].device)
-    if not trainer.accelerator.gather(recorded).all():
-        policy_hidden_BTH = None
+    policy_hidden_BTH = None
+    if generation is not None:  # recorded or not on every process alike: it follows the config
+        policy_hidden_BTH = generation.completion_hidden(batch)
+        # Every process must take the same path: forwards and LM-head gathers are collective under ZeRO-3 and FSDP2.
+        covered = torch.tensor([policy_hidden_BTH is not None], device=batch["completion_ids"].device)
+        if not trainer.accelerator.gather(covered).all():
+            policy_hidden_BTH = None
     statistics = {}
     deviation = next((name for name in names if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)), None)
     if deviation is not None:  # at most one reference per run; the same pass gives the policy's entropy
@@ -197,29 +209,11 @@ def generation_statistics(trainer, batch, names, reference=None, generation=None
         if policy_hidden_BTH is None:
             logps_BT, entropy_BT = policy_logps_and_entropy(trainer, batch, trainer._forward_batch_size())
         else:
-            logps_BT, entropy_BT = streamed_logps_and_entropy(trainer, batch, policy_hidden_BTH)
+            logps_BT, entropy_BT, _ = streamed_policy_statistics(trainer, batch, policy_hidden_BTH)
         statistics.setdefault(ROLLOUT_LOGPS, logps_BT)
         statistics.setdefault(ROLLOUT_ENTROPY, entropy_BT)
     mask_BT = valid_mask(batch)
     return {name: torch.where(mask_BT, statistics[name], 0.0) for name in names}
-
-
-@torch.no_grad()
-def streamed_logps_and_entropy(trainer, batch, policy_hidden_BTH) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sampled-token log-probs and entropies, `(B, T)`, from the policy's final hidden states at the completion
-    positions: the LM head streamed over the valid tokens, as TRL's forward would score them."""
-    policy = trainer.accelerator.unwrap_model(trainer.model)
-    valid_BT = valid_mask(batch)
-    logps_BT = torch.zeros(valid_BT.shape, device=policy_hidden_BTH.device)
-    entropy_BT = torch.zeros(valid_BT.shape, device=policy_hidden_BTH.device)
-    with unsharded_root(policy), full_lm_head(policy) as (weight_VH, bias_V):
-        streamed = token_statistics(
-            policy_hidden_BTH[valid_BT], weight_VH, bias_V, token_ids_N=batch["completion_ids"][valid_BT],
-            temperature=trainer.temperature, token_chunk_size=trainer.args.statistics_token_chunk_size,
-            vocab_chunk_size=trainer.args.statistics_vocab_chunk_size, transform=logit_transform(policy),
-        )
-        logps_BT[valid_BT], entropy_BT[valid_BT] = streamed.logps, streamed.entropy
-    return logps_BT, entropy_BT
 
 
 @torch.no_grad()
