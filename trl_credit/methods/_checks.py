@@ -6,6 +6,8 @@ message a user can act on instead of a NaN three steps later.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -80,6 +82,11 @@ def in_range(low: float, high: float, low_open: bool = False, high_open: bool = 
         return _contains(number, low, high, low_open, high_open)
 
     return ok, f"in {_interval(low, high, low_open, high_open)}"
+
+
+# Registry checks `(predicate, allowed)` for the common open-ended ranges.
+FINITE_NON_NEGATIVE = (lambda value: 0.0 <= value < math.inf, "finite and >= 0")
+FINITE_POSITIVE = (lambda value: 0.0 < value < math.inf, "finite and > 0")
 
 
 def paper(title: str, arxiv_id: str, key: str, authors: str, year: int = 2026) -> dict[str, str]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_inputs, check_range, paper
+from ._checks import FINITE_NON_NEGATIVE, check_inputs, check_range, paper
 from .registry import ROLLOUT_ENTROPY, CreditBatch, CreditResult, register_credit_method
 
 _EPS = 1e-8
@@ -138,7 +138,7 @@ def eapo_advantages(
     statistics=(ROLLOUT_ENTROPY,),
     arguments=EAPOArguments,
     checks={
-        "eapo_kappa": (lambda k: 0.0 <= k < math.inf, "finite and >= 0"),
+        "eapo_kappa": FINITE_NON_NEGATIVE,
         "eapo_kappa_decay_steps": (lambda n: n >= 0, ">= 0"),
         "eapo_quantiles": (_valid_quantiles, "two values lo, hi with 0 <= lo < hi <= 1"),
     },

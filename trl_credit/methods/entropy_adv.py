@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_range, check_token_inputs, paper
+from ._checks import FINITE_NON_NEGATIVE, check_range, check_token_inputs, paper
 from .registry import POLICY_ENTROPY, CreditBatch, CreditResult, register_credit_method
 
 ENTROPY_ADV_PAPER = paper(
@@ -80,7 +80,7 @@ def entropy_adv_advantages(
     statistics=(POLICY_ENTROPY,),
     arguments=EntropyAdvArguments,
     checks={
-        "entropy_adv_alpha": (lambda a: 0.0 <= a < math.inf, "finite and >= 0"),
+        "entropy_adv_alpha": FINITE_NON_NEGATIVE,
         "entropy_adv_kappa": (lambda k: 1.0 < k < math.inf, "finite and > 1"),
     },
     paper=ENTROPY_ADV_PAPER,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_range, check_token_inputs, in_range
+from ._checks import FINITE_POSITIVE, check_range, check_token_inputs, in_range
 from .registry import POLICY_LOGPS, POLICY_MAX_LOGPROB, CreditBatch, CreditResult, register_credit_method
 from .taco import TACO_PAPER
 
@@ -104,7 +104,7 @@ def minp_support_weights(
     arguments=MinPSupportArguments,
     checks={
         "minp_support_min_p": in_range(0.0, 1.0, low_open=True, high_open=True),
-        "minp_support_tau": (lambda tau: 0.0 < tau < math.inf, "finite and > 0"),
+        "minp_support_tau": FINITE_POSITIVE,
         "minp_support_min_weight": in_range(0.0, 1.0),
     },
     paper=TACO_PAPER,

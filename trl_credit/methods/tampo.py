@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_range, check_token_inputs, in_range
+from ._checks import FINITE_NON_NEGATIVE, check_range, check_token_inputs, in_range
 from .registry import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult, register_credit_method
 from .taco import TACO_PAPER
 
@@ -75,7 +75,7 @@ def tampo_advantages(
     arguments=TAMPOArguments,
     checks={
         "tampo_prob_threshold": in_range(0.0, 1.0, low_open=True),
-        "tampo_entropy_threshold": (lambda h: 0.0 <= h < math.inf, "finite and >= 0"),
+        "tampo_entropy_threshold": FINITE_NON_NEGATIVE,
     },
     paper=TACO_PAPER,
     drops_tokens=True,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_inputs, check_range, paper
+from ._checks import FINITE_NON_NEGATIVE, FINITE_POSITIVE, check_inputs, check_range, paper
 from .registry import (
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
@@ -146,8 +146,8 @@ def _tide_statistics(hyperparameters: dict) -> tuple[str, ...]:
     statistics=_tide_statistics,
     arguments=TIDEArguments,
     checks={
-        "tide_tau": (lambda tau: 0.0 < tau < math.inf, "finite and > 0"),
-        "tide_kappa": (lambda kappa: 0.0 <= kappa < math.inf, "finite and >= 0"),
+        "tide_tau": FINITE_POSITIVE,
+        "tide_kappa": FINITE_NON_NEGATIVE,
         "tide_distance": (lambda d: d in DISTANCES, f"one of {DISTANCES}"),
         "tide_reference": (lambda r: r in REFERENCES, f"one of {REFERENCES}"),
     },
