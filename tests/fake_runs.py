@@ -76,7 +76,7 @@ def write_fake_trainer_state(
         if method == "taco":
             entry.update({"taco/mean_weight": 0.99, "taco/tail_fraction": 0.02, "taco/mean_tail_risk": -2.0})
         elif method == "eapo":
-            entry.update({"eapo/q_lo": 0.1, "eapo/q_hi": 2.0 - progress, "eapo/kappa": math.log(4) * (1 - progress)})
+            entry.update({"eapo/mean_weight": 1.0, "eapo/q_lo": 0.1, "eapo/q_hi": 2.0 - progress, "eapo/kappa": math.log(4) * (1 - progress)})
         entry["credit/adv_abs_mean"] = 0.5
         history.append(entry)
     # Trainer.train() ends with a summary entry that has no per-step metrics: plots must skip it.

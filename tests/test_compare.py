@@ -222,6 +222,7 @@ def _history(rewards, step_time=0.2, method="grpo"):
     if method == "taco":
         for entry in history:
             entry["taco/tail_fraction"] = 0.05
+            entry["taco/mean_weight"] = 0.99  # the trainer logs it for every method
     return history
 
 
@@ -290,7 +291,9 @@ def test_report_markdown_and_self_contained_html(tmp_path):
     assert "| taco | 0, 1, 2 | 0.45 ± 0.124 |" in markdown  # 4.303 * 0.05 / sqrt(3) = 0.124
     assert "| taco − grpo | 3 | 0.15 ± 0.124 * |" in markdown
     assert "| grpo | 0.2 ± 0 | 10 ± 0 | 502 |" in markdown
-    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"reward.svg", "entropy.svg", "taco_tail_fraction.svg"}
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {
+        "reward.svg", "entropy.svg", "taco_tail_fraction.svg", "taco_mean_weight.svg"
+    }
     page = html_path.read_text()
     assert page.count("<svg") == 3 and "<script" not in page and "<link" not in page
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", page), "the report must not load external assets"

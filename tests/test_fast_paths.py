@@ -7,8 +7,8 @@ import pytest
 import torch
 from test_methods import V, eapo_loop, random_inputs, taco_loop, tide_loop
 
-from trl_credit.methods import eapo_advantages, quantile_linear, taco_advantages, tide_advantages
-from trl_credit.methods.eapo import eapo_entropy_bounds
+from trl_credit.methods import apply_credit_method, eapo_advantages, quantile_linear, taco_advantages, tide_advantages
+from trl_credit.methods.registry import ROLLOUT_ENTROPY
 
 CALLS = {
     "taco": (lambda a, l, e, d, m: taco_advantages(a, l, e, m), lambda a, l, e, d, m: taco_loop(a, l, e, m, 0.01, 0.9)),
@@ -60,9 +60,9 @@ def test_tide_small_temperatures(tau):
 def test_nonfinite_valid_inputs_are_still_named():
     adv, logps, entropy, deviation, mask = random_inputs(11)
     bad = torch.where(mask, torch.full_like(logps, float("nan")), logps)
-    with pytest.raises(ValueError, match="logps_BT contains NaN or inf"):
+    with pytest.raises(ValueError, match="'taco': statistic 'policy_logps' has NaN or inf at valid positions"):
         taco_advantages(adv, bad, entropy, mask)
-    with pytest.raises(ValueError, match="deviation_BT contains NaN or inf"):
+    with pytest.raises(ValueError, match="'tide': statistic 'reference_deviation' has NaN or inf"):
         tide_advantages(adv, bad, entropy, mask, V)
     out_of_range = torch.where(mask, deviation, torch.full_like(deviation, 5.0))  # only under the mask: fine
     tide_advantages(adv, out_of_range, entropy, mask, V)
@@ -83,6 +83,9 @@ def test_selection_quantiles_match_sorting(n):
 def test_entropy_bounds_ignore_masked_values():
     _, _, entropy, _, mask = random_inputs(12)
     dirty = torch.where(mask, entropy, torch.full_like(entropy, float("nan")))
-    expected = tuple(torch.quantile(entropy[mask], q).item() for q in (0.1, 0.9))
-    assert eapo_entropy_bounds(dirty, mask) == pytest.approx(expected, abs=1e-6)
-    assert eapo_entropy_bounds(entropy, torch.zeros_like(mask)) == (0.0, 0.0)
+    expected = [torch.quantile(entropy[mask], q).item() for q in (0.1, 0.9)]
+    adv = torch.ones(mask.size(0))
+    metrics = apply_credit_method("eapo", adv, mask, {ROLLOUT_ENTROPY: dirty}).metrics
+    assert [metrics["q_lo"], metrics["q_hi"]] == pytest.approx(expected, abs=1e-6)
+    empty = apply_credit_method("eapo", adv, torch.zeros_like(mask), {ROLLOUT_ENTROPY: entropy}).metrics
+    assert (empty["q_lo"], empty["q_hi"]) == (0.0, 0.0)

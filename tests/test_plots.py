@@ -39,7 +39,7 @@ def test_diagnostics_grouped_by_prefix(tmp_path):
     history = json.loads(write_fake_trainer_state(tmp_path / "s.json", method="eapo").read_text())["log_history"]
     history[0]["eapo/new_metric"] = 1.0  # a diagnostic added later shows up without code changes
     groups = plots.diagnostic_metrics(history)
-    assert groups == {"credit": ["credit/adv_abs_mean"], "eapo": ["eapo/kappa", "eapo/new_metric", "eapo/q_hi", "eapo/q_lo"]}
+    assert groups == {"credit": ["credit/adv_abs_mean"], "eapo": ["eapo/kappa", "eapo/mean_weight", "eapo/new_metric", "eapo/q_hi", "eapo/q_lo"]}
 
 
 def test_save_training_plots_returns_card_relative_paths(tmp_path):

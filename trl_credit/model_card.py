@@ -38,26 +38,6 @@ DEFAULT_QUICK_START_QUESTION = (  # TRL's own card asks this when no training pr
 TRL_CREDIT_URL = "https://github.com/trl-credit/trl-credit"
 BASE_TAGS = ("trl", "grpo", "trl-credit")
 
-METHOD_DISPLAY_NAMES = {"grpo": "GRPO", "taco": "TACO", "eapo": "EAPO", "tide": "TIDE"}
-METHOD_SUMMARIES = {
-    "grpo": "Plain GRPO: every token of a completion receives the completion's group-normalised advantage.",
-    "taco": (
-        "TACO (Tail-Aware Credit calibratiOn) keeps GRPO's advantage but shrinks the positive credit of "
-        "implausible tail tokens, those much less likely than the policy's typical token "
-        "(`p < alpha * exp(-H)`), by a smooth factor in `(1 - lambda, 1]`. Negative advantages are untouched."
-    ),
-    "eapo": (
-        "EAPO (Entropic Advantage Policy Optimization) reweights each completion's advantage across its "
-        "tokens by their rollout entropy (mean weight 1 per completion): successful completions push more "
-        "credit onto high-entropy tokens, failed ones put the largest penalties on low-entropy tokens."
-    ),
-    "tide": (
-        "TIDE reweights each completion's advantage across its tokens (mean weight 1 per completion) by a "
-        "softmax over an entropy-gated distance between the policy's and a frozen reference's next-token "
-        "distributions."
-    ),
-}
-
 # Environment variables whose values must never end up in a card.
 SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_API_TOKEN", "WANDB_API_KEY", "COMET_API_KEY")
 _SECRET_KEY = re.compile(r"(^|_)(token|api_key|apikey|password|secret)$", re.IGNORECASE)
@@ -68,6 +48,24 @@ REDACTED = "<redacted>"
 # --------------------------------------------------------------------------------------------------
 # Template and inputs
 # --------------------------------------------------------------------------------------------------
+
+
+def _display_name(method: str | None) -> str:
+    """A method's display name from its registration (`None`: GRPO)."""
+    from .methods import CREDIT_METHODS
+    from .methods.registry import GRPO_DISPLAY_NAME
+
+    return GRPO_DISPLAY_NAME if method is None else CREDIT_METHODS[method].display_name
+
+
+def _summary(method: str | None) -> str:
+    from .methods import CREDIT_METHODS
+    from .methods.registry import GRPO_SUMMARY
+
+    if method is None:
+        return GRPO_SUMMARY
+    registered = CREDIT_METHODS[method]
+    return f"{registered.display_name}: {registered.summary}" if registered.summary else f"`{method}`: a registered credit method."
 
 
 def template_path() -> Path:
@@ -311,7 +309,7 @@ def generate_credit_model_card(
     """
     from .methods import get_credit_method, parse_credit_methods
 
-    names = [get_credit_method(name).name for name in parse_credit_methods(method)] or ["grpo"]
+    names = [get_credit_method(name).name for name in parse_credit_methods(method)] or [None]
     grpo_paper = dict(grpo_paper) if grpo_paper is not None else _grpo_paper()
     inputs = _recordable_inputs(
         base_model=base_model, model_name=model_name, hub_model_id=hub_model_id, dataset_name=dataset_name,
@@ -320,10 +318,10 @@ def generate_credit_model_card(
         example_prompt=example_prompt,
     )
     papers = [
-        {**paper, "name": METHOD_DISPLAY_NAMES.get(paper.get("name"), paper.get("name") or paper["title"])}
+        {**paper, "name": _display_name(paper["name"]) if paper.get("name") else paper["title"]}
         for paper in papers if paper.get("id") != grpo_paper.get("id")
     ]
-    all_tags = list(dict.fromkeys(["generated_from_trainer", *BASE_TAGS, *names, *tags]))
+    all_tags = list(dict.fromkeys(["generated_from_trainer", *BASE_TAGS, *filter(None, names), *tags]))
     if isinstance(eval_summary, Mapping):
         eval_summary = [eval_summary]
     eval_columns, eval_rows = eval_table(eval_summary or [])
@@ -348,8 +346,8 @@ def generate_credit_model_card(
         quick_start_from_training=inputs["example_prompt"] is not None,
         dataset_name=dataset_name,
         dataset_on_hub=on_hub,
-        method_display=" + ".join(METHOD_DISPLAY_NAMES.get(name, name) for name in names),
-        method_summaries=[METHOD_SUMMARIES.get(name, f"`{name}`: a registered credit method.") for name in names],
+        method_display=" + ".join(_display_name(name) for name in names),
+        method_summaries=[_summary(name) for name in names],
         hyperparameters=format_hyperparameters(hyperparameters),
         plots=_plot_entries(plots),
         eval_columns=eval_columns,

@@ -1,8 +1,9 @@
 """Training curves from `trainer_state.json`: reward, entropy, completion length and method diagnostics.
 
-One PNG per panel, several runs overlaid (one colour per run). Method diagnostics are every metric
-whose name starts with a credit prefix (`taco/`, `eapo/`, `tide/`, `credit/`); one figure per prefix
-with one subplot per metric, so new diagnostics appear without touching this file.
+One PNG per panel, several runs overlaid (one colour per run). Method diagnostics are the metrics of each credit
+method in the log (`name/...`: the trainer logs `name/mean_weight` for every method of a stack, registered in this
+process or not) and the trainer's own `credit/...`; one figure per prefix with one subplot per metric, so a new
+method's diagnostics appear without touching this file.
 Rendering uses matplotlib's Agg backend: no display, safe inside a training job.
 """
 
@@ -17,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 TRAINER_STATE_NAME = "trainer_state.json"
-CREDIT_PREFIXES = ("taco", "eapo", "tide", "credit")
-METHOD_PREFIXES = ("taco", "eapo", "tide")
+TRAINER_PREFIX = "credit"  # the trainer's own credit metrics, whatever the methods
+_METHOD_MARKER = "mean_weight"  # logged as `name/mean_weight` for every method of a stack
 PLOTS_DIRNAME = "plots"
 
 
@@ -87,14 +88,20 @@ def find_trainer_state(run_dir: str | Path) -> Path:
     return max(candidates, key=lambda path: json.loads(path.read_text()).get("global_step", 0))
 
 
-def infer_method(log_history: Sequence[dict[str, Any]]) -> str:
-    """The credit method whose diagnostics were logged (`"grpo"` when none was)."""
+def method_prefixes(log_history: Sequence[dict[str, Any]]) -> list[str]:
+    """The credit methods whose metrics the log holds, in the order they first appear."""
+    prefixes = {}
     for entry in log_history:
         for key in entry:
-            prefix = key.split("/", 1)[0]
-            if "/" in key and prefix in METHOD_PREFIXES:
-                return prefix
-    return "grpo"
+            prefix, _, metric = key.partition("/")
+            if metric == _METHOD_MARKER and prefix != TRAINER_PREFIX:
+                prefixes.setdefault(prefix, None)
+    return list(prefixes)
+
+
+def infer_method(log_history: Sequence[dict[str, Any]]) -> str:
+    """The credit method (or `+`-joined stack) whose diagnostics were logged (`"grpo"` when none was)."""
+    return "+".join(method_prefixes(log_history)) or "grpo"
 
 
 def load_run(run_dir: str | Path, name: str | None = None) -> Run:
@@ -119,11 +126,12 @@ def metric_series(log_history: Sequence[dict[str, Any]], metric: str) -> tuple[l
 
 def diagnostic_metrics(log_history: Sequence[dict[str, Any]]) -> dict[str, list[str]]:
     """Credit diagnostics present in the log, grouped by prefix: `{"taco": ["taco/mean_weight", ...]}`."""
+    prefixes = {*method_prefixes(log_history), TRAINER_PREFIX}
     groups: dict[str, list[str]] = {}
     for entry in log_history:
         for key in entry:
             prefix = key.split("/", 1)[0]
-            if "/" in key and prefix in CREDIT_PREFIXES and key not in groups.setdefault(prefix, []):
+            if "/" in key and prefix in prefixes and key not in groups.setdefault(prefix, []):
                 groups[prefix].append(key)
     return {prefix: sorted(keys) for prefix, keys in groups.items() if keys}
 

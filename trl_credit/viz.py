@@ -21,13 +21,23 @@ from typing import Any
 
 TOKEN_CREDIT_FILENAME = "token_credit.jsonl"
 
-# The per-token statistic each method reads, as named in the records (`None`: the method has none).
-STATISTIC_NAMES: dict[str, str | None] = {
-    "grpo": None,
-    "taco": "tail_risk",
-    "eapo": "normalized_entropy",
-    "tide": "deviation",
-}
+
+
+def method_statistic_name(method: str) -> str | None:
+    """The name of the per-token statistic the token view shows for `method` (a name or a stack): that of the last
+    method of the stack whose registration declares one (the trainer records the last statistic returned), or None
+    for GRPO and for methods not registered in this process."""
+    from .methods import CREDIT_METHODS, parse_credit_methods
+
+    try:
+        names = parse_credit_methods(method)
+    except ValueError:
+        return None
+    for name in reversed(names):
+        registered = CREDIT_METHODS.get(name.rsplit(":", 1)[-1])
+        if registered is not None and registered.token_statistic is not None:
+            return registered.token_statistic[0]
+    return None
 
 RECORD_KEYS = (
     "step", "method", "prompt", "completion", "reward", "advantage", "tokens", "token_ids", "weights",
@@ -87,7 +97,7 @@ def token_credit_record(
 
     Args:
         step: global training step.
-        method: credit method (`"grpo"`, `"taco"`, `"eapo"`, `"tide"`).
+        method: credit method: `"grpo"`, a registered name, or a stack.
         prompt: prompt text as the model saw it.
         completion: decoded completion text.
         reward: total reward of the completion.
@@ -101,7 +111,7 @@ def token_credit_record(
         tokenizer: used to decode each kept token on its own when `tokens` is omitted. A byte-level
             BPE token that holds part of a multi-byte character decodes to U+FFFD.
         statistic: `(T,)` the method's own per-token statistic, or `None`.
-        statistic_name: its name; defaults to `STATISTIC_NAMES[method]`.
+        statistic_name: its name; defaults to the registration's (`method_statistic_name(method)`).
 
     Returns:
         A JSON-serialisable dict with the keys of `RECORD_KEYS`.
@@ -137,7 +147,7 @@ def token_credit_record(
         tokens = [token for token, keep in zip(tokens, keep_T.tolist(), strict=True) if keep]
 
     if statistic_name is None:
-        statistic_name = STATISTIC_NAMES.get(method)
+        statistic_name = method_statistic_name(method)
     return {
         "step": int(step),
         "method": str(method),

@@ -5,7 +5,8 @@
     trl-credit grpo --method eapo --config my.yaml --learning_rate 2e-6 --accelerate_config zero3
 
 Arguments are parsed with TRL's `TrlParser` over `CreditScriptArguments`, the method's config
-(`TACOConfig`, ...), and `ModelConfig`: YAML values are defaults and flags override them. Without
+(`TACOConfig`, ...), `ModelConfig`, and the hyperparameter dataclass of every other method of the stack, whose
+values go to `credit_kwargs`: YAML values are defaults and flags override them. Without
 `--config`, the packaged `configs/quickstart.yaml` supplies the defaults. With `--accelerate_config NAME|PATH`
 (or `accelerate_config:` in the YAML) the command re-launches this module through `accelerate launch`.
 Every argument is checked, and the data set is loaded, before any model is.
@@ -13,6 +14,7 @@ Every argument is checked, and the data set is loaded, before any model is.
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -109,17 +111,31 @@ def _method_spec(value) -> str:
     return value if isinstance(value, str) else "+".join(str(v) for v in value)
 
 
+def _stack(method: str):
+    from ..methods import get_credit_method, parse_credit_methods
+
+    return [get_credit_method(name) for name in parse_credit_methods(method)]
+
+
+def _method_argument_classes(method: str, config_class) -> list[type]:
+    """The hyperparameter dataclasses of the stack's methods that `config_class` does not declare as fields."""
+    declared = set(config_class.__dataclass_fields__)
+    return [
+        m.arguments for m in _stack(method) if m.arguments is not None and not set(m.argument_names) <= declared
+    ]
+
+
 def _check_other_methods_fields(method: str, config: dict, argv: list[str]) -> None:
     """Refuse hyperparameters of a method that is not in the stack: they would be silently ignored."""
-    from ..methods import CREDIT_METHODS, get_credit_method, parse_credit_methods
+    from ..methods import CREDIT_METHODS
 
-    selected = {get_credit_method(name).name for name in parse_credit_methods(method)}
+    selected = {m.name for m in _stack(method)}
     for other in CREDIT_METHODS.values():
         if other.name in selected:
             continue
         for name in other.argument_names:
             if name in config or _peek_option(argv, f"--{name}") is not None:
-                raise UsageError(f"{name} is a {other.name.upper()} option, but the method is {method}")
+                raise UsageError(f"{name} is an option of {other.name}, which is not in the method stack {method!r}")
 
 
 def build_parser(method: str):
@@ -128,13 +144,45 @@ def build_parser(method: str):
     from ..trainer import trainer_pair
 
     config_class = trainer_pair(method)[0]
-    parser = TrlParser((CreditScriptArguments, config_class, ModelConfig), prog=f"trl-credit grpo --method {method}")
+    dataclass_types = (CreditScriptArguments, config_class, ModelConfig, *_method_argument_classes(method, config_class))
+    parser = TrlParser(
+        dataclass_types, prog=f"trl-credit grpo --method {method}", epilog=_methods_epilog(), formatter_class=_HelpFormatter
+    )
 
     def one_line_error(message: str):
         raise UsageError(message)
 
     parser.error = one_line_error  # argparse prints usage and a message; we want one clear line
     return parser
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in the help, as `HfArgumentParser`, and the methods list kept one per line."""
+
+
+def _methods_epilog() -> str:
+    from ..methods import CREDIT_METHODS
+
+    lines = [f"  {m.name:<14} {m.summary}" for m in CREDIT_METHODS.values()]
+    return "credit methods (`--method NAME --help` shows a method's options):\n" + "\n".join(lines)
+
+
+def _merge_method_arguments(training_args, method_args: list, config: dict, argv: list[str]) -> None:
+    """Move the hyperparameters given as YAML keys or flags of the stack's methods into `credit_kwargs`, and check
+    the whole stack again."""
+    kwargs = dict(training_args.credit_kwargs or {})
+    for arguments in method_args:
+        for name, value in vars(arguments).items():
+            if name not in config and not {f"--{name}", f"--no_{name}"} & {arg.split("=")[0] for arg in argv}:
+                continue  # not given: the method's default applies
+            if name in kwargs and kwargs[name] != value:
+                raise UsageError(f"{name} is given both as an option ({value!r}) and in credit_kwargs ({kwargs[name]!r})")
+            kwargs[name] = value
+    training_args.credit_kwargs = kwargs or None
+    try:
+        training_args.validate_credit_fields()
+    except ValueError as error:
+        raise UsageError(str(error)) from error
 
 
 def parse_arguments(argv: list[str]):
@@ -153,13 +201,16 @@ def parse_arguments(argv: list[str]):
     parser = build_parser(method)
     try:
         # The config validates the whole stack (its order, its methods' credit_kwargs) as it is built.
-        script_args, training_args, model_args = parser.parse_args_and_config([*argv, "--credit_method", method])
+        _check_other_methods_fields(method, config, argv)
+        script_args, training_args, model_args, *method_args = parser.parse_args_and_config(
+            [*argv, "--credit_method", method]
+        )
     except ValueError as error:  # unknown flags or YAML keys, dataclass validation (e.g. taco_alpha range)
         message = str(error).splitlines()[0]
         message = message.replace("Some specified arguments are not used by the HfArgumentParser", "unknown arguments")
         raise UsageError(message) from error
     training_args.credit_method = script_args.method = method
-    _check_other_methods_fields(method, config, argv)
+    _merge_method_arguments(training_args, method_args, config, argv)
     if model_args.model_name_or_path is None:
         raise UsageError("--model_name_or_path is required (a Hub id, a local folder, or smollm2-135m-instruct)")
     if training_args.output_dir in (None, "trainer_output"):

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..plots import CREDIT_PREFIXES, find_trainer_state, metric_series
+from ..plots import diagnostic_metrics, find_trainer_state, metric_series
 from .plan import BASELINE, DONE_MARKER, EVAL_SUMMARY, RunSpec
 from .stats import Interval, paired_difference, t_interval
 
@@ -132,13 +132,9 @@ def mean_band(results: Sequence[RunResult], method: str, metric: str):
             [max(values_by_step[s]) for s in steps])
 
 
-def curve_metrics(results: Sequence[RunResult], methods: Sequence[str]) -> list[tuple[str, str]]:
-    """The core curves, then every method diagnostic (`<prefix>/...`, prefixes from the method names) logged."""
-    prefixes = set(CREDIT_PREFIXES) | {part for m in methods for part in re.split(r"[^A-Za-z0-9_]+", m) if part}
-    diagnostics = sorted({
-        key for r in results for entry in r.log_history for key in entry
-        if "/" in key and key.split("/", 1)[0] in prefixes
-    })
+def curve_metrics(results: Sequence[RunResult]) -> list[tuple[str, str]]:
+    """The core curves, then every credit diagnostic logged (`plots.diagnostic_metrics`)."""
+    diagnostics = sorted({key for r in results for keys in diagnostic_metrics(r.log_history).values() for key in keys})
     present = {key for r in results for entry in r.log_history for key in entry}
     return [(m, title) for m, title in CORE_CURVES if m in present] + [(d, d) for d in diagnostics]
 
@@ -262,7 +258,7 @@ def write_report(output_dir: str | Path, runs: Sequence[RunSpec], methods: Seque
     results = collect_results(runs)
     tables = build_tables(results, methods)
     figures = []
-    for metric, title in curve_metrics(results, methods):
+    for metric, title in curve_metrics(results):
         svg = curve_svg(results, methods, metric, title)
         if svg is not None:
             figures.append((metric, title, svg))

@@ -6,14 +6,7 @@ advantage; importing this package registers the built-in methods.
 
 from .ar_lopti import ARLoptiArguments, ar_lopti_advantages
 from .clip_cov import ClipCovArguments, clip_cov_advantages
-from .eapo import (
-    EAPOArguments,
-    eapo_advantages,
-    eapo_entropy_bounds,
-    eapo_kappa_schedule,
-    eapo_normalized_entropy,
-    quantile_linear,
-)
+from .eapo import EAPOArguments, eapo_advantages, eapo_kappa_schedule, eapo_normalized_entropy, quantile_linear
 from .entropy_adv import EntropyAdvArguments, entropy_adv_advantages
 from .high_entropy import HighEntropyArguments, high_entropy_advantages
 from .minp_support import MinPSupportArguments, minp_support_weights
@@ -23,6 +16,7 @@ from .registry import (
     CreditBatch,
     CreditMethod,
     CreditResult,
+    apply_credit_method,
     get_credit_method,
     parse_credit_methods,
     register_credit_method,
@@ -49,10 +43,10 @@ __all__ = [
     "TAMPOArguments",
     "TACOArguments",
     "TIDEArguments",
+    "apply_credit_method",
     "ar_lopti_advantages",
     "clip_cov_advantages",
     "eapo_advantages",
-    "eapo_entropy_bounds",
     "eapo_kappa_schedule",
     "eapo_normalized_entropy",
     "entropy_adv_advantages",

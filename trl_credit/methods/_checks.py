@@ -11,26 +11,6 @@ import math
 import torch
 
 
-def check_inputs(
-    advantages_B: torch.Tensor, mask_BT: torch.Tensor, **per_token_BT: torch.Tensor
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Validate shapes and finiteness; return the bool mask and the per-token tensors in float32, 0 where masked.
-
-    Non-finite values are only an error at *valid* positions: masked positions never enter a statistic,
-    so whatever padding holds (even NaN) is ignored.
-    """
-    if advantages_B.dim() != 1:
-        raise ValueError(f"advantages_B must have shape (B,), got {tuple(advantages_B.shape)}")
-    if mask_BT.dim() != 2 or mask_BT.shape[0] != advantages_B.shape[0]:
-        raise ValueError(
-            f"mask_BT must have shape (B, T) with B = {advantages_B.shape[0]} (from advantages_B), "
-            f"got {tuple(mask_BT.shape)}"
-        )
-    if not torch.isfinite(advantages_B).all():
-        raise ValueError("advantages_B contains NaN or inf; sequence advantages must be finite")
-    return _check_per_token(mask_BT, per_token_BT)
-
-
 def check_token_inputs(
     advantages_BT: torch.Tensor, mask_BT: torch.Tensor, **per_token_BT: torch.Tensor
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:

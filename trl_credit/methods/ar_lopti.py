@@ -77,6 +77,10 @@ def ar_lopti_advantages(
     arguments=ARLoptiArguments,
     checks={"ar_lopti_alpha": in_range(0.0, 1.0)},
     paper=AR_LOPTI_PAPER,
+    display_name="AR-Lopti",
+    summary="Scales every advantage by (1 - alpha) + alpha * p under the rollout policy.",
+    diagnostics={"prob_mean": "mean rollout probability p of the sampled tokens"},
+    token_statistic=("rollout_prob", "probability p of the sampled token under the rollout policy"),
 )
 def ar_lopti(batch: CreditBatch, ar_lopti_alpha: float) -> CreditResult:
     rollout_logps_BT = batch[ROLLOUT_LOGPS]

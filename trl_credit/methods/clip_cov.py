@@ -141,6 +141,13 @@ def clip_cov_advantages(
         "clip_cov_ub": (math.isfinite, "finite"),
     },
     paper=CLIP_COV_PAPER,
+    display_name="Clip-Cov",
+    summary="Zeroes the advantage of a random few tokens whose advantage-log-prob covariance lies in (lb, ub).",
+    diagnostics={
+        "detached_fraction": "fraction of valid tokens whose advantage was zeroed",
+        "candidate_fraction": "fraction of valid tokens with covariance in (lb, ub), not clipped by PPO",
+    },
+    token_statistic=("covariance", "centred covariance (A - mean A)(log p - mean log p) over the micro-batch"),
 )
 def clip_cov(batch: CreditBatch, clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float, clip_cov_seed: int) -> CreditResult:
     if not clip_cov_lb < clip_cov_ub:

@@ -84,6 +84,13 @@ def entropy_adv_advantages(
         "entropy_adv_kappa": (lambda k: 1.0 < k < math.inf, "finite and > 1"),
     },
     paper=ENTROPY_ADV_PAPER,
+    display_name="EntropyAdv",
+    summary="Adds a bounded entropy bonus min(alpha * H, |A| / kappa) to every token's advantage.",
+    diagnostics={
+        "mean_bonus": "mean entropy bonus psi over valid tokens",
+        "bounded_fraction": "fraction of valid tokens whose bonus hit the bound |A| / kappa",
+    },
+    token_statistic=("bonus", "entropy bonus psi = min(alpha * H, |A| / kappa)"),
 )
 def entropy_adv(batch: CreditBatch, entropy_adv_alpha: float, entropy_adv_kappa: float) -> CreditResult:
     entropy_BT = batch[POLICY_ENTROPY]

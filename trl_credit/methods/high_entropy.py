@@ -94,6 +94,10 @@ def high_entropy_advantages(
     checks={"high_entropy_top_ratio": in_range(0.0, 1.0)},
     paper=HIGH_ENTROPY_PAPER,
     drops_tokens=True,
+    display_name="80/20",
+    summary="Keeps in the loss only the 20 % highest-entropy tokens of each micro-batch.",
+    diagnostics={"entropy_threshold": "lowest kept entropy (mean over micro-batches)"},
+    token_statistic=("entropy", "current-policy entropy H (nats)"),
 )
 def high_entropy(batch: CreditBatch, high_entropy_top_ratio: float) -> CreditResult:
     entropy_BT = batch[POLICY_ENTROPY]

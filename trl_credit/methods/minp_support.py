@@ -109,6 +109,15 @@ def minp_support_weights(
     },
     paper=TACO_PAPER,
     drops_tokens=True,
+    display_name="min-p support",
+    summary="Down-weights in the loss positive-advantage tokens outside the min-p support set, smoothly in their "
+    "log-prob margin.",
+    diagnostics={
+        "support_weight": "mean loss weight over valid tokens",
+        "in_support_fraction_pos": "fraction of positive-advantage tokens inside the min-p set",
+        "margin_mean_pos": "mean min-p margin m over positive-advantage tokens",
+    },
+    token_statistic=("margin", "m = log p - log max_v p_v - log min_p; the token is in the set when m >= 0"),
 )
 def minp_support(
     batch: CreditBatch,

@@ -112,10 +112,19 @@ class CreditResult:
 # A check of one hyperparameter: a predicate and the allowed values in words ("in (0, 1]").
 Check = tuple[Callable[[Any], bool], str]
 
+# Statistics with a bounded range: a streamed computation may round slightly outside it, anything further is a bug
+# upstream. The rest need only be finite.
+STATISTIC_RANGES = {REFERENCE_DEVIATION: (0.0, 1.0), PREVIOUS_POLICY_DEVIATION: (0.0, 1.0)}
+_RANGE_TOLERANCE = 1e-4
+
 
 @dataclass(frozen=True, eq=False)
 class CreditMethod:
-    """A registered credit method. Build it with [`register_credit_method`]."""
+    """A registered credit method: everything the package knows about it. Build it with [`register_credit_method`].
+
+    Plots, the token-credit view, model cards, `--help` and the documentation tables read these fields; no other
+    module names a method.
+    """
 
     name: str
     function: Callable[..., CreditResult | torch.Tensor]
@@ -124,23 +133,31 @@ class CreditMethod:
     checks: Mapping[str, Check] = field(default_factory=dict)
     paper: Mapping[str, str] | None = None
     drops_tokens: bool = False
+    display_name: str = ""
+    summary: str = ""
+    diagnostics: Mapping[str, str] = field(default_factory=dict)
+    token_statistic: tuple[str, str] | None = None
 
     @property
     def argument_names(self) -> tuple[str, ...]:
         return tuple(f.name for f in dataclasses.fields(self.arguments)) if self.arguments else ()
 
+    def argument_fields(self) -> tuple[dataclasses.Field, ...]:
+        return dataclasses.fields(self.arguments) if self.arguments else ()
+
     def hyperparameters(self, config: Any = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The method's hyperparameters: config attributes of the same name, else `overrides`, else the defaults."""
+        """The method's hyperparameters: config attributes of the same name, else `overrides`, else the defaults.
+
+        They pass through the method's `arguments` dataclass, so its `__post_init__` (e.g. a type fix-up) applies.
+        """
         overrides = overrides or {}
         values = {}
-        for f in dataclasses.fields(self.arguments) if self.arguments else ():
+        for f in self.argument_fields():
             if hasattr(config, f.name):
                 values[f.name] = getattr(config, f.name)
             elif f.name in overrides:
                 values[f.name] = overrides[f.name]
-            else:
-                values[f.name] = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        return values
+        return dataclasses.asdict(self.arguments(**values)) if self.arguments else {}
 
     def check(self, hyperparameters: Mapping[str, Any]) -> None:
         """Raise `ValueError` naming the first hyperparameter outside its allowed range."""
@@ -158,11 +175,97 @@ class CreditMethod:
         return any(name in LOSS_FORWARD_STATISTICS for name in self.statistics_for(hyperparameters))
 
     def __call__(self, batch: CreditBatch, hyperparameters: Mapping[str, Any]) -> CreditResult:
+        """Validate `batch`, run the method, and validate what it returned (errors name the method)."""
+        batch = self._checked_batch(batch, hyperparameters)
         result = self.function(batch, **hyperparameters)
-        return result if isinstance(result, CreditResult) else CreditResult(advantages_BT=result)
+        result = result if isinstance(result, CreditResult) else CreditResult(advantages_BT=result)
+        self._check_result(batch, result)
+        return result
+
+    def _checked_batch(self, batch: CreditBatch, hyperparameters: Mapping[str, Any]) -> CreditBatch:
+        """`batch` with each statistic the method reads checked (shape, finite at valid positions, range) and zeroed
+        at masked positions, where whatever padding holds (even NaN) is ignored."""
+        mask_BT = batch.mask_BT
+        if mask_BT.dim() != 2 or mask_BT.dtype != torch.bool:
+            raise ValueError(f"credit method {self.name!r}: mask_BT must be a (B, T) bool tensor, got {_describe(mask_BT)}")
+        if batch.sequence_advantages_B.shape != mask_BT.shape[:1]:
+            raise ValueError(
+                f"credit method {self.name!r}: sequence_advantages_B must have shape ({mask_BT.size(0)},), got "
+                f"{tuple(batch.sequence_advantages_B.shape)}"
+            )
+        _check_finite(self.name, "sequence_advantages_B", batch.sequence_advantages_B, None)
+        _check_finite(self.name, "advantages_BT", _same_shape(self.name, "advantages_BT", batch.advantages_BT, mask_BT), mask_BT)
+        statistics = dict(batch.statistics)
+        for name in self.statistics_for(hyperparameters):
+            if name not in statistics:
+                raise ValueError(f"credit method {self.name!r} reads statistic {name!r}, which the batch does not have")
+            values_BT = _same_shape(self.name, f"statistic {name!r}", statistics[name], mask_BT).detach().float()
+            _check_finite(self.name, f"statistic {name!r}", values_BT, mask_BT)
+            if name in STATISTIC_RANGES and mask_BT.any():
+                low, high = STATISTIC_RANGES[name]
+                valid_N = values_BT[mask_BT]
+                if valid_N.min() < low - _RANGE_TOLERANCE or valid_N.max() > high + _RANGE_TOLERANCE:
+                    raise ValueError(
+                        f"credit method {self.name!r}: statistic {name!r} must lie in [{low:g}, {high:g}] at valid "
+                        f"positions, got values in [{valid_N.min().item():g}, {valid_N.max().item():g}]"
+                    )
+            statistics[name] = torch.where(mask_BT, values_BT, 0.0)
+        return dataclasses.replace(batch, advantages_BT=torch.where(mask_BT, batch.advantages_BT.float(), 0.0), statistics=statistics)
+
+    def _check_result(self, batch: CreditBatch, result: CreditResult) -> None:
+        mask_BT = batch.mask_BT
+        if result.advantages_BT.shape != mask_BT.shape:
+            raise ValueError(
+                f"credit method {self.name!r} returned advantages of shape {tuple(result.advantages_BT.shape)}, "
+                f"expected {tuple(mask_BT.shape)}"
+            )
+        _check_finite(self.name, "the returned advantages_BT", result.advantages_BT, mask_BT)
+        if result.loss_mask_BT is not None:
+            if not self.drops_tokens:
+                raise ValueError(f"credit method {self.name!r} returned a loss mask but is registered with drops_tokens=False")
+            loss_mask_BT = _same_shape(self.name, "returned loss mask", result.loss_mask_BT, mask_BT)
+            valid_N = loss_mask_BT[mask_BT].float()
+            if not (torch.isfinite(valid_N).all() and (valid_N >= 0).all() and (valid_N <= 1).all()):
+                raise ValueError(f"credit method {self.name!r} returned a loss mask outside [0, 1] at valid positions")
+        undeclared = sorted(set(result.metrics) - set(self.diagnostics))
+        if undeclared:
+            raise ValueError(
+                f"credit method {self.name!r} logged metrics {undeclared} that its registration does not declare; "
+                "add them to `diagnostics={name: meaning}` of register_credit_method"
+            )
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"{tensor.dtype} of shape {tuple(tensor.shape)}"
+
+
+def _same_shape(method: str, what: str, tensor: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    if tensor.shape != mask_BT.shape:
+        raise ValueError(f"credit method {method!r}: {what} must have the shape of the mask {tuple(mask_BT.shape)}, got {tuple(tensor.shape)}")
+    return tensor
+
+
+def _check_finite(method: str, what: str, tensor: torch.Tensor, mask_BT: torch.Tensor | None) -> None:
+    values = tensor if mask_BT is None else tensor[mask_BT]
+    bad = (~torch.isfinite(values)).sum().item()
+    if bad:
+        where = "" if mask_BT is None else " at valid positions"
+        raise ValueError(f"credit method {method!r}: {what} has NaN or inf{where} ({bad} of {values.numel()} values)")
 
 
 CREDIT_METHODS: dict[str, CreditMethod] = {}
+
+# `grpo` is no registered method: it is the empty stack, every token keeping its response's advantage.
+GRPO_DISPLAY_NAME = "GRPO"
+GRPO_SUMMARY = "Every token of a completion receives the completion's group-normalised advantage."
+
+# What the trainer logs for every method of a stack, as `name/metric`, besides the method's own diagnostics.
+COMMON_DIAGNOSTICS = {
+    "mean_weight": "mean factor Â / A by which the method multiplied the incoming advantages (valid tokens, A != 0)",
+    "weight_std": "standard deviation of that factor",
+    "weight_max": "largest factor",
+    "kept_fraction": "mean loss-mask weight over valid tokens (methods that drop tokens)",
+}
 
 
 def register_credit_method(
@@ -173,6 +276,10 @@ def register_credit_method(
     checks: Mapping[str, Check] | None = None,
     paper: Mapping[str, str] | None = None,
     drops_tokens: bool = False,
+    display_name: str | None = None,
+    summary: str = "",
+    diagnostics: Mapping[str, str] | None = None,
+    token_statistic: tuple[str, str] | None = None,
 ):
     """Register `function(batch: CreditBatch, **hyperparameters) -> CreditResult | Tensor` as credit method `name`.
 
@@ -180,11 +287,16 @@ def register_credit_method(
         name: what `credit_method` / `--method` calls it; its diagnostics are logged as `name/...`.
         statistics: the statistics it reads (the constants of this module), or a function of its
             hyperparameters returning them.
-        arguments: a dataclass of its hyperparameters (config fields with `help` and defaults). Fields that
-            `CreditGRPOConfig` does not declare are set through its `credit_kwargs`.
+        arguments: a dataclass of its hyperparameters (fields with `help` and defaults). They are set through
+            `CreditGRPOConfig(credit_kwargs={...})`, YAML keys or `--flags` of `trl-credit grpo --method name`.
         checks: `{hyperparameter: (predicate, allowed values in words)}`, checked before training starts.
         paper: `{"title", "id" (arXiv id), "citation" (BibTeX)}`, for the model card.
         drops_tokens: whether it may return a `loss_mask_BT`.
+        display_name: its name in plots, cards and tables (defaults to `name`).
+        summary: one line saying what it does, for cards, `--help` and the methods table.
+        diagnostics: `{metric: meaning}` of every metric it returns (logged as `name/metric`); returning an
+            undeclared one is an error.
+        token_statistic: `(name, meaning)` of the per-token statistic it returns for the token-credit view.
 
     Registering a second, different function under an existing name is an error.
     """
@@ -194,11 +306,20 @@ def register_credit_method(
         unknown = [s for s in statistics if s not in STATISTICS]
         if unknown:
             raise ValueError(f"unknown statistics {unknown} for credit method {name!r}; choose from {STATISTICS}")
+    if arguments is not None:
+        unknown = sorted(set(checks or {}) - {f.name for f in dataclasses.fields(arguments)})
+        if unknown:
+            raise ValueError(f"credit method {name!r} checks {unknown}, which are not fields of {arguments.__name__}")
+
+    reserved = sorted(set(diagnostics or {}) & set(COMMON_DIAGNOSTICS))
+    if reserved:
+        raise ValueError(f"credit method {name!r}: the trainer logs {reserved} for every method; name its metrics otherwise")
 
     def decorator(function):
         method = CreditMethod(
             name, function, statistics if callable(statistics) else tuple(statistics), arguments,
-            dict(checks or {}), paper, drops_tokens,
+            dict(checks or {}), paper, drops_tokens, display_name or name, summary, dict(diagnostics or {}),
+            token_statistic,
         )
         existing = CREDIT_METHODS.get(name)
         if existing is not None and _qualname(existing.function) != _qualname(function):
@@ -207,6 +328,48 @@ def register_credit_method(
         return function
 
     return decorator
+
+
+def apply_credit_method(
+    name: str,
+    advantages_B: torch.Tensor,
+    mask_BT: torch.Tensor,
+    statistics: Mapping[str, torch.Tensor],
+    *,
+    vocab_size: int | None = None,
+    step: int = 0,
+    clip_range: tuple[float, float] = (0.2, 0.2),
+    advantages_BT: torch.Tensor | None = None,
+    **hyperparameters,
+) -> CreditResult:
+    """Run registered method `name` on one process's tensors, as the trainer does, outside a trainer.
+
+    Args:
+        advantages_B: `(B,)` sequence advantages `A_i`.
+        mask_BT: `(B, T)` valid completion positions (bool or 0/1).
+        statistics: the statistics the method reads, `(B, T)` each, by name.
+        advantages_BT: incoming token advantages (a previous method's output); `A_i` on every valid token if None.
+        **hyperparameters: the method's hyperparameters by field name; the others keep their defaults.
+
+    Batch-global reductions (EAPO's quantiles) span the tensors passed in.
+    """
+    method = get_credit_method(name)
+    unknown = sorted(set(hyperparameters) - set(method.argument_names))
+    if unknown:
+        raise ValueError(f"credit method {name!r} has no hyperparameters {unknown}; it has {list(method.argument_names)}")
+    values = method.hyperparameters(None, hyperparameters)
+    method.check(values)
+    if advantages_B.dim() != 1 or mask_BT.dim() != 2 or mask_BT.size(0) != advantages_B.size(0):
+        raise ValueError(
+            f"advantages_B must have shape (B,) and mask_BT (B, T), got {tuple(advantages_B.shape)} and {tuple(mask_BT.shape)}"
+        )
+    batch = CreditBatch.from_sequence_advantages(
+        advantages_B, mask_BT, statistics=statistics, vocab_size=vocab_size, step=step, clip_range=clip_range
+    )
+    if advantages_BT is not None:
+        batch = dataclasses.replace(batch, advantages_BT=advantages_BT)
+    with torch.no_grad():
+        return method(batch, values)
 
 
 def _qualname(function) -> str:

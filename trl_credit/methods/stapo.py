@@ -102,6 +102,15 @@ def stapo_advantages(
     },
     paper=STAPO_PAPER,
     drops_tokens=True,
+    display_name="STAPO",
+    summary="Drops from the loss positive-advantage tokens with p < 0.002 and entropy below the micro-batch's 10th "
+    "percentile.",
+    diagnostics={
+        "dropped_fraction": "fraction of valid tokens dropped from the loss",
+        "dropped_fraction_pos": "fraction of positive-advantage tokens dropped",
+        "entropy_threshold": "entropy quantile below which a candidate is spurious (mean over micro-batches)",
+    },
+    token_statistic=("entropy", "current-policy entropy H (nats)"),
 )
 def stapo(
     batch: CreditBatch, stapo_prob_threshold: float, stapo_entropy_quantile: float, stapo_only_positive_advantage: bool

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_inputs, check_range, in_range, paper
-from .registry import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult, register_credit_method
+from ._checks import in_range, paper
+from .registry import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult, apply_credit_method, register_credit_method
 
 TACO_PAPER = paper(
     "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
@@ -48,61 +48,30 @@ def taco_tail_risk(logps_BT: torch.Tensor, entropy_BT: torch.Tensor, alpha: floa
     return -logps_BT - entropy_BT + math.log(alpha)
 
 
-def taco_weights(logps_BT: torch.Tensor, entropy_BT: torch.Tensor, alpha: float, lam: float) -> torch.Tensor:
-    """`w = 1 - lam * (1 - exp(-r))` for tail tokens (`r > 0`), else exactly 1."""
-    risk_BT = taco_tail_risk(logps_BT, entropy_BT, alpha).clamp(min=0.0)
-    return 1.0 - lam * (1.0 - torch.exp(-risk_BT))
-
-
-@torch.no_grad()
-def taco_advantages(
-    advantages_B: torch.Tensor,
-    logps_BT: torch.Tensor,
-    entropy_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    alpha: float = 0.01,
-    lam: float = 0.9,
-) -> torch.Tensor:
-    """Shrink the positive credit of implausible tail tokens.
-
-    Args:
-        advantages_B: `(B,)` sequence advantages `A_i`.
-        logps_BT: `(B, T)` log-probabilities of the sampled tokens under the current policy.
-        entropy_BT: `(B, T)` full-vocabulary entropies (nats) of the current policy.
-        mask_BT: `(B, T)` valid completion positions (bool or 0/1).
-        alpha: tail threshold, in `(0, 1]`.
-        lam: maximal shrinkage, in `[0, 1]`; `lam = 0` is GRPO.
-
-    Returns:
-        `(B, T)` float32 token advantages, 0 on masked positions.
-    """
-    check_range("alpha", alpha, 0.0, 1.0, low_open=True)
-    check_range("lam", lam, 0.0, 1.0)
-    valid_BT, (logps_BT, entropy_BT) = check_inputs(advantages_B, mask_BT, logps_BT=logps_BT, entropy_BT=entropy_BT)
-    batch = CreditBatch.from_sequence_advantages(advantages_B, valid_BT)
-    weights_BT = taco_weights(logps_BT, entropy_BT, alpha, lam)
-    return _shrink_positive(batch, weights_BT)
-
-
-def _shrink_positive(batch: CreditBatch, weights_BT: torch.Tensor) -> torch.Tensor:
-    positive_BT = batch.mask_BT & (batch.sequence_advantages_B > 0).unsqueeze(1)
-    return torch.where(positive_BT, weights_BT * batch.advantages_BT, batch.advantages_BT)
-
-
 @register_credit_method(
     "taco",
     statistics=(POLICY_LOGPS, POLICY_ENTROPY),
     arguments=TACOArguments,
     checks={"taco_alpha": in_range(0.0, 1.0, low_open=True), "taco_lambda": in_range(0.0, 1.0)},
     paper=TACO_PAPER,
+    display_name="TACO",
+    summary="Shrinks the positive credit of implausible tail tokens (p < alpha * exp(-H)) by a factor in (1 - lambda, 1].",
+    diagnostics={
+        "tail_fraction": "fraction of valid tokens in the tail (r > 0)",
+        "tail_fraction_pos": "fraction of positive-advantage tokens in the tail (the paper reports about 1.9 %)",
+        "mean_tail_risk": "mean tail risk r = -log p - H + log alpha over valid tokens",
+        "pos_adv_fraction": "fraction of valid tokens with a positive advantage",
+    },
+    token_statistic=("tail_risk", "r = -log p - H + log alpha; the token is in the tail when r > 0"),
 )
 def taco(batch: CreditBatch, taco_alpha: float, taco_lambda: float) -> CreditResult:
     logps_BT, entropy_BT = batch[POLICY_LOGPS], batch[POLICY_ENTROPY]
     risk_BT = taco_tail_risk(logps_BT, entropy_BT, taco_alpha)
-    in_tail_BT = batch.mask_BT & (risk_BT > 0)
+    weights_BT = 1.0 - taco_lambda * (1.0 - torch.exp(-risk_BT.clamp(min=0.0)))  # exactly 1 outside the tail
     positive_BT = batch.mask_BT & (batch.sequence_advantages_B > 0).unsqueeze(1)
+    in_tail_BT = batch.mask_BT & (risk_BT > 0)
     return CreditResult(
-        advantages_BT=_shrink_positive(batch, taco_weights(logps_BT, entropy_BT, taco_alpha, taco_lambda)),
+        advantages_BT=torch.where(positive_BT, weights_BT * batch.advantages_BT, batch.advantages_BT),
         metrics={
             "tail_fraction": in_tail_BT.float(),
             "tail_fraction_pos": (in_tail_BT & positive_BT, positive_BT),
@@ -111,3 +80,25 @@ def taco(batch: CreditBatch, taco_alpha: float, taco_lambda: float) -> CreditRes
         },
         statistic_BT=risk_BT,
     )
+
+
+def taco_advantages(
+    advantages_B: torch.Tensor,
+    logps_BT: torch.Tensor,
+    entropy_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    alpha: float = 0.01,
+    lam: float = 0.9,
+) -> torch.Tensor:
+    """The registered `taco` method on plain tensors: `(B, T)` float32 token advantages, 0 on masked positions.
+
+    Args:
+        advantages_B: `(B,)` sequence advantages `A_i`.
+        logps_BT: `(B, T)` log-probabilities of the sampled tokens under the current policy.
+        entropy_BT: `(B, T)` full-vocabulary entropies (nats) of the current policy.
+        mask_BT: `(B, T)` valid completion positions (bool or 0/1).
+        alpha: tail threshold, in `(0, 1]`.
+        lam: maximal shrinkage, in `[0, 1]`; `lam = 0` is GRPO.
+    """
+    statistics = {POLICY_LOGPS: logps_BT, POLICY_ENTROPY: entropy_BT}
+    return apply_credit_method("taco", advantages_B, mask_BT, statistics, taco_alpha=alpha, taco_lambda=lam).advantages_BT

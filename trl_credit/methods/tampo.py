@@ -79,6 +79,13 @@ def tampo_advantages(
     },
     paper=TACO_PAPER,
     drops_tokens=True,
+    display_name="TAMPO",
+    summary="Drops from the loss positive-advantage tokens with p <= 0.002 and entropy <= 0.5.",
+    diagnostics={
+        "dropped_fraction": "fraction of valid tokens dropped from the loss",
+        "dropped_fraction_pos": "fraction of positive-advantage tokens dropped",
+    },
+    token_statistic=("entropy", "current-policy entropy H (nats)"),
 )
 def tampo(batch: CreditBatch, tampo_prob_threshold: float, tampo_entropy_threshold: float) -> CreditResult:
     entropy_BT = batch[POLICY_ENTROPY]

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import FINITE_NON_NEGATIVE, FINITE_POSITIVE, check_inputs, check_range, paper
+from ._checks import FINITE_NON_NEGATIVE, FINITE_POSITIVE, paper
 from .registry import (
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,
     CreditBatch,
     CreditResult,
+    apply_credit_method,
     register_credit_method,
 )
 
@@ -86,56 +87,6 @@ def tide_scores(
     return deviation_BT * tide_entropy_gate(entropy_BT, vocab_size).pow(kappa)
 
 
-def tide_weights(scores_BT: torch.Tensor, valid_BT: torch.Tensor, tau: float) -> torch.Tensor:
-    """`w = T_i * softmax_t(s / tau)` over the `T_i` valid tokens of each response; 0 elsewhere."""
-    logits_BT = (scores_BT / tau).masked_fill(~valid_BT, -math.inf)
-    # A row without valid tokens would be all -inf (NaN softmax): give it zeros instead.
-    softmax_BT = torch.softmax(logits_BT.masked_fill(~valid_BT.any(dim=1, keepdim=True), 0.0), dim=1) * valid_BT
-    return valid_BT.sum(dim=1, keepdim=True) * softmax_BT
-
-
-@torch.no_grad()
-def tide_advantages(
-    advantages_B: torch.Tensor,
-    deviation_BT: torch.Tensor,
-    entropy_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    vocab_size: int,
-    tau: float = 0.5,
-    kappa: float = 1.0,
-    distance: str = "squared_hellinger",
-) -> torch.Tensor:
-    """Give more credit to uncertain tokens where the policy moved away from the reference.
-
-    Args:
-        advantages_B: `(B,)` sequence advantages.
-        deviation_BT: `(B, T)` squared Hellinger distance `1 - sum_v sqrt(pi * pi_ref)`, in `[0, 1]`.
-        entropy_BT: `(B, T)` policy entropies (nats).
-        mask_BT: `(B, T)` valid completion positions.
-        vocab_size: `|V|`, normalises the entropy gate; `>= 2`.
-        tau: softmax temperature, `> 0`.
-        kappa: entropy-gate exponent, `>= 0` (`0` turns the gate off).
-        distance: `"squared_hellinger"` uses `d` as given, `"hellinger"` uses `sqrt(d)`.
-
-    Returns:
-        `(B, T)` float32 token advantages, 0 on masked positions.
-    """
-    check_range("tau", tau, 0.0, math.inf, low_open=True, high_open=True)
-    check_range("kappa", kappa, 0.0, math.inf, high_open=True)
-    if distance not in DISTANCES:
-        raise ValueError(f"distance must be one of {DISTANCES}, got {distance!r}")
-    if int(vocab_size) < 2:
-        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
-    valid_BT, (deviation_BT, entropy_BT) = check_inputs(
-        advantages_B, mask_BT, deviation_BT=deviation_BT, entropy_BT=entropy_BT
-    )
-    # A streamed computation can round d slightly outside [0, 1]; anything further is a bug upstream.
-    if deviation_BT.numel() and (deviation_BT.min() < -1e-4 or deviation_BT.max() > 1 + 1e-4):
-        raise ValueError("deviation_BT must be a squared Hellinger distance in [0, 1] at valid positions")
-    scores_BT = tide_scores(deviation_BT, entropy_BT, vocab_size, kappa, distance)
-    return advantages_B.float().unsqueeze(1) * tide_weights(scores_BT, valid_BT, tau)
-
-
 def _tide_statistics(hyperparameters: dict) -> tuple[str, ...]:
     deviation = PREVIOUS_POLICY_DEVIATION if hyperparameters["tide_reference"] == "old" else REFERENCE_DEVIATION
     return (deviation, ROLLOUT_ENTROPY)
@@ -152,15 +103,30 @@ def _tide_statistics(hyperparameters: dict) -> tuple[str, ...]:
         "tide_reference": (lambda r: r in REFERENCES, f"one of {REFERENCES}"),
     },
     paper=TIDE_PAPER,
+    display_name="TIDE",
+    summary="Spreads each response's advantage by a softmax over the entropy-gated Hellinger deviation from a "
+    "reference, mean weight 1 per response.",
+    diagnostics={
+        "mean_deviation": "mean squared Hellinger distance d to the reference over valid tokens",
+        "mean_gate": "mean entropy gate Hn = H / log|V| over valid tokens",
+        "mean_score": "mean gated deviation score s = d * Hn^kappa over valid tokens",
+    },
+    token_statistic=("deviation", "squared Hellinger distance d between the policy and the reference"),
 )
 def tide(
     batch: CreditBatch, tide_tau: float, tide_kappa: float, tide_distance: str, tide_reference: str
 ) -> CreditResult:
+    if batch.vocab_size is None or batch.vocab_size < 2:
+        raise ValueError(f"tide needs the vocabulary size |V| >= 2 for its entropy gate, got {batch.vocab_size}")
     deviation_BT = batch[_tide_statistics({"tide_reference": tide_reference})[0]]
-    entropy_BT = batch[ROLLOUT_ENTROPY]
+    entropy_BT, valid_BT = batch[ROLLOUT_ENTROPY], batch.mask_BT
     scores_BT = tide_scores(deviation_BT, entropy_BT, batch.vocab_size, tide_kappa, tide_distance)
+    # w = T_i * softmax over the valid tokens of each response; a row without valid tokens gets zeros, not NaN.
+    logits_BT = (scores_BT / tide_tau).masked_fill(~valid_BT, -math.inf)
+    softmax_BT = torch.softmax(logits_BT.masked_fill(~valid_BT.any(dim=1, keepdim=True), 0.0), dim=1) * valid_BT
+    weights_BT = valid_BT.sum(dim=1, keepdim=True) * softmax_BT
     return CreditResult(
-        advantages_BT=batch.advantages_BT * tide_weights(scores_BT, batch.mask_BT, tide_tau),
+        advantages_BT=batch.advantages_BT * weights_BT,
         metrics={
             "mean_deviation": deviation_BT,
             "mean_gate": tide_entropy_gate(entropy_BT, batch.vocab_size),
@@ -168,3 +134,32 @@ def tide(
         },
         statistic_BT=deviation_BT,
     )
+
+
+def tide_advantages(
+    advantages_B: torch.Tensor,
+    deviation_BT: torch.Tensor,
+    entropy_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    vocab_size: int,
+    tau: float = 0.5,
+    kappa: float = 1.0,
+    distance: str = "squared_hellinger",
+) -> torch.Tensor:
+    """The registered `tide` method (reference `"ref"`) on plain tensors: `(B, T)` float32 token advantages.
+
+    Args:
+        advantages_B: `(B,)` sequence advantages.
+        deviation_BT: `(B, T)` squared Hellinger distance `1 - sum_v sqrt(pi * pi_ref)`, in `[0, 1]`.
+        entropy_BT: `(B, T)` policy entropies (nats).
+        mask_BT: `(B, T)` valid completion positions.
+        vocab_size: `|V|`, normalises the entropy gate; `>= 2`.
+        tau: softmax temperature, `> 0`.
+        kappa: entropy-gate exponent, `>= 0` (`0` turns the gate off).
+        distance: `"squared_hellinger"` uses `d` as given, `"hellinger"` uses `sqrt(d)`.
+    """
+    statistics = {REFERENCE_DEVIATION: deviation_BT, ROLLOUT_ENTROPY: entropy_BT}
+    return apply_credit_method(
+        "tide", advantages_B, mask_BT, statistics, vocab_size=vocab_size, tide_tau=tau, tide_kappa=kappa,
+        tide_distance=distance,
+    ).advantages_BT

@@ -8,32 +8,17 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from ..methods import (
-    CREDIT_METHODS,
-    ARLoptiArguments,
-    ClipCovArguments,
-    EAPOArguments,
-    EntropyAdvArguments,
-    HighEntropyArguments,
-    MinPSupportArguments,
-    STAPOArguments,
-    TACOArguments,
-    TAMPOArguments,
-    TIDEArguments,
-    get_credit_method,
-)
+from ..methods import get_credit_method
 from ..methods.registry import CreditMethod, parse_credit_methods
 
 
 @dataclass
-class CreditGRPOConfig(
-    GRPOConfig, TACOArguments, EAPOArguments, TIDEArguments, STAPOArguments, TAMPOArguments, MinPSupportArguments,
-    ARLoptiArguments, ClipCovArguments, HighEntropyArguments, EntropyAdvArguments,
-):
+class CreditGRPOConfig(GRPOConfig):
     r"""
     Configuration class for [`CreditGRPOTrainer`]: every [`~trl.GRPOConfig`] parameter plus the token-level credit
-    method and its hyperparameters. Method defaults are the papers' defaults; each method's fields are documented in
-    its file under `trl_credit/methods/` (`TACOArguments`, `EAPOArguments`, `TIDEArguments`).
+    method and its hyperparameters. A method's hyperparameters are the fields of its `arguments` dataclass (in its
+    file under `trl_credit/methods/`, with the papers' defaults); they are set through `credit_kwargs`, or as fields
+    of the single-method configs (`TACOConfig(taco_alpha=...)`).
 
     Parameters:
         > Parameters that select the credit method
@@ -45,8 +30,9 @@ class CreditGRPOConfig(
             order, each reshaping the token advantages the previous one returned. Methods that read the generation
             batch must come before methods that read the training forward.
         credit_kwargs (`dict` or `str`, *optional*):
-            Hyperparameters of registered methods that this config does not declare as fields, e.g.
-            `{"boost": 2.0}` (a JSON string on the command line).
+            Hyperparameters of the methods of the stack, e.g. `{"taco_alpha": 0.05, "eapo_kappa": 1.0}` (a JSON
+            string on the command line); unset ones keep their defaults. A hyperparameter that this config declares
+            as a field (`TACOConfig.taco_alpha`) is set there, not here.
 
         > Parameters that control how statistics are computed
 
@@ -73,7 +59,7 @@ class CreditGRPOConfig(
     )
     credit_kwargs: dict[str, Any] | str | None = field(
         default=None,
-        metadata={"help": "Hyperparameters of registered methods that are not config fields (a JSON object)."},
+        metadata={"help": "Hyperparameters of the methods of the stack, e.g. '{\"taco_alpha\": 0.05}' (a JSON object)."},
     )
     statistics_token_chunk_size: int = field(
         default=1024, metadata={"help": "Token positions per block when streaming the LM heads (TIDE's deviation)."}
@@ -100,7 +86,6 @@ class CreditGRPOConfig(
                 raise ValueError(f"credit_kwargs must be a JSON object, got {self.credit_kwargs!r} ({error})") from None
         if self.credit_kwargs is not None and not isinstance(self.credit_kwargs, dict):
             raise ValueError(f"credit_kwargs must be a mapping of hyperparameter names to values, got {self.credit_kwargs!r}")
-        self.eapo_quantiles = [float(q) for q in self.eapo_quantiles]  # the CLI passes strings
         self.validate_credit_fields()
         super().__post_init__()
 
@@ -118,14 +103,19 @@ class CreditGRPOConfig(
             stack = self.credit_methods
         except ValueError as error:
             raise ValueError(f"credit_method: {error}") from None
-        # Every method whose fields this config declares is checked, selected or not: a bad value is a typo.
-        declared = [m for m in CREDIT_METHODS.values() if all(hasattr(self, n) for n in m.argument_names)]
-        for method in dict.fromkeys([*declared, *stack]):
-            method.check(self.method_hyperparameters(method))
+        shadowed = sorted(name for name in self.credit_kwargs or {} if name in self.__dataclass_fields__)
+        if shadowed:
+            raise ValueError(
+                f"credit_kwargs names {shadowed}, which {type(self).__name__} declares as fields: set "
+                + ", ".join(f"{type(self).__name__}({name}=...)" for name in shadowed)
+                + " instead"
+            )
         known = {name for method in stack for name in method.argument_names}
         unknown = sorted(set(self.credit_kwargs or {}) - known)
         if unknown:
             raise ValueError(f"credit_kwargs names {unknown}, which no method of {self.credit_method!r} reads")
+        for method in stack:
+            method.check(self.method_hyperparameters(method))
         in_forward = [m.reads_training_forward(self.method_hyperparameters(m)) for m in stack]
         if in_forward != sorted(in_forward):
             raise ValueError(

@@ -41,7 +41,6 @@ from .diagnostics import advantage_magnitude, credit_metrics
 from .engines import vocab_size
 from .reference import DeviationReference, copy_initial_model
 from .sources import (
-    MULTIMODAL_KEYS,
     generates_in_one_call,
     generation_statistics,
     policy_logps_and_entropy,
@@ -49,6 +48,13 @@ from .sources import (
     recorded_final_hidden,
     recorded_generation_hidden,
     valid_mask,
+)
+from .trl_compat import (
+    MULTIMODAL_KEYS,
+    NORMALISER_AT_GENERATION,
+    check_trainer_attributes,
+    check_trl_surfaces,
+    fused_statistics,
 )
 
 if is_wandb_available():
@@ -74,6 +80,7 @@ class CreditGRPOTrainer(GRPOTrainer):
     _tag_names = ["trl", "grpo", "trl-credit"]
 
     def __init__(self, model, reward_funcs=None, args: CreditGRPOConfig | None = None, *pos_args, **kwargs):
+        check_trl_surfaces()
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = self.config_class(output_dir=f"{model_name.split('/')[-1]}-{self._name}")
@@ -98,6 +105,14 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._generation_methods = [(m, hp) for m, hp in stack if not m.reads_training_forward(hp)]
         self._training_forward_methods = [(m, hp) for m, hp in stack if m.reads_training_forward(hp)]
         self._drops_tokens_in_forward = any(m.drops_tokens for m, _ in self._training_forward_methods)
+        if self._drops_tokens_in_forward and args.loss_type in NORMALISER_AT_GENERATION:
+            dropping = [m.name for m, _ in self._training_forward_methods if m.drops_tokens]
+            warnings.warn(
+                f"{', '.join(dropping)} drop tokens from the loss in the training forward, but loss_type="
+                f"{args.loss_type!r} counts its normaliser when the batch is generated, so dropped tokens still count "
+                "in it. Use loss_type='bnpo' to reproduce the official per-micro-batch token mean.",
+                stacklevel=2,
+            )
         requested = {name for m, hp in stack for name in m.statistics_for(hp)}
         self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
         self._records_hidden = POLICY_MAX_LOGPROB in requested  # from the final hidden states of the forward
@@ -106,6 +121,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
         initial_copy = copy_initial_model(model, args, kwargs.get("peft_config"), self._generation_statistics)
         super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
+        check_trainer_attributes(self)
         self.deviation_reference = DeviationReference(self, initial_copy, deviations[0]) if deviations else None
 
     # ------------------------------------------------------------------------------------- generation batch
@@ -160,12 +176,7 @@ class CreditGRPOTrainer(GRPOTrainer):
                 advantages_BT, sequence_B, mask_BT, statistics=statistics, vocab_size=num_vocab,
                 step=self.state.global_step, gather=self._gather_all, clip_range=(self.epsilon_low, self.epsilon_high),
             )
-            result: CreditResult = method(credit_batch, hyperparameters)
-            if result.advantages_BT.shape != mask_BT.shape:
-                raise ValueError(
-                    f"credit method {method.name!r} returned advantages of shape {tuple(result.advantages_BT.shape)}, "
-                    f"expected {tuple(mask_BT.shape)}"
-                )
+            result: CreditResult = method(credit_batch, hyperparameters)  # validates its inputs and its result
             result.advantages_BT = torch.where(mask_BT, result.advantages_BT.float(), 0.0)
             if record_metrics:
                 for name, value in credit_metrics(self.accelerator, method.name, advantages_BT, result, mask_BT).items():
@@ -214,8 +225,7 @@ class CreditGRPOTrainer(GRPOTrainer):
 
         def after_forward(module, args, kwargs, output):
             handle.remove()  # only the policy forward of this loss
-            num_tokens = inputs["completion_ids"].size(1)
-            logps_BT, entropy_BT = output.log_probs[:, -num_tokens:], output.entropy[:, -num_tokens:]
+            logps_BT, entropy_BT = fused_statistics(output, inputs["completion_ids"].size(1))
             statistics = self._forward_statistics(inputs, logps_BT.detach().float(), entropy_BT.detach().float(), hidden)
             inputs.update(self._apply_credit(inputs, self._training_forward_methods, statistics)[0])
 

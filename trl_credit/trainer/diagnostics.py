@@ -8,12 +8,16 @@ import torch
 
 from ..methods.registry import CreditResult
 
+# Logged once per batch whatever the stack, besides each method's `name/...` metrics.
+TRAINER_METRICS = {"credit/adv_abs_mean": "mean |Â| over the valid tokens of every process, after the whole stack"}
+
 
 @torch.no_grad()
 def credit_metrics(accelerator, name: str, incoming_BT, result: CreditResult, mask_BT) -> dict[str, float]:
     """`name/...` metrics of one method of the stack, reduced over every process (a collective on each one).
 
-    The weight of a token is the factor its advantage was multiplied by (`out / in`, where `in != 0`).
+    Besides the method's own metrics, every method gets `registry.COMMON_DIAGNOSTICS`. The weight of a token is the factor
+    its advantage was multiplied by (`out / in`, where `in != 0`).
     """
     reshaped_BT = mask_BT & (incoming_BT != 0)
     weights_N = (result.advantages_BT / torch.where(reshaped_BT, incoming_BT, 1.0))[reshaped_BT]

@@ -6,13 +6,13 @@ and the head directly and gather what DeepSpeed ZeRO-3 or FSDP2 shard.
 
 from __future__ import annotations
 
-import inspect
 from contextlib import contextmanager
 
 import torch
 from accelerate.utils import is_peft_model
 
 from ..statistics import LogitTransform
+from .trl_compat import cache_keyword, output_cache
 
 
 def backbone(model):
@@ -46,12 +46,10 @@ def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion
     decoder = backbone(model)
     distinct, row_prompt = torch.unique(torch.cat([prompt_ids, prompt_mask], dim=1), dim=0, return_inverse=True)
     prompt_out = decoder(input_ids=distinct[:, :prompt_len], attention_mask=distinct[:, prompt_len:], use_cache=True)
-    cache = prompt_out.past_key_values
+    cache = output_cache(prompt_out)
     cache.reorder_cache(row_prompt)  # each row gets its prompt's keys and values
-    # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name still works, with a warning).
-    cache_kwarg = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
     completion_out = decoder(
-        input_ids=completion_ids, attention_mask=attention_mask, use_cache=True, **{cache_kwarg: cache}
+        input_ids=completion_ids, attention_mask=attention_mask, use_cache=True, **{cache_keyword(decoder.forward): cache}
     )
     # The prompt's last position scores the first completion token; the last completion token scores nothing.
     return torch.cat([prompt_out.last_hidden_state[row_prompt, -1:], completion_out.last_hidden_state[:, :-1]], dim=1)
@@ -59,7 +57,7 @@ def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion
 
 def logit_transform(model) -> LogitTransform:
     """The scale and softcap a model applies after its LM head, read from its config as TRL's fused LM head reads
-    them (`trl.trainer.utils.add_fused_lm_head`): Gemma-2's `final_logit_softcapping`, Cohere's `logit_scale`,
+    them (`trl.trainer.utils.add_fused_lm_head`; `trl_compat.LOGIT_TRANSFORM_KEYS` checks the keys): Gemma-2's `final_logit_softcapping`, Cohere's `logit_scale`,
     `output_multiplier`, Falcon-H1's `lm_head_multiplier`, Granite's and MiniCPM3's `1 / logits_scaling`
     (HyperCLOVA X multiplies by it)."""
     config = model.config.get_text_config()

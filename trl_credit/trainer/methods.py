@@ -1,14 +1,15 @@
 """The public single-method trainer/config pairs: `TACOTrainer`, `EAPOTrainer`, `TIDETrainer`.
 
-Each config only re-declares what the paper's recipe changes; each trainer is `CreditGRPOTrainer` pinned
-to one method, with the paper's metadata (from the method's registration) for model cards and Hub tags.
+Each config declares its method's hyperparameters as fields (`TACOConfig(taco_alpha=0.05)`) and re-declares only
+what the paper's recipe changes; each trainer is `CreditGRPOTrainer` pinned to one method, with the paper's metadata
+(from the method's registration) for model cards and Hub tags.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..methods import CREDIT_METHODS
+from ..methods import CREDIT_METHODS, EAPOArguments, TACOArguments, TIDEArguments
 from .config import CreditGRPOConfig
 from .credit_trainer import CreditGRPOTrainer
 
@@ -16,7 +17,7 @@ _CLIP_HIGHER_HELP = "Upper clipping bound epsilon_high; the paper's recipe uses 
 
 
 @dataclass
-class TACOConfig(CreditGRPOConfig):
+class TACOConfig(CreditGRPOConfig, TACOArguments):
     r"""
     Configuration for [`TACOTrainer`]: [`CreditGRPOConfig`] with `credit_method="taco"` and the paper's recipe
     (clip-higher `epsilon_high=0.28`, no KL, token-mean `dapo` aggregation, which are TRL's defaults otherwise).
@@ -27,7 +28,7 @@ class TACOConfig(CreditGRPOConfig):
 
 
 @dataclass
-class EAPOConfig(CreditGRPOConfig):
+class EAPOConfig(CreditGRPOConfig, EAPOArguments):
     r"""
     Configuration for [`EAPOTrainer`]: [`CreditGRPOConfig`] with `credit_method="eapo"` and the paper's recipe
     (clip-higher `epsilon_high=0.28`, `dapo` loss, `scale_rewards="group"`, `beta=0`).
@@ -38,7 +39,7 @@ class EAPOConfig(CreditGRPOConfig):
 
 
 @dataclass
-class TIDEConfig(CreditGRPOConfig):
+class TIDEConfig(CreditGRPOConfig, TIDEArguments):
     r"""
     Configuration for [`TIDETrainer`]: [`CreditGRPOConfig`] with `credit_method="tide"`. TIDE replaces the KL
     penalty (`beta=0`, TRL's default) with deviation-driven credit; it builds DAPO's recipe, so clip-higher is on.
@@ -54,7 +55,7 @@ class TACOTrainer(CreditGRPOTrainer):
     config_class = TACOConfig
     _credit_method = "taco"
     _tag_names = ["trl", "grpo", "trl-credit", "taco"]
-    _name = "TACO"
+    _name = CREDIT_METHODS["taco"].display_name
     _paper = dict(CREDIT_METHODS["taco"].paper)
 
 
@@ -64,7 +65,7 @@ class EAPOTrainer(CreditGRPOTrainer):
     config_class = EAPOConfig
     _credit_method = "eapo"
     _tag_names = ["trl", "grpo", "trl-credit", "eapo"]
-    _name = "EAPO"
+    _name = CREDIT_METHODS["eapo"].display_name
     _paper = dict(CREDIT_METHODS["eapo"].paper)
 
 
@@ -74,7 +75,7 @@ class TIDETrainer(CreditGRPOTrainer):
     config_class = TIDEConfig
     _credit_method = "tide"
     _tag_names = ["trl", "grpo", "trl-credit", "tide"]
-    _name = "TIDE"
+    _name = CREDIT_METHODS["tide"].display_name
     _paper = dict(CREDIT_METHODS["tide"].paper)
 
 

@@ -37,12 +37,8 @@ from ..methods.registry import (
 )
 from ..statistics import TokenStatistics, hellinger_and_entropy, token_statistics
 from .engines import backbone, completion_hidden, full_lm_head, logit_transform, unsharded_root
+from .trl_compat import MULTIMODAL_KEYS, output_cache
 
-# Batch keys TRL passes to `_get_per_token_logps_and_entropies` besides the token ids (see `_compute_loss`).
-MULTIMODAL_KEYS = (
-    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
-)
 # TRL's own bookkeeping among them: how many images and tiles each row has, never passed to the model.
 _ROW_COUNTS = ("num_images", "num_tiles")
 
@@ -111,7 +107,7 @@ class GenerationHidden:
         self.last_hidden: list[torch.Tensor] = []  # (B, H) each
 
     def __call__(self, module, args, output):
-        if getattr(output, "past_key_values", None) is None:
+        if output_cache(output) is None:
             return
         self.length += output.last_hidden_state.size(1)
         self.last_positions.append(self.length - 1)

@@ -1,0 +1,125 @@
+"""Every private TRL and transformers surface trl-credit relies on, in one place, checked when a trainer is built.
+
+TRL's public API has no seam for per-token advantages, so the trainer reaches a few private surfaces of
+`GRPOTrainer` and of the models it patches. Each one is named here with what it is used for; `check_trl_surfaces`
+verifies them against the installed versions and fails with one message naming the supported TRL range, instead of
+a wrong result or an `AttributeError` deep inside a training step.
+
+* `GRPOTrainer._generate_and_score_completions`, `_compute_loss`, `_calculate_rewards`: overridden (each calls
+  `super()`).
+* `GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
+  compute_entropy, **multimodal)`: TRL's own scoring forward; its multimodal keywords are `MULTIMODAL_KEYS`.
+* `_compute_loss` builds its loss mask from `completion_mask * tool_mask` before its policy forward and reads
+  `inputs["advantages"]` after it: methods of the training forward fill in the advantages from that forward, and
+  methods that drop tokens enter through `tool_mask` (`tests/test_trainer.py` checks what the loss consumed).
+* The fused LM head (`add_fused_lm_head`): the policy forward inside `_compute_loss` returns a `FusedCausalLMOutput`
+  whose `FUSED_OUTPUT_FIELDS` the trainer reads, and it applies the output transform of `LOGIT_TRANSFORM_KEYS`,
+  which `engines.logit_transform` reads the same way.
+* Trainer attributes read to know how TRL generates and scores: `GENERATION_ATTRIBUTES`.
+* `NORMALISER_AT_GENERATION`: the loss types whose normaliser TRL counts when the batch is generated.
+* transformers: the backbone's output cache (`output_cache`) and its forward keyword (`cache_keyword`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+from functools import cache
+
+import trl
+from packaging.version import Version
+from trl import GRPOTrainer
+from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
+
+SUPPORTED_TRL = ">=1.15,<1.17"
+
+# Keywords TRL passes to `_get_per_token_logps_and_entropies` besides the token ids (see `_compute_loss`).
+MULTIMODAL_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)
+_SCORING_KEYWORDS = ("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy")
+FUSED_OUTPUT_FIELDS = ("log_probs", "entropy")
+# The config attributes `add_fused_lm_head` reads for the scale and softcap it applies after the LM head.
+LOGIT_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+# ... and the MoE router settings it reads for the load-balancing loss, which do not touch the logits.
+_ROUTER_KEYS = ("output_router_logits", "router_aux_loss_coef", "num_experts", "num_experts_per_tok")
+GENERATION_ATTRIBUTES = ("use_vllm", "use_transformers_continuous_batching", "rollout_func", "tools", "_is_vlm")
+NORMALISER_AT_GENERATION = ("cispo", "dapo", "vespo")  # normalised by `num_items_in_batch`
+_OVERRIDDEN = ("_generate_and_score_completions", "_compute_loss", "_calculate_rewards", "_get_per_token_logps_and_entropies")
+
+
+class UnsupportedTRLError(RuntimeError):
+    """The installed TRL lacks a private surface trl-credit relies on."""
+
+
+def _unsupported(what: str) -> UnsupportedTRLError:
+    return UnsupportedTRLError(
+        f"trl-credit supports trl{SUPPORTED_TRL}; the installed trl {trl.__version__} {what}. "
+        f"Install a supported version: pip install 'trl{SUPPORTED_TRL}'"
+    )
+
+
+@cache
+def check_trl_surfaces() -> None:
+    """Raise `UnsupportedTRLError` unless every class-level surface above is as trl-credit expects."""
+    low, high = (Version(bound.lstrip("<>=")) for bound in SUPPORTED_TRL.split(","))
+    if not low <= Version(Version(trl.__version__).base_version) < high:
+        raise _unsupported("is outside that range")
+    for name in _OVERRIDDEN:
+        if not callable(getattr(GRPOTrainer, name, None)):
+            raise _unsupported(f"has no GRPOTrainer.{name}")
+    keywords = tuple(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)[1:]  # self
+    missing = [k for k in _SCORING_KEYWORDS if k not in keywords]
+    multimodal = tuple(k for k in keywords if k not in _SCORING_KEYWORDS and k != "compute_aux_loss")
+    if missing or set(multimodal) != set(MULTIMODAL_KEYS):
+        raise _unsupported(
+            f"scores tokens with _get_per_token_logps_and_entropies{keywords}, expected the keywords "
+            f"{_SCORING_KEYWORDS} and the multimodal inputs {MULTIMODAL_KEYS}"
+        )
+    fields = {f.name for f in dataclasses.fields(FusedCausalLMOutput)}
+    if not set(FUSED_OUTPUT_FIELDS) <= fields:
+        raise _unsupported(f"has a fused LM head output without {sorted(set(FUSED_OUTPUT_FIELDS) - fields)}")
+    read = set(_config_attributes_read(add_fused_lm_head))
+    if read != set(LOGIT_TRANSFORM_KEYS + _ROUTER_KEYS):
+        raise _unsupported(f"transforms the fused LM head's logits with the config keys {sorted(read)}")
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    mask_at, forward_at = source.find('inputs["tool_mask"]'), source.find("_get_per_token_logps_and_entropies(")
+    advantages_at = source.find('inputs["advantages"]')
+    if not 0 <= mask_at < forward_at < advantages_at:
+        raise _unsupported(
+            "builds GRPOTrainer._compute_loss's loss mask, forward and advantages in another order than "
+            "tool_mask -> forward -> advantages"
+        )
+
+
+def _config_attributes_read(function) -> list[str]:
+    """The attribute names `function` reads with `getattr(text_config, "name", ...)` or `text_config.name`."""
+    source = inspect.getsource(function)
+    names = re.findall(r'getattr\(text_config, "(\w+)"', source) + re.findall(r"text_config\.(\w+)", source)
+    return [name for name in dict.fromkeys(names) if name != "model_type"]
+
+
+def check_trainer_attributes(trainer: GRPOTrainer) -> None:
+    """Raise `UnsupportedTRLError` unless a built trainer has the attributes that say how TRL generates."""
+    missing = [name for name in GENERATION_ATTRIBUTES if not hasattr(trainer, name)]
+    if missing:
+        raise _unsupported(f"builds a GRPOTrainer without the attributes {missing}")
+
+
+def fused_statistics(output, num_tokens: int):
+    """`(log_probs, entropy)` of the last `num_tokens` positions of the fused LM head's output."""
+    return output.log_probs[:, -num_tokens:], output.entropy[:, -num_tokens:]
+
+
+def output_cache(output):
+    """The KV cache a backbone returned: `cache` from transformers 5.24, `past_key_values` before."""
+    names = {f.name for f in dataclasses.fields(output)}
+    return getattr(output, "cache" if "cache" in names else "past_key_values", None)
+
+
+def cache_keyword(forward) -> str:
+    """The keyword a backbone's forward takes its KV cache by: `cache` from transformers 5.24, else
+    `past_key_values` (the old name still works there, with a warning)."""
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
