@@ -19,6 +19,10 @@ class SurpriseBoostArguments:
 @register_credit_method(
     "surprise_boost", statistics=(ROLLOUT_LOGPS,), arguments=SurpriseBoostArguments,
     checks={"boost": (lambda b: b >= 1.0, ">= 1")},
+    display_name="Surprise boost", summary="Up to `boost` times more credit for the rarest sampled tokens.",
+    diagnostics={"mean_surprise": "mean -log p of the sampled tokens under the rollout policy"},
+    token_statistic=("surprise", "-log p of the sampled token under the rollout policy"),
+    paper={"title": "My Surprise Boost", "id": "2601.00001", "citation": "@misc{boost, title = {My Surprise Boost}}"},
 )
 def surprise_boost(batch: CreditBatch, boost: float) -> CreditResult:
     surprise_BT = -batch[ROLLOUT_LOGPS]  # -log p of the sampled token, from the rollout policy

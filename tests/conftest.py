@@ -107,7 +107,7 @@ def length_reward(completions, **kwargs):
 
 
 def tiny_config(method: str, output_dir, **overrides):
-    """CPU-sane config for a 3-step run on the tiny model; `overrides` win."""
+    """CPU-sane config for a 3-step run on the tiny model; `overrides` win, method hyperparameters in `credit_kwargs`."""
     from trl_credit import CreditGRPOConfig
 
     settings = dict(
@@ -116,5 +116,12 @@ def tiny_config(method: str, output_dir, **overrides):
         logging_steps=1, report_to="none", save_strategy="no", learning_rate=5e-2, seed=0,
         dataloader_num_workers=0,
     )
+    # Method hyperparameters go where a user sets them: `credit_kwargs`.
+    from trl_credit.methods import CREDIT_METHODS
+
+    method_fields = {name for m in CREDIT_METHODS.values() for name in m.argument_names}
+    credit_kwargs = {key: overrides.pop(key) for key in list(overrides) if key in method_fields}
+    if credit_kwargs:
+        overrides["credit_kwargs"] = {**(overrides.get("credit_kwargs") or {}), **credit_kwargs}
     settings.update(overrides)
     return CreditGRPOConfig(output_dir=str(output_dir), **settings)

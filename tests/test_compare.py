@@ -295,7 +295,7 @@ def test_report_markdown_and_self_contained_html(tmp_path):
         "reward.svg", "entropy.svg", "taco_tail_fraction.svg", "taco_mean_weight.svg"
     }
     page = html_path.read_text()
-    assert page.count("<svg") == 3 and "<script" not in page and "<link" not in page
+    assert page.count("<svg") == 4 and "<script" not in page and "<link" not in page
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", page), "the report must not load external assets"
     assert "A note &lt;b&gt;escaped&lt;/b&gt;." in page
 
@@ -307,7 +307,7 @@ def test_report_renders_in_chromium(tmp_path):
     runs = _write_fake_runs(tmp_path)
     _, html_path = write_report(tmp_path, runs, ["grpo", "taco"], [], "trl-credit compare")
     dom = _chromium(tmp_path, html_path.as_uri(), "--dump-dom")
-    assert dom.count("<svg") == 3 and "taco − grpo" in dom
+    assert dom.count("<svg") == 4 and "taco − grpo" in dom
     screenshot = tmp_path / "report.png"
     _chromium(tmp_path, html_path.as_uri(), f"--screenshot={screenshot}")
     image = _read_png(screenshot)

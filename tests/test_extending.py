@@ -10,9 +10,9 @@ from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_c
 from test_methods import eapo_loop, random_inputs, taco_loop
 from test_trainer import assert_all_params_changed
 
-from trl_credit import CreditBatch, CreditGRPOTrainer, register_credit_method
+from trl_credit import CreditBatch, CreditGRPOTrainer, CreditResult, register_credit_method
 from trl_credit.cli import main as cli_main
-from trl_credit.methods import get_credit_method
+from trl_credit.methods import apply_credit_method, get_credit_method
 from trl_credit.methods.registry import POLICY_ENTROPY, POLICY_LOGPS, ROLLOUT_ENTROPY
 
 EXAMPLE = "examples/custom_credit_method.py:surprise_boost"
@@ -89,3 +89,36 @@ def test_stack_and_user_method_train_from_the_cli_and_yaml(tmp_path, tiny_model_
     assert cli_main(argv) == 0
     card = (tmp_path / "b" / "run" / "README.md").read_text()
     assert "| `boost` | `1.5` |" in card and "| `eapo_kappa` |" in card
+
+
+def test_a_method_registered_outside_the_package_reaches_plots_token_view_and_card(tmp_path):
+    """Registration alone: its diagnostics are plotted, its statistic is named in the token view, its paper cited."""
+    from trl_credit.viz import read_token_credit
+
+    tokenizer = make_tiny_tokenizer()
+    args = tiny_config(EXAMPLE, tmp_path, credit_kwargs={"boost": 2.0}, log_token_credit=True, max_steps=2)
+    trainer = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    trainer.create_model_card()
+    assert (tmp_path / "plots" / "surprise_boost_diagnostics.png").is_file()
+    records = read_token_credit(tmp_path / "token_credit.jsonl")
+    assert records and {r["statistic_name"] for r in records} == {"surprise"}
+    card = (tmp_path / "README.md").read_text()
+    assert "Surprise boost" in card and "2601.00001" in card and "@misc{boost" in card
+    assert "Up to `boost` times more credit" in card
+
+
+def test_undeclared_metrics_and_reserved_names_are_refused():
+    with pytest.raises(ValueError, match=r"the trainer logs \['mean_weight'\] for every method"):
+        register_credit_method("reserved_metric", diagnostics={"mean_weight": "mine"})
+
+    @register_credit_method("undeclared_metric")
+    def undeclared_metric(batch):
+        return CreditResult(batch.advantages_BT, metrics={"secret": 1.0})
+
+    adv, _, _, _, mask = random_inputs(1)
+    with pytest.raises(ValueError, match=r"'undeclared_metric' logged metrics \['secret'\] that its registration"):
+        apply_credit_method("undeclared_metric", adv, mask, {})

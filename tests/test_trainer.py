@@ -3,11 +3,12 @@
 An independent recorder wraps TRL's `GRPOTrainer` methods (which `CreditGRPOTrainer` reaches through
 `super()`): at generation time it recomputes each method's statistics the plain way (full logits, torch
 quantiles), and at loss time it checks that the advantages TRL's `_compute_loss` actually consumed are
-the pure function's output for that micro-batch. This also guards the TRL version: if TRL stopped
+the specification's per-token loops (`test_methods`) over those statistics. This also guards the TRL version: if TRL stopped
 reading `inputs["advantages"]` after the training forward, or stopped accepting `(B, T)`, these fail.
 """
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -22,8 +23,10 @@ from conftest import (
 )
 from trl import GRPOTrainer
 
-from trl_credit import CreditGRPOTrainer, EAPOConfig, EAPOTrainer, TACOConfig, TACOTrainer, TIDEConfig, TIDETrainer
-from trl_credit.methods import eapo_advantages, eapo_kappa_schedule, taco_advantages, tide_advantages
+from trl_credit import CreditGRPOConfig, CreditGRPOTrainer, EAPOConfig, EAPOTrainer, TACOConfig, TACOTrainer, TIDEConfig, TIDETrainer
+from test_methods import eapo_loop, taco_loop, tide_loop
+
+from trl_credit.methods import CREDIT_METHODS, eapo_kappa_schedule
 
 METHODS = ["grpo", "taco", "eapo", "tide"]
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
@@ -79,19 +82,18 @@ class AdvantageRecorder:
         _, _, mask = _inputs(batch)
         logp_policy = naive_logprobs(trainer.model, batch, trainer.temperature)
         entropy = -(logp_policy.exp() * logp_policy).sum(-1)
-        if trainer.credit_method == "eapo":
-            valid = entropy[mask.bool()]
-            bounds = (0.0, 0.0)  # every token masked: no statistic
-            if valid.numel():
-                bounds = tuple(torch.quantile(valid, q).item() for q in args.eapo_quantiles)
-            kappa = eapo_kappa_schedule(args.eapo_kappa, trainer.state.global_step, args.eapo_kappa_decay_steps)
-            expected = eapo_advantages(batch["advantages"], entropy, mask, kappa=kappa, entropy_bounds=bounds)
+        hp = args.credit_hyperparameters()
+        if not mask.any():
+            expected = torch.zeros(mask.shape)  # every token masked: no statistic
+        elif trainer.credit_method == "eapo":
+            kappa = eapo_kappa_schedule(hp["eapo_kappa"], trainer.state.global_step, hp["eapo_kappa_decay_steps"])
+            expected = eapo_loop(batch["advantages"], entropy, mask, kappa, hp["eapo_quantiles"])
         else:
             reference = trainer.deviation_reference.model_and_context()[0]
             logp_ref = naive_logprobs(reference, batch, trainer.temperature)
             deviation = (1 - torch.exp(0.5 * (logp_policy + logp_ref)).sum(-1)).clamp(0, 1)
             vocab = logp_policy.size(-1)
-            expected = tide_advantages(batch["advantages"], deviation, entropy, mask, vocab, args.tide_tau, args.tide_kappa)
+            expected = tide_loop(batch["advantages"], deviation, entropy, mask, vocab, hp["tide_tau"], hp["tide_kappa"])
         for i in range(mask.size(0)):
             self.expected[_row_key(batch["prompt_ids"][i], batch["completion_ids"][i])] = expected[i]
 
@@ -102,7 +104,8 @@ class AdvantageRecorder:
         logp_all = naive_logprobs(trainer.model, inputs, trainer.temperature)
         logps = sampled(logp_all, inputs["completion_ids"])
         entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return taco_advantages(inputs["advantages"], logps, entropy, mask, trainer.args.taco_alpha, trainer.args.taco_lambda)
+        hp = trainer.args.credit_hyperparameters()
+        return taco_loop(inputs["advantages"], logps, entropy, mask, hp["taco_alpha"], hp["taco_lambda"])
 
     def _check(self, inputs, expected):
         consumed = inputs["advantages"]
@@ -255,27 +258,55 @@ def test_plain_grpo_config_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "field,value,message",
+    "method,settings,message",
     [
-        ("credit_method", "ppo", "unknown credit method 'ppo'; registered: grpo, "),
-        ("credit_method", "taco+eapo", "must come before methods that read the training forward"),
-        ("taco_alpha", 0.0, r"taco_alpha must be in \(0, 1\]"),
-        ("taco_lambda", 1.2, r"taco_lambda must be in \[0, 1\]"),
-        ("eapo_kappa", -0.1, "eapo_kappa must be finite and >= 0"),
-        ("eapo_kappa_decay_steps", -1, "eapo_kappa_decay_steps must be >= 0"),
-        ("eapo_quantiles", [0.9, 0.1], "eapo_quantiles must be two values"),
-        ("tide_tau", 0.0, "tide_tau must be finite and > 0"),
-        ("tide_distance", "kl", "tide_distance must be one of"),
-        ("tide_reference", "base", "tide_reference must be one of"),
-        ("statistics_vocab_chunk_size", 0, "statistics_vocab_chunk_size must be >= 1"),
-        ("credit_kwargs", "{boost: 2}", "credit_kwargs must be a JSON object"),
-        ("credit_kwargs", "[2.0]", "credit_kwargs must be a mapping"),
-        ("credit_kwargs", {"boost": 2.0}, r"credit_kwargs names \['boost'\], which no method of 'grpo' reads"),
+        ("ppo", {}, "unknown credit method 'ppo'; registered: grpo, "),
+        ("taco+eapo", {}, "must come before methods that read the training forward"),
+        ("taco", {"taco_alpha": 0.0}, r"taco_alpha must be in \(0, 1\]"),
+        ("taco", {"taco_lambda": 1.2}, r"taco_lambda must be in \[0, 1\]"),
+        ("eapo", {"eapo_kappa": -0.1}, "eapo_kappa must be finite and >= 0"),
+        ("eapo", {"eapo_kappa_decay_steps": -1}, "eapo_kappa_decay_steps must be >= 0"),
+        ("eapo", {"eapo_quantiles": [0.9, 0.1]}, "eapo_quantiles must be two values"),
+        ("tide", {"tide_tau": 0.0}, "tide_tau must be finite and > 0"),
+        ("tide", {"tide_distance": "kl"}, "tide_distance must be one of"),
+        ("tide", {"tide_reference": "base"}, "tide_reference must be one of"),
+        ("grpo", {"statistics_vocab_chunk_size": 0}, "statistics_vocab_chunk_size must be >= 1"),
+        ("grpo", {"credit_kwargs": "{boost: 2}"}, "credit_kwargs must be a JSON object"),
+        ("grpo", {"credit_kwargs": "[2.0]"}, "credit_kwargs must be a mapping"),
+        ("grpo", {"credit_kwargs": {"boost": 2.0}}, r"credit_kwargs names \['boost'\], which no method of 'grpo' reads"),
+        ("eapo", {"taco_alpha": 0.5}, r"credit_kwargs names \['taco_alpha'\], which no method of 'eapo' reads"),
     ],
 )
-def test_config_validation_names_bad_value(tmp_path, field, value, message):
+def test_config_validation_names_bad_value(tmp_path, method, settings, message):
     with pytest.raises(ValueError, match=message):
-        tiny_config("grpo", tmp_path, **{field: value})
+        tiny_config(method, tmp_path, **settings)
+
+
+def test_credit_kwargs_set_the_method_and_may_not_shadow_a_declared_field(tmp_path):
+    cpu = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    config = CreditGRPOConfig(**cpu, credit_method="taco", credit_kwargs={"taco_alpha": 0.5})
+    assert config.credit_hyperparameters()["taco_alpha"] == 0.5  # not the default 0.01
+    assert TACOConfig(**cpu, taco_alpha=0.5).credit_hyperparameters()["taco_alpha"] == 0.5
+    with pytest.raises(ValueError, match=r"TACOConfig declares as fields: set TACOConfig\(taco_alpha=...\) instead"):
+        TACOConfig(**cpu, credit_kwargs={"taco_alpha": 0.5})
+
+
+def test_a_method_dropping_tokens_under_a_generation_normaliser_warns_once(tmp_path):
+    tokenizer = make_tiny_tokenizer()
+
+    def build(loss_type):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            CreditGRPOTrainer(
+                model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
+                args=tiny_config("stapo", tmp_path / loss_type, loss_type=loss_type), train_dataset=tiny_prompt_dataset(),
+            )
+        return [str(w.message) for w in caught if "still count in the normaliser" in str(w.message)]
+
+    for loss_type in ("dapo", "cispo"):
+        (message,) = build(loss_type)
+        assert f"loss_type={loss_type!r}" in message and "loss_type='bnpo'" in message and "stapo drop" in message
+    assert build("bnpo") == []
 
 
 def test_eapo_kappa_decays_linearly(monkeypatch, tmp_path):
@@ -290,3 +321,24 @@ def test_tide_old_reference_tracks_previous_policy(monkeypatch, tmp_path):
     assert deviations[0] == pytest.approx(0.0, abs=1e-6)  # nothing has moved before the first batch
     assert deviations[1] > 0
     assert_all_params_changed(before, after)
+
+
+@pytest.mark.parametrize("method", sorted(CREDIT_METHODS))
+def test_a_non_finite_statistic_at_a_valid_position_raises_for_every_method(monkeypatch, tmp_path, method):
+    """One LM-head row set to NaN once the batch is generated: every statistic computed from then on is NaN."""
+    original = GRPOTrainer._generate_and_score_completions
+
+    def generate_then_break_the_head(trainer_self, inputs):
+        batch = original(trainer_self, inputs)
+        with torch.no_grad():
+            trainer_self.model.get_output_embeddings().weight[3] = float("nan")
+        return batch
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate_then_break_the_head)
+    tokenizer = make_tiny_tokenizer()
+    trainer = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
+        args=tiny_config(method, tmp_path, max_steps=1), train_dataset=tiny_prompt_dataset(),
+    )
+    with pytest.raises(ValueError, match=rf"credit method '{method}': statistic '\w+' has NaN or inf at valid positions"):
+        trainer.train()

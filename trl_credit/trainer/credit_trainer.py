@@ -108,9 +108,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self._drops_tokens_in_forward and args.loss_type in NORMALISER_AT_GENERATION:
             dropping = [m.name for m, _ in self._training_forward_methods if m.drops_tokens]
             warnings.warn(
-                f"{', '.join(dropping)} drop tokens from the loss in the training forward, but loss_type="
-                f"{args.loss_type!r} counts its normaliser when the batch is generated, so dropped tokens still count "
-                "in it. Use loss_type='bnpo' to reproduce the official per-micro-batch token mean.",
+                f"credit_method {args.credit_method!r}: the tokens that {', '.join(dropping)} drop from the loss in the "
+                f"training forward still count in the normaliser of loss_type={args.loss_type!r}, which TRL counts "
+                "when the batch is generated. Use loss_type='bnpo' to reproduce the official per-micro-batch token mean.",
                 stacklevel=2,
             )
         requested = {name for m, hp in stack for name in m.statistics_for(hp)}
