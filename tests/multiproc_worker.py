@@ -43,6 +43,7 @@ from trl import GRPOTrainer  # noqa: E402
 
 import trl_credit  # noqa: E402
 from trl_credit import CreditGRPOTrainer  # noqa: E402
+from trl_credit.methods import CREDIT_METHODS  # noqa: E402
 from trl_credit.statistics import hellinger_and_entropy  # noqa: E402
 
 METHODS = ("grpo", "taco", "eapo", "tide")
@@ -151,7 +152,9 @@ class UnevenRecordingTrainer(RecordingTrainer, _MaskRankOneCompletions):
 def train_method(out: Path, engine: str, method: str, run_name: str | None = None, uneven: bool = False) -> None:
     run_name = run_name or method
     tokenizer = make_tiny_tokenizer()
-    overrides = dict(max_steps=STEPS[engine], taco_alpha=0.5)  # alpha 0.5: enough tail tokens to compare
+    overrides = dict(max_steps=STEPS[engine])
+    if method == "taco":
+        overrides.update(taco_alpha=0.5)  # enough tail tokens to compare
     if uneven:  # one-token chunks: rank 0 streams several, rank 1 none
         overrides.update(statistics_token_chunk_size=1)
     args = tiny_config(method, out / run_name, **overrides)
@@ -182,9 +185,10 @@ def train_method(out: Path, engine: str, method: str, run_name: str | None = Non
     torch.save(
         {"records": trainer.records, "reference_state": reference_state, "checksum": checksum,
          "engine": engine_info, "max_steps": args.max_steps, "head_layouts": trainer.head_layouts,
-         "temperature": trainer.temperature, "args": {"taco_alpha": args.taco_alpha, "taco_lambda": args.taco_lambda,
-         "eapo_kappa": args.eapo_kappa, "eapo_quantiles": args.eapo_quantiles, "tide_tau": args.tide_tau,
-         "tide_kappa": args.tide_kappa}},
+         "temperature": trainer.temperature, "args": {
+             name: value for m in ("taco", "eapo", "tide")
+             for name, value in CREDIT_METHODS[m].hyperparameters(None, args.credit_kwargs).items()
+         }},
         out / f"{run_name}_rank{rank}.pt",
     )
     if rank == 0:

@@ -19,14 +19,25 @@ def test_top_level_help_and_unknown_command(capsys):
     assert "unknown command 'fly'" in capsys.readouterr().err
 
 
-def test_grpo_help_shows_method_options_with_paper_defaults(capsys):
+@pytest.mark.parametrize("method", ["taco", "stapo", "eapo+taco"])
+def test_grpo_help_shows_the_stack_options_with_their_help_and_defaults(capsys, method):
+    from trl_credit.methods import CREDIT_METHODS, get_credit_method, parse_credit_methods
+
     with pytest.raises(SystemExit) as exit_info:
-        cli_main(["grpo", "--method", "taco", "--help"])
+        cli_main(["grpo", "--method", method, "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for option in ("--taco_alpha", "--taco_lambda", "--eapo_kappa", "--tide_tau", "--accelerate_config"):
-        assert option in out
-    assert "0.01" in out and "0.9" in out
+    flat = "".join(out.split())  # argparse wraps the help text, also at hyphens
+    assert "--accelerate_config" in out
+    stack = {get_credit_method(name).name for name in parse_credit_methods(method)}
+    for registered in CREDIT_METHODS.values():
+        for field in registered.argument_fields():
+            if registered.name in stack:
+                assert f"--{field.name}" in out and "".join(field.metadata["help"].split()) in flat
+            else:
+                assert f"--{field.name} " not in out  # only the stack's options
+        assert "".join(f"{registered.name} {registered.summary}".split()) in flat  # the methods list
+    assert "(default:0.01)" in flat if "taco" in stack else True
 
 
 @pytest.fixture
@@ -48,7 +59,11 @@ def no_model_loading(monkeypatch):
         (["--method", "no_such_module:probe"], "cannot import credit-method module 'no_such_module'"),
         (["--bogus_flag", "1"], "unknown arguments"),
         (["--method", "taco", "--taco_lambda", "3"], "taco_lambda must be in [0, 1]"),
-        (["--method", "eapo", "--tide_tau", "0.3"], "tide_tau is a TIDE option, but the method is eapo"),
+        (["--method", "eapo", "--tide_tau", "0.3"], "tide_tau is an option of tide, which is not in the method stack 'eapo'"),
+        (["--method", "eapo+stapo", "--stapo_prob_threshold", "3"], "stapo_prob_threshold must be in (0, 1), got 3.0"),
+        (["--method", "taco", "--credit_kwargs", '{"taco_alpha": 0.3}'], "TACOConfig declares as fields"),
+        (["--method", "eapo+stapo", "--stapo_prob_threshold", "0.1", "--credit_kwargs", '{"stapo_prob_threshold": 0.2}'],
+         "stapo_prob_threshold is given both as an option (0.1) and in credit_kwargs (0.2)"),
         (["--method", "eapo", "--config", "configs/taco_qwen3_1.7b_base.yaml"], "given with a config for method taco"),
         (["--dataset_name", "no-such-source"], "unknown dataset 'no-such-source'"),
         (["--dataset_name", "gsm8k", "--prompt_column", "nope"], "'nope'"),
@@ -81,8 +96,18 @@ def test_every_recipe_parses_into_the_config_classes(recipe):
 
 def test_flags_override_yaml_defaults():
     _, training_args, _, _ = parse_arguments(["--method", "taco", "--learning_rate", "3e-4", "--taco_alpha", "0.05"])
-    assert training_args.learning_rate == 3e-4 and training_args.taco_alpha == 0.05
+    assert training_args.learning_rate == 3e-4 and training_args.credit_hyperparameters()["taco_alpha"] == 0.05
     assert training_args.max_completion_length == 48  # from the packaged quickstart recipe
+
+
+def test_a_stack_method_options_reach_credit_kwargs_from_yaml_and_flags(tmp_path):
+    recipe = tmp_path / "stack.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "eapo+stapo", "stapo_entropy_quantile": 0.3, "use_cpu": True, "bf16": False, "model_name_or_path": "x"}))
+    _, training_args, _, _ = parse_arguments(["--config", str(recipe), "--stapo_prob_threshold", "0.01"])
+    assert training_args.credit_kwargs == {"stapo_entropy_quantile": 0.3, "stapo_prob_threshold": 0.01}
+    assert training_args.credit_hyperparameters()["stapo_only_positive_advantage"] is True  # not given: the default
+    _, training_args, _, _ = parse_arguments(["--method", "eapo+stapo", "--no_stapo_only_positive_advantage"])
+    assert training_args.credit_kwargs == {"stapo_only_positive_advantage": False}
 
 
 def test_reward_summary_is_honest():
