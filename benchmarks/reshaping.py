@@ -1,4 +1,5 @@
-"""Per-token reshaping cost: `taco/eapo/tide_advantages` against a plain elementwise multiply (the floor).
+"""Per-token reshaping cost of the registered methods the trainer runs (through `taco/eapo/tide_advantages`, input
+checks included) against a plain elementwise multiply (the floor).
 
     python benchmarks/reshaping.py [--batch 256 --length 4096 --repeats 25 --baseline REV]
 
@@ -29,7 +30,7 @@ import _common  # noqa: E402  (sets sys.path and offline environment)
 
 WARM_ENV = {"MALLOC_TRIM_THRESHOLD_": str(1 << 34), "MALLOC_MMAP_THRESHOLD_": str(32 << 20)}
 BASELINE_REV = "3f0c114"  # the methods before the fast paths (boolean indexing, torch.where, sort)
-VARIANTS = ["taco", "eapo", "eapo_quantiles", "tide"]
+VARIANTS = ["taco", "eapo", "tide"]
 
 
 def load_baseline(rev: str):
@@ -67,12 +68,10 @@ def make_inputs(batch: int, length: int, seed: int = 0):
 
 def variant_fns(methods, inputs, vocab_size: int = 151_936):
     adv_B, logps_BT, entropy_BT, deviation_BT, mask_BT = inputs
-    bounds = methods.eapo.eapo_entropy_bounds(entropy_BT, mask_BT)
     return {
         "taco": lambda: methods.taco_advantages(adv_B, logps_BT, entropy_BT, mask_BT),
-        # As the trainer calls it: batch-global bounds computed once, then the reshaping.
-        "eapo": lambda: methods.eapo_advantages(adv_B, entropy_BT, mask_BT, entropy_bounds=bounds),
-        "eapo_quantiles": lambda: methods.eapo.eapo_entropy_bounds(entropy_BT, mask_BT),
+        # The registered function the trainer runs, its input checks included; EAPO's batch quantiles with it.
+        "eapo": lambda: methods.eapo_advantages(adv_B, entropy_BT, mask_BT),
         "tide": lambda: methods.tide_advantages(adv_B, deviation_BT, entropy_BT, mask_BT, vocab_size),
     }
 
@@ -92,11 +91,8 @@ def worker(args) -> dict:
         if baseline is None:
             return {}
         for name, fn in variant_fns(baseline, inputs).items():
-            if name != "eapo_quantiles":  # same results before and after
-                torch.testing.assert_close(fn(), fns[name](), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(fn(), fns[name](), rtol=1e-5, atol=1e-5)
             fns[name] = fn
-        del fns["eapo_quantiles"]  # identical selection semantics; timed below with the rest
-        fns["eapo_quantiles"] = variant_fns(baseline, inputs)["eapo_quantiles"]
     ratios = _common.paired_ratios(fns, "floor", args.repeats, inner=args.inner)
     floor_ms = _common.interleaved_medians({"floor": fns["floor"]}, args.repeats, inner=args.inner)["floor"] * 1e3
     return {"floor_ms": floor_ms, "ratios": ratios}
@@ -147,8 +143,8 @@ def main():
 B x T = {args.batch} x {args.length} float32, TRL's int32 0/1 mask, {_common.machine_note(args.threads)}. Median of
 {args.repeats} interleaved rounds ({args.inner} calls each) of the ratio to the floor timed in the same round; absolute floor
 time in parentheses, for scale only.
-`eapo` is the reshaping with precomputed batch bounds (how the trainer calls it); `eapo_quantiles` is the bound
-computation alone (two exact linear-interpolation quantiles over the valid tokens). Rows `@{args.baseline}` are the
+Each variant is the registered method the trainer runs, with its input checks; `eapo` includes its two batch
+quantiles (a sort of the valid tokens' entropies).
 "(was ...)" is the same function before the fast paths (git `{args.baseline}`), timed in its own process against its own
 floor (results equal to 1e-5, asserted).
 

@@ -34,12 +34,10 @@ def reshaping_points(args):
     points = []
     for b, t in sizes:
         adv_B, logps_BT, entropy_BT, deviation_BT, mask_BT = make_inputs(b, t)
-        bounds = methods.eapo.eapo_entropy_bounds(entropy_BT, mask_BT)
         fns = {
             "floor": lambda: adv_B.unsqueeze(1) * entropy_BT,
             "taco": lambda: methods.taco_advantages(adv_B, logps_BT, entropy_BT, mask_BT),
-            "eapo": lambda: methods.eapo_advantages(adv_B, entropy_BT, mask_BT, entropy_bounds=bounds),
-            "eapo_quantiles": lambda: methods.eapo.eapo_entropy_bounds(entropy_BT, mask_BT),
+            "eapo": lambda: methods.eapo_advantages(adv_B, entropy_BT, mask_BT),  # its batch quantiles included
             "tide": lambda: methods.tide_advantages(adv_B, deviation_BT, entropy_BT, mask_BT, 151_936),
         }
         ratios = _common.paired_ratios(fns, "floor", args.repeats, inner=3)
@@ -97,7 +95,7 @@ def main():
     a, b, residuals = fit(heads)
     elapsed = time.perf_counter() - start
 
-    names = ["taco", "eapo", "eapo_quantiles", "tide"]
+    names = ["taco", "eapo", "tide"]
     rows = [[f"{p['B']} x {p['T']}", f"{p['floor_ns']:.2f}", *(f"{p['ratios'][n]:.1f}x" for n in names),
              *(f"{p['ratios'][n] * p['floor_ns']:.1f}" for n in ("taco", "eapo", "tide"))] for p in reshaping]
     reshape_table = _common.markdown_table(

@@ -8,6 +8,7 @@ Clip-Cov; Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR for 80/20; the paper for Entro
 import dataclasses
 import json
 import math
+import types
 
 import pytest
 import torch
@@ -266,7 +267,9 @@ def test_registered_with_paper_arguments_and_checks(name):
     assert set(method.argument_names) <= set(config.credit_hyperparameters())
     first_check = next(iter(method.checks))
     with pytest.raises(ValueError, match=first_check):
-        CreditGRPOConfig(output_dir="/tmp/unused", credit_method=name, use_cpu=True, report_to="none", **{first_check: -1})
+        CreditGRPOConfig(
+            output_dir="/tmp/unused", credit_method=name, use_cpu=True, report_to="none", credit_kwargs={first_check: -1}
+        )
 
 
 def test_generation_baseline_must_precede_training_forward_ones():
@@ -287,6 +290,7 @@ def _expected(method, args, inputs, logps, entropy, max_logps, step):
     """The token advantages and loss mask the official rule gives this micro-batch (`None`: no loss mask)."""
     mask = inputs["completion_mask"].bool()
     advantages = inputs["credit_sequence_advantages"].float().unsqueeze(1) * mask
+    args = types.SimpleNamespace(**{**vars(args), **args.credit_hyperparameters()})
     if method == "stapo":
         return stapo_advantages(advantages, logps, entropy, mask, args.stapo_prob_threshold, args.stapo_entropy_quantile)[:2]
     if method == "tampo":
@@ -371,8 +375,12 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, meth
 @pytest.mark.parametrize("drops_tokens", [True, False], ids=["no-grad forward", "training forward hook"])
 def test_max_logprob_statistic_equals_full_logits(monkeypatch, tmp_path, drops_tokens):
     # Both ways a training-forward method gets its statistics: the no-grad forward of a method that drops tokens,
-    # and the hook on TRL's own loss forward (here the min-p method re-registered without drops_tokens).
-    monkeypatch.setitem(CREDIT_METHODS, "minp_support", dataclasses.replace(CREDIT_METHODS["minp_support"], drops_tokens=drops_tokens))
+    # and the hook on TRL's own loss forward (here a probe reading the same statistics, dropping nothing).
+    if not drops_tokens:
+        probe = dataclasses.replace(
+            CREDIT_METHODS["minp_support"], drops_tokens=False, function=lambda batch, **_: batch.advantages_BT
+        )
+        monkeypatch.setitem(CREDIT_METHODS, "minp_support", probe)
     tokenizer = make_tiny_tokenizer()
     args = tiny_config("minp_support", tmp_path / "out", max_steps=1, temperature=0.7)
     trainer = CreditGRPOTrainer(model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
@@ -409,3 +417,52 @@ def test_cli_trains_stapo(tmp_path, tiny_model_dir):
     assert cli_main(["grpo", "--config", str(recipe), "--method", "stapo", "--stapo_prob_threshold", "0.01"]) == 0
     card = (output_dir / "README.md").read_text()
     assert "stapo_prob_threshold" in card and "0.01" in card and "2602.15620" in card
+
+
+@pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])
+def test_effective_coefficient_of_a_dropped_token_is_the_official_rule_under_bnpo(monkeypatch, tmp_path, loss_type):
+    """d loss / d log p of each token, taken through TRL's own `_compute_loss`, against verl's per-micro-batch token
+    mean over the kept tokens (STAPO's rule written out here from the official code): equal under `bnpo`; under
+    `dapo` the dropped tokens still count in the normaliser, so it differs (and the trainer warns)."""
+    tokenizer = make_tiny_tokenizer()
+    args = tiny_config(
+        "stapo", tmp_path / loss_type, max_steps=1, loss_type=loss_type, stapo_prob_threshold=0.05,
+        stapo_entropy_quantile=0.5,
+    )
+    trainer = CreditGRPOTrainer(model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
+                                train_dataset=tiny_prompt_dataset(), processing_class=tokenizer)
+    compared = []
+    original_scoring = trainer._get_per_token_logps_and_entropies
+    original_loss = GRPOTrainer._compute_loss
+
+    def inner_loss(trainer_self, model, inputs):
+        leaves = []
+
+        def scoring_with_a_leaf(*scoring_args, **scoring_kwargs):
+            logps, entropy, aux = original_scoring(*scoring_args, **scoring_kwargs)
+            leaves.append(logps.detach().requires_grad_(True))
+            return leaves[-1], entropy, aux
+
+        monkeypatch.setattr(trainer_self, "_get_per_token_logps_and_entropies", scoring_with_a_leaf)
+        loss = original_loss(trainer_self, model, inputs)
+        monkeypatch.setattr(trainer_self, "_get_per_token_logps_and_entropies", original_scoring)
+        (coefficient,) = torch.autograd.grad(loss, leaves[-1], retain_graph=True)
+        with torch.no_grad():
+            logps, entropy, _ = _naive_statistics(trainer_self.model, inputs, trainer_self.temperature)
+        mask = inputs["completion_mask"].bool()
+        advantage = inputs["credit_sequence_advantages"].float().unsqueeze(1).expand_as(logps)
+        candidates = mask & (advantage > 0)
+        pool = entropy[candidates] if candidates.any() else entropy[mask]
+        spurious = candidates & (logps.exp() < 0.05) & (entropy < torch.quantile(pool, 0.5))
+        kept = mask & ~spurious
+        official = -advantage * kept / kept.sum() / trainer_self.current_gradient_accumulation_steps
+        compared.append((spurious.any().item(), torch.allclose(coefficient, official, atol=1e-6, rtol=1e-5)))
+        if loss_type == "bnpo":
+            torch.testing.assert_close(coefficient, official, atol=1e-6, rtol=1e-5)
+        return loss
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
+    trainer.train()
+    assert compared and any(dropped for dropped, _ in compared), "no token was dropped: the test proves nothing"
+    if loss_type == "dapo":
+        assert not all(equal for dropped, equal in compared if dropped)

@@ -36,8 +36,8 @@ class CreditScriptArguments:
     method: str | None = field(
         default=None,
         metadata={
-            "help": "Credit method: grpo, a registered method (taco, eapo, tide, ...), `package.module:name` to import "
-            "a user method, or a '+'-separated stack such as eapo+taco. Defaults to the config's "
+            "help": "Credit method: grpo, a registered method (listed below), `package.module:name` to import "
+            "a user method, or a '+'-separated stack of them. Defaults to the config's "
             "`method`/`credit_method`, else grpo.",
         },
     )

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from ..methods import DEFAULT_COMPARISON
+
 DONE_MARKER = ".done"
 RUN_RECORD = "run.json"
 EVAL_SUMMARY = "eval.json"  # picked up by model cards (`trl_credit.model_card.load_eval_summaries`)
@@ -66,7 +68,7 @@ class CompareConfig:
     """
 
     methods: list[str] = field(
-        default_factory=lambda: ["grpo", "taco", "eapo", "tide"],
+        default_factory=lambda: list(DEFAULT_COMPARISON),
         metadata={"help": "Methods to compare, each passed to `trl-credit grpo --method`."},
     )
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds; one run per method each."})

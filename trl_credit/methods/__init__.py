@@ -26,8 +26,12 @@ from .taco import TACOArguments, taco_advantages, taco_tail_risk
 from .tampo import TAMPOArguments, tampo_advantages
 from .tide import DISTANCES, TIDEArguments, tide_advantages, tide_entropy_gate, tide_scores
 
+# The three methods the package is built around, after GRPO: what `compare` and the lab run by default.
+DEFAULT_COMPARISON = ("grpo", "taco", "eapo", "tide")
+
 __all__ = [
     "CREDIT_METHODS",
+    "DEFAULT_COMPARISON",
     "DISTANCES",
     "STATISTICS",
     "CreditBatch",

@@ -37,7 +37,7 @@ class CreditGRPOConfig(GRPOConfig):
         > Parameters that control how statistics are computed
 
         statistics_token_chunk_size (`int`, *optional*, defaults to `1024`):
-            Token positions per block when streaming the LM heads for deviation statistics (TIDE).
+            Token positions per block when streaming the LM heads for deviation statistics.
         statistics_vocab_chunk_size (`int`, *optional*, defaults to `16384`):
             Vocabulary rows per block when streaming the LM heads (online log-sum-exp).
 
@@ -53,8 +53,8 @@ class CreditGRPOConfig(GRPOConfig):
     credit_method: str = field(
         default="grpo",
         metadata={
-            "help": "Token-level credit method: grpo, a registered name (taco, eapo, tide, ...), "
-            "'package.module:name', or a '+'-separated stack such as eapo+taco."
+            "help": "Token-level credit method: grpo, a registered method (`trl-credit grpo --help` lists them), "
+            "'package.module:name', or a '+'-separated stack of them."
         },
     )
     credit_kwargs: dict[str, Any] | str | None = field(
@@ -62,7 +62,7 @@ class CreditGRPOConfig(GRPOConfig):
         metadata={"help": "Hyperparameters of the methods of the stack, e.g. '{\"taco_alpha\": 0.05}' (a JSON object)."},
     )
     statistics_token_chunk_size: int = field(
-        default=1024, metadata={"help": "Token positions per block when streaming the LM heads (TIDE's deviation)."}
+        default=1024, metadata={"help": "Token positions per block when streaming the LM heads (deviation statistics)."}
     )
     statistics_vocab_chunk_size: int = field(
         default=16384, metadata={"help": "Vocabulary rows per block when streaming the LM heads."}
