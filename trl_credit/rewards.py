@@ -208,14 +208,14 @@ _VERIFIER = _Verifier()
 
 
 class RewardStats:
-    """Thread-safe counts of answers that could not be scored normally, since the last snapshot.
+    """Thread-safe counts of answers that could not be scored normally, since the last snapshot (`MEANINGS`)."""
 
-    - `timeouts`: checks killed after the time limit;
-    - `parse_failures`: an extracted answer (or a gold answer) Math-Verify could not parse, or a worker error;
-    - `no_answer`: completions with neither a `\\boxed{}` nor a number.
-    """
-
-    KEYS = ("timeouts", "parse_failures", "no_answer")
+    MEANINGS = {
+        "timeouts": "answer checks killed after the time limit (summed over processes)",
+        "parse_failures": "extracted or gold answers Math-Verify could not parse, or a worker error (summed)",
+        "no_answer": "completions with neither a `\\boxed{}` nor a number (summed)",
+    }
+    KEYS = tuple(MEANINGS)
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
