@@ -1,7 +1,10 @@
-"""Execute `examples/token_credit_quickstart.ipynb` headless and offline, and check what it displays."""
+"""Execute `examples/token_credit_quickstart.ipynb` headless and offline on SmolLM2-135M-Instruct, and check what it
+displays: the token-credit view of TACO's completions and the GRPO and TACO reward curves."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -9,23 +12,31 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "examples" / "token_credit_quickstart.ipynb"
+STEPS = 2  # per run; the notebook's own default (20) is for people
 
 nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat, nbclient and ipykernel")
 nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbformat, nbclient and ipykernel")
 pytest.importorskip("ipykernel", reason="notebook tests need nbformat, nbclient and ipykernel")
+for module, install in [("gguf", "pip install gguf"), ("reasoning_gym", "pip install reasoning-gym==0.1.25")]:
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"the notebook needs {module}: {install}", allow_module_level=True)
 try:
-    from trl_credit import TACOTrainer  # noqa: F401
-except ImportError as error:
-    pytest.skip(f"trl_credit.TACOTrainer is not importable yet ({error})", allow_module_level=True)
+    from trl_credit.models import smollm2_gguf_path
+
+    smollm2_gguf_path()
+except RuntimeError as error:
+    pytest.skip(str(error), allow_module_level=True)
 
 
-def test_quickstart_notebook_runs_offline(tmp_path):
+def test_notebook_trains_grpo_and_taco_on_smollm2_offline(tmp_path):
     notebook = nbformat.read(NOTEBOOK, as_version=4)
+    assert not [cell for cell in notebook.cells if cell.cell_type == "code" and cell.outputs], "commit it cleared"
     client = nbclient.NotebookClient(
         notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
     # The kernel runs in tmp_path (outputs land there) and must import this checkout, installed or not.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "TRL_CREDIT_NOTEBOOK_STEPS": str(STEPS),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     client.execute(env=env)
 
@@ -33,7 +44,14 @@ def test_quickstart_notebook_runs_offline(tmp_path):
     assert not [output for output in outputs if output.output_type == "error"]
     html = [output.data["text/html"] for output in outputs if "text/html" in output.get("data", {})]
     assert any("<iframe srcdoc=" in page and "class=&quot;tok&quot;" in page for page in html)
-    pngs = [output for output in outputs if "image/png" in output.get("data", {})]
-    assert len(pngs) >= 4  # the token-credit PNG, reward, entropy, length (+ diagnostics)
-    run_dir = tmp_path / "token-credit-quickstart"
-    assert (run_dir / "token_credit.jsonl").is_file() and (run_dir / "plots" / "reward.png").is_file()
+    assert [output for output in outputs if "image/png" in output.get("data", {})]  # the reward curves
+    text = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")
+    assert "GRPO: mean reward" in text and "TACO: mean reward" in text
+
+    for run, method in [("notebook-grpo", "grpo"), ("notebook-taco", "taco")]:
+        history = json.loads((tmp_path / run / "trainer_state.json").read_text())["log_history"]
+        assert [entry["step"] for entry in history if "reward" in entry] == list(range(1, STEPS + 1))
+        records = [json.loads(line) for line in (tmp_path / run / "token_credit.jsonl").read_text().splitlines()]
+        assert {record["method"] for record in records} == {method}
+        assert len({record["step"] for record in records}) == STEPS  # completions recorded at every step
+        assert all(record["completion"].strip() for record in records)  # SmolLM2's real completions
