@@ -3,7 +3,8 @@
 Run A trains 4 steps and saves checkpoint-2 on the way; run B is a fresh trainer built like A (from the initial
 model, as a resumed job is) that resumes from A's checkpoint-2. Transformers restores the RNG states, so B generates
 the same completions as A at steps 3-4, and every logged metric of those steps (rewards, losses, gradient norms, the
-method's statistics: EAPO's decayed kappa and quantiles, TIDE's deviation from its reference) and the final weights
+method's statistics: EAPO's decayed kappa and quantiles, TIDE's deviation from its reference, Clip-Cov's random
+draw) and the final weights
 must equal A's. TIDE's 'old' reference (the policy of the previous generation batch) is not in the model weights:
 the trainer saves it next to them, and this test fails without that.
 """
@@ -43,8 +44,10 @@ def _step_logs(trainer, steps):
         ("eapo", {"eapo_kappa_decay_steps": 4}),
         ("tide", {}),
         ("tide", {"tide_reference": "old"}),
+        # A random draw seeded by the step: the resumed run must detach the same tokens.
+        ("clip_cov", {"clip_cov_ratio": 0.5, "clip_cov_lb": -100.0, "clip_cov_ub": 100.0}),
     ],
-    ids=["grpo", "taco", "eapo-kappa-decay", "tide-ref", "tide-old"],
+    ids=["grpo", "taco", "eapo-kappa-decay", "tide-ref", "tide-old", "clip-cov"],
 )
 def test_resume_equals_uninterrupted_run(tmp_path, method, overrides):
     uninterrupted = _trainer(method, tmp_path / "a", **overrides)
@@ -71,6 +74,8 @@ def test_resume_equals_uninterrupted_run(tmp_path, method, overrides):
         assert [got[s]["eapo/kappa"] for s in (3, 4)] == pytest.approx([math.log(4) / 2, math.log(4) / 4])
     if method == "tide":
         assert got[3]["tide/mean_deviation"] > 0
+    if method == "clip_cov":  # tokens were drawn at the resumed steps, so the same draw was checked
+        assert all(got[s]["clip_cov/detached_fraction"] > 0 for s in (3, 4))
     for (name, p_want), (_, p_got) in zip(uninterrupted.model.named_parameters(), resumed.model.named_parameters()):
         torch.testing.assert_close(p_got, p_want, atol=1e-7, rtol=1e-6, msg=name)
 

@@ -25,11 +25,12 @@ def documents(root: Path = REPOSITORY) -> list[str]:
 
 
 def _registered():
-    """Built-in methods, the default comparison's first, then by name."""
+    """The package's own methods (not those a user or a test registered), the default comparison's first."""
     from .methods import CREDIT_METHODS, DEFAULT_COMPARISON
 
     order = {name: i for i, name in enumerate(DEFAULT_COMPARISON)}
-    return sorted(CREDIT_METHODS.values(), key=lambda m: (order.get(m.name, len(order)), m.name))
+    built_in = [m for m in CREDIT_METHODS.values() if m.function.__module__.startswith(f"{__package__}.")]
+    return sorted(built_in, key=lambda m: (order.get(m.name, len(order)), m.name))
 
 
 def _cell(text: str) -> str:
