@@ -33,6 +33,7 @@ from ..methods.registry import (
     POLICY_MAX_LOGPROB,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
+    ROLLOUT_ENTROPY,
     CreditBatch,
     CreditResult,
 )
@@ -48,6 +49,8 @@ from .sources import (
     policy_max_logprob,
     recorded_final_hidden,
     recorded_generation_hidden,
+    recorded_scoring_forward,
+    runs_scoring_forward,
     valid_mask,
 )
 
@@ -101,6 +104,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         requested = {name for m, hp in stack for name in m.statistics_for(hp)}
         self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
         self._records_hidden = POLICY_MAX_LOGPROB in requested  # from the final hidden states of the forward
+        # Statistics of the rollout policy's full distribution (not just the sampled token's log-prob, which TRL keeps).
+        self._reads_rollout_distribution = any(
+            s in (ROLLOUT_ENTROPY, REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION) for s in self._generation_statistics
+        )
         deviations = [s for s in self._generation_statistics if s in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
         if len(deviations) > 1:
             raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
@@ -111,13 +118,18 @@ class CreditGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------- generation batch
 
     def _generate_and_score_completions(self, inputs):
-        # Generation-batch statistics take the policy's hidden states from `generate` where TRL generates in one call.
+        # Generation-batch statistics take the policy's entropies and hidden states from TRL's old-log-prob forward where
+        # it runs one, else from `generate` where TRL generates in one call (see `sources`).
         record = bool(self._generation_statistics) and generates_in_one_call(self)
-        with recorded_generation_hidden(self, record) as generation:
+        score = self._reads_rollout_distribution and runs_scoring_forward(self)
+        with (
+            recorded_generation_hidden(self, record) as generation,
+            recorded_scoring_forward(self, score, keep_hidden=self.deviation_reference is not None) as scoring,
+        ):
             batch = super()._generate_and_score_completions(inputs)
         if self._generation_statistics:
             statistics = generation_statistics(
-                self, batch, self._generation_statistics, self.deviation_reference, generation
+                self, batch, self._generation_statistics, self.deviation_reference, generation, scoring
             )
             batch.update({statistic_key(name): value for name, value in statistics.items()})
             if self.deviation_reference is not None:
