@@ -11,8 +11,8 @@ where it runs.
   split keep them aligned, and batch-global reductions gather over every process.
 * Methods that read the current policy run in each training forward: TRL reads `inputs["advantages"]` only after
   the forward of its loss, so they reshape the advantages from that very forward (no extra forward). A method
-  there that drops tokens from the loss needs its mask before TRL builds the loss mask, so it gets one no-grad
-  forward of the micro-batch instead.
+  there that drops tokens from the loss removes them from TRL's loss mask after that forward; only with a tool mask
+  (TRL then builds its loss mask before its forward) does it get one no-grad forward of the micro-batch first.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ from .sources import (
     recorded_generation_hidden,
     recorded_scoring_forward,
     runs_scoring_forward,
+    trl_loss_mask,
     valid_mask,
+    weigh_trl_loss_mask,
 )
 
 if is_wandb_available():
@@ -207,7 +209,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         # The buffered micro-batch is reused across `num_iterations`: TRL gets a shallow copy whose advantages
         # (and loss mask) are filled in, never the shared dict.
         inputs = dict(inputs)
-        if self._drops_tokens_in_forward:
+        if self._drops_tokens_in_forward and trl_loss_mask(inputs) is not None:
+            # The dropped tokens leave TRL's loss mask in place after its forward (the buffered one is not touched).
+            inputs["completion_mask"] = inputs["completion_mask"].clone()
+        elif self._drops_tokens_in_forward:  # a tool mask: TRL's loss mask is fixed before its forward
             with recorded_final_hidden(self, self._records_hidden) as hidden:
                 logps_BT, entropy_BT = policy_logps_and_entropy(self, inputs)
             statistics = self._forward_statistics(inputs, logps_BT, entropy_BT, hidden)
@@ -221,7 +226,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         """Reshape `inputs["advantages"]` with the statistics of the next forward of `model` (TRL's loss forward).
 
         TRL's `_compute_loss` runs one forward of the policy and reads `inputs["advantages"]` after it;
-        `tests/test_trainer.py` checks that the advantages it consumed are the ones computed here.
+        `tests/test_trainer.py` checks that the advantages it consumed are the ones computed here. Tokens a method
+        drops leave TRL's loss mask (`trl_loss_mask`, a clone) in place, after that forward and before the loss reads
+        it; `tests/test_baselines.py` checks TRL's loss against one computed with the dropped tokens masked out.
         """
 
         def after_forward(module, args, kwargs, output):
@@ -229,7 +236,16 @@ class CreditGRPOTrainer(GRPOTrainer):
             num_tokens = inputs["completion_ids"].size(1)
             logps_BT, entropy_BT = output.log_probs[:, -num_tokens:], output.entropy[:, -num_tokens:]
             statistics = self._forward_statistics(inputs, logps_BT.detach().float(), entropy_BT.detach().float(), hidden)
-            inputs.update(self._apply_credit(inputs, self._training_forward_methods, statistics)[0])
+            updates = self._apply_credit(inputs, self._training_forward_methods, statistics)[0]
+            loss_mask_BT = updates.pop("tool_mask", None)
+            inputs.update(updates)
+            if loss_mask_BT is not None:  # TRL's forward has read the attention mask; its loss reads this one next
+                if not self._drops_tokens_in_forward:
+                    raise ValueError(
+                        f"credit_method {self.credit_method!r} returned a loss mask from a method that does not "
+                        "declare drops_tokens=True"
+                    )
+                weigh_trl_loss_mask(inputs, loss_mask_BT)
 
         handle = model.register_forward_hook(after_forward, with_kwargs=True)
         try:

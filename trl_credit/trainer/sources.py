@@ -79,6 +79,21 @@ def policy_logps_and_entropy(trainer, batch, batch_size: int | None = None) -> t
     return logps_BT.float(), entropy_BT.float()
 
 
+def trl_loss_mask(inputs) -> torch.Tensor | None:
+    """The tensor TRL 1.16's `_compute_loss` masks its loss with, when it is a batch tensor that can still be changed
+    after TRL's forward: without a tool mask TRL uses `inputs["completion_mask"]` itself (its forward reads a
+    concatenated copy as the attention mask); with one, TRL multiplies the two before its forward (None)."""
+    return None if "tool_mask" in inputs else inputs["completion_mask"]
+
+
+def weigh_trl_loss_mask(inputs, loss_mask_BT: torch.Tensor) -> None:
+    """Multiply TRL's loss mask (`trl_loss_mask`, the micro-batch's own clone) by `loss_mask_BT`, in place, between
+    TRL's forward and its loss. The weights may be soft (min-p's), so the tensor takes their float dtype through
+    `.data`: TRL holds this very object as its mask, and an integer tensor cannot hold them."""
+    mask_BT = trl_loss_mask(inputs)
+    mask_BT.data = mask_BT * loss_mask_BT
+
+
 @contextmanager
 def _policy_backbone_hook(trainer, hook):
     """Run `hook(module, args, output)` after every forward of the policy's backbone inside the block."""
