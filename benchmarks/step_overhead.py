@@ -117,7 +117,7 @@ def build_trainer(args, method: str, total_steps: int, callback):
         max_steps=total_steps, logging_steps=1, report_to="none", save_strategy="no", dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True, **regime,
     )
-    rollout_func = pool_rollout_func(args.rollouts) if vllm else None
+    rollout_func = pool_rollout_func(json.loads(Path(args.rollouts).read_text())) if vllm else None
     trainer = CreditGRPOTrainer(model, reward_funcs=length_reward, args=config, train_dataset=prompts,
                                 processing_class=tokenizer, rollout_func=rollout_func)
     if vllm:
@@ -128,74 +128,6 @@ def build_trainer(args, method: str, total_steps: int, callback):
 
 def num_prompts(args, total_steps: int) -> int:
     return max(8, total_steps * args.batch // args.generations)
-
-
-# ------------------------------------------------------------------------------------- vLLM regime
-
-
-def emulate_vllm(trainer) -> None:
-    """What `use_vllm=True` sets up, minus the engine (TRL's private attributes, as tests/test_engines.py sets them):
-    TRL's generation-batch and loss code then take their vLLM branch, old-log-prob forward and IS correction included."""
-    from test_engines import FakeVLLMGeneration
-
-    trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
-
-
-def save_tiny_model(args, folder: str) -> str:
-    from conftest import make_tiny_model, make_tiny_tokenizer
-
-    tokenizer = make_tiny_tokenizer()
-    make_tiny_model(tokenizer, seed=0, hidden_size=args.tiny_hidden).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def sample_rollouts(args, path: str) -> None:
-    """Sample `--generations` completions of exactly `--completion-length` tokens per prompt of the benchmark's
-    dataset from the initial model, with their log-probs (plus N(0, 0.01) noise), and write them to `path` (JSON)."""
-    import torch
-    from conftest import tiny_prompt_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    tokenizer.padding_side = "left"
-    prompts = [row["prompt"] for row in tiny_prompt_dataset(n_prompts=num_prompts(args, 1 + args.steps * args.repeats))]
-    pool = {}
-    for prompt in prompts:
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
-        input_ids = torch.tensor([ids] * args.generations)
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
-                max_new_tokens=args.completion_length, min_new_tokens=args.completion_length,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-            logp = torch.log_softmax(model(input_ids=out).logits[:, len(ids) - 1 : -1].float(), dim=-1)
-        completions = out[:, len(ids) :]
-        logps = logp.gather(-1, completions.unsqueeze(-1)).squeeze(-1) + 0.01 * torch.randn(completions.shape)
-        pool[json.dumps(prompt)] = {"prompt_ids": ids, "completion_ids": completions.tolist(), "logprobs": logps.tolist()}
-    Path(path).write_text(json.dumps(pool))
-
-
-def pool_rollout_func(path: str):
-    """A `rollout_func` that hands out the pre-sampled completions: the k-th request of a prompt in a batch gets its
-    k-th completion."""
-    pool = json.loads(Path(path).read_text())
-
-    def rollout(prompts, trainer):
-        seen: dict[str, int] = {}
-        out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
-        for prompt in prompts:
-            key = json.dumps(prompt)
-            k = seen[key] = seen.get(key, -1) + 1
-            out["prompt_ids"].append(pool[key]["prompt_ids"])
-            out["completion_ids"].append(pool[key]["completion_ids"][k])
-            out["logprobs"].append(pool[key]["logprobs"][k])
-        return out
-
-    return rollout
 
 
 def make_pacer(chunk: int, pause):
@@ -324,12 +256,97 @@ def memory_worker(args) -> dict:
     return result
 
 
+# ------------------------------------------------------------------------------------- vLLM regime
+
+
+class _NoEngine:
+    """Stands in for TRL's `VLLMGeneration`: with a `rollout_func` generating, only `sync_weights` is reached."""
+
+    def sync_weights(self):
+        pass
+
+
+def emulate_vllm(trainer) -> None:
+    """What `use_vllm=True` sets up, minus the engine (TRL's private attributes, as tests/test_engines.py sets them):
+    TRL's generation-batch and loss code then take their vLLM branch, old-log-prob forward and IS correction included."""
+    trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, _NoEngine()
+
+
+def save_tiny_model(args, folder: str) -> str:
+    from conftest import make_tiny_model, make_tiny_tokenizer
+
+    tokenizer = make_tiny_tokenizer()
+    make_tiny_model(tokenizer, seed=0, hidden_size=args.tiny_hidden).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def sample_rollouts(model, tokenizer, prompts, generations: int, completion_length: int, noise: float = 0.01) -> dict:
+    """`generations` completions of exactly `completion_length` tokens per conversational prompt, sampled from `model`
+    at temperature 1, with their log-probs plus N(0, noise) (an inference engine's differ from the trainer's): a pool
+    for `pool_rollout_func`, keyed by the prompt's JSON."""
+    import torch
+
+    device = next(model.parameters()).device
+    pool = {}
+    for prompt in prompts:
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        input_ids = torch.tensor([ids] * generations, device=device)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
+                max_new_tokens=completion_length, min_new_tokens=completion_length, pad_token_id=tokenizer.pad_token_id,
+            )
+            logp = torch.log_softmax(model(input_ids=out).logits[:, len(ids) - 1 : -1].float(), dim=-1)
+        completions = out[:, len(ids) :]
+        logps = logp.gather(-1, completions.unsqueeze(-1)).squeeze(-1)
+        logps = logps + noise * torch.randn(completions.shape, device=device)
+        pool[json.dumps(prompt)] = {"prompt_ids": ids, "completion_ids": completions.tolist(), "logprobs": logps.tolist()}
+    return pool
+
+
+def pool_rollout_func(pool: dict):
+    """A `rollout_func` that hands out pre-sampled completions: the k-th request of a prompt in a batch gets its
+    k-th completion."""
+
+    def rollout(prompts, trainer):
+        seen: dict[str, int] = {}
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+        for prompt in prompts:
+            key = json.dumps(prompt)
+            k = seen[key] = seen.get(key, -1) + 1
+            out["prompt_ids"].append(pool[key]["prompt_ids"])
+            out["completion_ids"].append(pool[key]["completion_ids"][k])
+            out["logprobs"].append(pool[key]["logprobs"][k])
+        return out
+
+    return rollout
+
+
+def write_rollouts(args, path: str) -> None:
+    """The pool of this benchmark's prompts, sampled once from the initial model, as JSON (every worker reads it)."""
+    import torch
+    from conftest import tiny_prompt_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    prompts = [row["prompt"] for row in tiny_prompt_dataset(n_prompts=num_prompts(args, 1 + args.steps * args.repeats))]
+    Path(path).write_text(json.dumps(sample_rollouts(model, tokenizer, prompts, args.generations, args.completion_length)))
+
+
 # ------------------------------------------------------------------------------------------------ parent
 
 
 def run_worker(args, role: str, parallel: list | None = None):
     cmd = [sys.executable, __file__, *sys.argv[1:], "--resolved-model", args.model, "--worker", role]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if role == "timing":
+        # One thread per method: glibc gives each its own malloc arena, which keeps its peak of freed activations;
+        # a dozen trainers of a real model then outgrow a shared machine's memory. Two arenas serve them all.
+        env.setdefault("MALLOC_ARENA_MAX", "2")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     if parallel is not None:
         parallel.append(proc)
         return proc
@@ -447,7 +464,7 @@ def main():
         if tiny:  # `beta != 0` makes TRL reload the reference from the model's path
             args.model = save_tiny_model(args, f"/tmp/trl-credit-bench-tiny-{os.getpid()}")
         args.rollouts = f"/tmp/trl-credit-bench-rollouts-{os.getpid()}.json"
-        sample_rollouts(args, args.rollouts)
+        write_rollouts(args, args.rollouts)
         sys.argv += ["--rollouts", args.rollouts]
         print(f"rollouts sampled in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     results = run(args)

@@ -95,6 +95,14 @@ class BatchKeeper(CreditGRPOTrainer):
         return super()._compute_loss(model, inputs)
 
 
+@torch.no_grad()
+def _perturbed(reference):
+    """Move the reference away from the policy (the deviation must be far from 0); return a copy of it."""
+    for param in reference.parameters():
+        param.add_(0.3 * torch.randn_like(param))
+    return copy.deepcopy(reference).eval()
+
+
 def _prompts_of_several_lengths():
     """Prompts of 5 to 9 words, so that generation left-pads them."""
     from datasets import Dataset
@@ -129,10 +137,7 @@ def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, 
     forwarded = []
     monkeypatch.setattr(sources, "completion_hidden", lambda m, *a, **k: forwarded.append(m) or completion_hidden(m, *a, **k))
     reference = trainer.deviation_reference.model
-    with torch.no_grad():  # a reference distinct from the policy: the deviation must be far from 0
-        for param in reference.parameters():
-            param.add_(0.3 * torch.randn_like(param))
-    reference_snapshot = copy.deepcopy(reference).eval()
+    reference_snapshot = _perturbed(reference)
     RECORDS.clear()
     trainer.train()
 
@@ -199,13 +204,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(tmp_p
     monkeypatch.setattr(sources, "completion_hidden", lambda m, *a, **k: hidden_forwards.append(m) or completion_hidden(m, *a, **k))
     trl_forward = trainer._get_per_token_logps_and_entropies
     monkeypatch.setattr(trainer, "_get_per_token_logps_and_entropies", lambda *a, **k: trl_forwards.append(1) or trl_forward(*a, **k))
-    reference_snapshot = None
-    if trainer.deviation_reference is not None:
-        reference = trainer.deviation_reference.model
-        with torch.no_grad():  # a reference distinct from the policy: the deviation must be far from 0
-            for param in reference.parameters():
-                param.add_(0.3 * torch.randn_like(param))
-        reference_snapshot = copy.deepcopy(reference).eval()
+    reference_snapshot = _perturbed(trainer.deviation_reference.model) if trainer.deviation_reference else None
     RECORDS.clear()
     trainer.train()
 

@@ -192,10 +192,18 @@ def test_gpu_check_refuses_clearly_without_cuda(monkeypatch):
 
 
 def test_gpu_check_cpu_smoke_run():
+    """Every part of the GPU check but the CUDA kernel branch, on the tiny model: kernels against float64, both
+    regimes, a method that drops tokens, the controls."""
     gpu_check = _gpu_check()
-    results = gpu_check.main(["--device", "cpu", "--tiny", "--steps", "1", "--prompts", "2", "--max_completion_length", "4"])
-    assert [r["method"] for r in results] == ["grpo", "taco", "eapo", "tide"]
-    assert all(r["steps"] == 1 and r["step_s"] > 0 for r in results)
+    report = gpu_check.main([
+        "--device", "cpu", "--tiny", "--steps", "2", "--prompts", "2", "--max_completion_length", "4",
+        "--methods", "grpo,stapo,tide,grpo_beta", "--vllm-methods", "grpo,eapo,tide", "--kernel-tokens", "64",
+    ])
+    runs = [(r["regime"], r["method"]) for r in report["runs"]]
+    assert runs == [("generate", m) for m in ("grpo", "stapo", "tide", "grpo_beta")] + [("vllm", m) for m in ("grpo", "eapo", "tide")]
+    assert all(r["steps"] == 2 and r["step_s"] > 0 and r["finite_loss"] for r in report["runs"])
+    assert report["kernels"]["ok"] and not report.get("failed") and not report["skipped"]
+    assert report["kernels"]["softcap"]["max_abs_error"]["deviation"] < 1e-5  # float32 on CPU
 
 
 # ------------------------------------------------------------------------------------------ multi-node SLURM
