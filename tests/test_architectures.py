@@ -166,7 +166,7 @@ def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, 
 
 
 @pytest.mark.parametrize("probe", ["probe_rollout", "probe_generation"])
-@pytest.mark.parametrize("branch", ["vllm", "off_policy"])
+@pytest.mark.parametrize("branch", ["vllm", "off_policy", "on_policy"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(tmp_path, monkeypatch, family, branch, probe):
     """Where TRL runs its old-log-prob forward and no `generate` call samples the batch (a `rollout_func`), the
@@ -174,6 +174,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(tmp_p
 
     `vllm`: TRL's vLLM branch (importance-sampling correction on), emulated as in `test_engines.py`. `off_policy`:
     `steps_per_generation=2` with one accumulation step, so TRL scores the batch for its off-policy ratio.
+    `on_policy`: TRL runs no scoring forward, so the trainer runs the one policy forward itself.
     """
     from test_engines import FakeVLLMGeneration, make_rollout_func
 
@@ -211,13 +212,15 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(tmp_p
     generation = [r for r in RECORDS if r["stage"] == "generation"]
     assert len(generation) == 1
     batch, mask = trainer.generation_batch, generation[0]["mask"]
-    assert "old_per_token_logps" in batch
+    scored = branch != "on_policy"
+    assert ("old_per_token_logps" in batch) == scored
     num_rows = batch["completion_ids"].size(0)
     assert (batch["prompt_mask"] == 0).any() and (batch["completion_mask"] == 0).any()  # left- and right-padded
-    # TRL's scoring forward (one fused call per chunk of 8 rows) and the one training forward; nothing else.
+    # TRL's scoring forward (one fused call per chunk of 8 rows), or else the trainer's own forward of TRL's, and the
+    # one training forward; nothing else. On-policy, the deviation pass also runs the policy's backbone.
     assert len(trl_forwards) == 2
-    assert len(no_cache_forwards) == num_rows // 8 + 1
-    assert not any(m is model for m in hidden_forwards)
+    assert len(no_cache_forwards) == (num_rows // 8 if scored else 1) + 1
+    assert any(m is model for m in hidden_forwards) == (not scored and probe == "probe_generation")
 
     def close(got, want):
         torch.testing.assert_close(got[mask].double(), want[mask], atol=1e-5, rtol=1e-5)

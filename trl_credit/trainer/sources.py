@@ -8,9 +8,9 @@
   2. Where TRL samples the batch with one `generate` call (its plain path), the final hidden states `generate`
      computed are recorded from the backbone (`recorded_generation_hidden`), and the LM head is streamed over them
      with the model's output transform and the sampling temperature: no second policy forward.
-  3. Elsewhere (vLLM, continuous batching, a `rollout_func`, tools, vision-language models without TRL's scoring
-     forward) the policy runs one no-grad forward over the batch, TRL's `_get_per_token_logps_and_entropies` (with
-     the multimodal inputs) or its backbone.
+  3. Elsewhere (an on-policy `rollout_func`, continuous batching, tools, vision-language models, without TRL's
+     scoring forward) the policy runs one no-grad forward over the batch, TRL's `_get_per_token_logps_and_entropies`
+     (with the multimodal inputs) or its backbone.
   All sources equal TRL's forward: `tests/test_architectures.py` checks them per architecture, with left padding,
   sampling options and prefill chunking, on TRL's vLLM branch and its off-policy branch.
   * `rollout_logps` / `rollout_entropy`: TRL's scoring forward, that LM-head stream, or TRL's forward;
