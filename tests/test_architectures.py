@@ -311,3 +311,32 @@ def test_scoring_forward_is_told_apart_from_trls_peft_reference_forward(tmp_path
     entropy, base_entropy = (-(lp.exp() * lp).sum(-1) for lp in (logp_BTV, base_logp_BTV))
     assert (entropy - base_entropy)[mask].abs().max() > 1e-2  # the adapter matters: not a vacuous check
     torch.testing.assert_close(generation[0][ROLLOUT_ENTROPY][mask].double(), entropy[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_scoring_record_is_used_only_where_it_matches_trls_old_log_probs():
+    """`ScoringForward.statistics` returns the calls whose log-probs are exactly `old_per_token_logps`, else None."""
+    from types import SimpleNamespace
+
+    from trl_credit.trainer.sources import ScoringForward
+
+    torch.manual_seed(0)
+    record = ScoringForward(keep_hidden=True)
+
+    def forward(rows, fused=True):  # one fused-LM-head call: backbone first, then the model's output
+        hidden = torch.randn(rows, 6, 3)
+        record.backbone_hook(None, (), SimpleNamespace(last_hidden_state=hidden))
+        output = SimpleNamespace(log_probs=torch.randn(rows, 5), entropy=torch.rand(rows, 5))
+        record.model_hook(None, (), {"fused_lm_head": fused}, output)
+        return output, hidden
+
+    forward(4)  # e.g. TRL's PEFT reference forward, same rows
+    forward(4, fused=False)  # e.g. a rollout_func's plain forward: not recorded
+    chunks = [forward(2), forward(2)]  # TRL's old-log-prob forward, two row chunks
+    old_BT = torch.cat([out.log_probs[:, -4:] for out, _ in chunks])
+    entropy_BT, hidden_BTH = record.statistics({"old_per_token_logps": old_BT})
+    torch.testing.assert_close(entropy_BT, torch.cat([out.entropy[:, -4:] for out, _ in chunks]), atol=0, rtol=0)
+    torch.testing.assert_close(hidden_BTH, torch.cat([h[:, 1:5] for _, h in chunks]), atol=0, rtol=0)
+    assert len(record.calls) == 3
+    assert record.statistics({}) is None  # TRL ran no scoring forward
+    assert record.statistics({"old_per_token_logps": old_BT[:3]}) is None  # rows not covered call by call
+    assert record.statistics({"old_per_token_logps": old_BT + 1e-7}) is None  # not TRL's log-probs exactly
