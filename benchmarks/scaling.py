@@ -114,8 +114,8 @@ def main():
     train_flops = 6 * params  # forward + backward of the training step
     gen_flops = 2 * params  # sampling the token (KV-cached decode)
     step_flops = train_flops + gen_flops
-    tide_extra = 2 * fwd_flops + head_flops  # policy and reference hidden-state forwards + the two heads
-    eapo_extra = fwd_flops  # one rollout-entropy forward when TRL runs no old-log-prob forward
+    tide_extra = fwd_flops + head_flops  # the reference's hidden-state forward + the two heads
+    eapo_extra = fwd_flops  # one rollout-entropy forward where neither TRL's scoring forward nor `generate` serves
     mem_stream = 3 * 1024 * 16384 * 4
     tokens_per_forward = 8 * 4096  # e.g. per_device_train_batch_size 8 x 4096 completion tokens
     mem_naive = 4 * tokens_per_forward * vocab * 4
@@ -124,9 +124,12 @@ def main():
 * training step of GRPO itself: generation 2 N_params + forward/backward 6 N_params = {step_flops / 1e9:.0f} GFLOP;
 * TACO: 0 extra FLOPs of model compute (statistics come from the training forward); reshaping ~{reshaping[-1]['ratios']['taco'] * reshaping[-1]['floor_ns']:.0f} ns
   per token on this CPU (table above) -- for 1M tokens per step, ~{reshaping[-1]["ratios"]["taco"] * reshaping[-1]["floor_ns"]:.1f} ms;
-* EAPO: one extra no-grad forward, 2 N_params = {eapo_extra / 1e9:.0f} GFLOP = {eapo_extra / step_flops:.0%} of the step's FLOPs (0 when TRL
-  already runs the old-log-prob forward: off-policy steps or vLLM importance sampling, which it reuses);
-* TIDE: policy + reference hidden-state forwards 2 x 2 N_params = {4 * params / 1e9:.0f} GFLOP, plus the two LM heads
+* EAPO: no extra forward where TRL runs its old-log-prob forward (vLLM importance sampling, off-policy steps: the
+  entropies its fused LM head computed there) or samples with one `generate` call (one LM-head stream over the
+  hidden states `generate` computed, 2 H V); otherwise one no-grad forward, 2 N_params = {eapo_extra / 1e9:.0f} GFLOP = {eapo_extra / step_flops:.0%} of
+  the step's FLOPs;
+* TIDE: the reference's hidden-state forward 2 N_params = {fwd_flops / 1e9:.0f} GFLOP (the policy's hidden states come from
+  TRL's old-log-prob forward or from `generate`; with neither, one more forward), plus the two LM heads
   2 x 2 H V = {head_flops / 1e9:.2f} GFLOP: {tide_extra / 1e9:.0f} GFLOP = {tide_extra / step_flops:.0%} of the step's FLOPs. The streamed statistics
   themselves are {head_flops / tide_extra:.1%} of TIDE's extra FLOPs; on this CPU the fit gives
   a H V + b V = {a * 1e12:.2f} ps x {hidden} x {vocab:,} + {b * 1e9:.2f} ns x {vocab:,} = {per_token_head_cpu * 1e3:.1f} ms per token (one core), of
@@ -145,8 +148,8 @@ Inputs as in the reshaping section; TIDE with V = 151,936. Ratios are to the ele
 paired per round (median of {args.repeats}); ns/token are absolute (scale only). All three reshapings are a fixed number of
 passes over the `(B, T)` tensors, so their cost is linear in B x T: ns/token stays flat, apart from cache effects
 (small sizes stay in cache and the floor gets relatively cheaper). Group size enters only through B: quantiles
-are batch-global (selection, linear time), weights are per row. EAPO's quantiles are the one super-linear-looking
-part (`kthvalue` is linear on average but with a large constant).
+are batch-global, weights are per row. EAPO's quantiles are the one super-linear part: they sort the batch's valid
+entropies (N log N).
 
 {reshape_table}
 

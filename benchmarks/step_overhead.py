@@ -3,6 +3,7 @@
     python benchmarks/step_overhead.py --model tiny              # default: every registered method (--methods: a subset)
     python benchmarks/step_overhead.py --model smollm2           # SmolLM2-135M-Instruct (or --model /path/to/hf/folder)
     python benchmarks/step_overhead.py --model smollm2 --device cuda
+    python benchmarks/step_overhead.py --model smollm2 --regime vllm   # a GPU step's shape, on CPU (below)
 
 Timing: one process builds a trainer per method (`grpo` and every registered method -- `taco`, `eapo`, `tide` and the
 papers' baselines -- or those given with `--methods`, and for the tiny model a second `grpo`, the control) from the
@@ -13,6 +14,16 @@ machine-wide slowdowns hit them alike. Completions are forced to the full `max_c
 (`min_new_tokens`), so every method processes the same number of tokens whatever its policy samples.
 Memory: each method then trains a few steps alone in its own process.
 
+`--regime vllm` models the step a GPU runs with vLLM, where sampling is cheap and the trainer's forwards dominate:
+generation goes through TRL's non-`generate` branch, a `rollout_func` that hands out completions sampled once before
+the run (from the initial model, exactly `--completion-length` tokens, with their log-probs plus N(0, 0.01) noise, as
+an inference engine's differ), so generating costs almost nothing; `use_vllm` is switched on after construction (as
+`tests/test_engines.py` does, minus the engine), so TRL runs its old-log-prob forward and its importance-sampling
+correction; gradient checkpointing is on. Two controls: `grpo-control` (a second `grpo`) and `grpo_beta` (`grpo` with
+`beta=0.04`: TRL's reference forward, the floor for TIDE, which needs a reference forward too). The optimizer is
+plain SGD in this regime: the update is the same for every method, and a stateless one keeps a dozen trainers of
+the model in one process's memory. Memory is not measured (`--memory` to measure it).
+
 Reported per method, as ratios to `grpo`:
 
 * step time: the median wall time of an optimizer step (callback `on_step_begin` -> `on_step_end`: generation,
@@ -20,7 +31,8 @@ Reported per method, as ratios to `grpo`:
   `step_time` (generation + forward/backward, without the optimizer step) is reported next to it;
 * credit time: the median per-step time spent in the method's own parts of the trainer, as a fraction of grpo's
   step time: the generation-batch statistics (rollout forward, deviation pass), the no-grad forward of each
-  micro-batch that methods dropping tokens from the loss need, the streamed max log-prob, and the reshaping itself
+  micro-batch that methods dropping tokens from the loss need with a tool mask, the streamed max log-prob, and the
+  reshaping itself
   (`_apply_credit`: the method's function and its metrics);
 * peak memory. CPU: the worker's resident-set high-water mark (`VmHWM` of /proc/self/status) -- the whole process
   (Python, torch, TRL, model, optimizer state, activations, TIDE's reference copy), one process per method so
@@ -46,6 +58,8 @@ from trl_credit.methods import CREDIT_METHODS  # noqa: E402
 
 METHODS = ["grpo", *sorted(CREDIT_METHODS)]
 CONTROL = "grpo-control"  # a second, identical grpo worker: its ratio to grpo is the run's noise floor
+BETA_CONTROL = "grpo_beta"  # grpo with TRL's KL term (beta = 0.04): its reference forward is TIDE's floor
+BETA = 0.04
 
 
 def resolve_model(name: str) -> str:
@@ -92,19 +106,29 @@ def build_trainer(args, method: str, total_steps: int, callback):
     else:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         model = args.model  # by path: TRL (and TIDE's reference) load it
-    prompts = tiny_prompt_dataset(n_prompts=max(8, total_steps * args.batch // args.generations))
+    prompts = tiny_prompt_dataset(n_prompts=num_prompts(args, total_steps))
+    vllm = args.regime == "vllm"
+    regime = dict(gradient_checkpointing=True, optim="sgd") if vllm else dict(gradient_checkpointing=False)
     config = CreditGRPOConfig(
-        output_dir=f"/tmp/trl-credit-bench-{method}-{os.getpid()}", credit_method="grpo" if method == CONTROL else method,
-        use_cpu=args.device != "cuda", bf16=False, gradient_checkpointing=False, seed=0, learning_rate=1e-5,
+        output_dir=f"/tmp/trl-credit-bench-{method}-{os.getpid()}",
+        credit_method="grpo" if method in (CONTROL, BETA_CONTROL) else method, beta=BETA if method == BETA_CONTROL else 0.0,
+        use_cpu=args.device != "cuda", bf16=False, seed=0, learning_rate=1e-5,
         per_device_train_batch_size=args.batch, num_generations=args.generations,
         max_completion_length=args.completion_length, generation_kwargs={"min_new_tokens": args.completion_length},
         max_steps=total_steps, logging_steps=1, report_to="none", save_strategy="no", dataloader_num_workers=0,
-        model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True,
+        model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True, **regime,
     )
+    rollout_func = pool_rollout_func(json.loads(Path(args.rollouts).read_text())) if vllm else None
     trainer = CreditGRPOTrainer(model, reward_funcs=length_reward, args=config, train_dataset=prompts,
-                                processing_class=tokenizer)
+                                processing_class=tokenizer, rollout_func=rollout_func)
+    if vllm:
+        emulate_vllm(trainer)
     trainer.add_callback(callback)
     return trainer
+
+
+def num_prompts(args, total_steps: int) -> int:
+    return max(8, total_steps * args.batch // args.generations)
 
 
 def make_pacer(chunk: int, pause):
@@ -233,12 +257,97 @@ def memory_worker(args) -> dict:
     return result
 
 
+# ------------------------------------------------------------------------------------- vLLM regime
+
+
+class _NoEngine:
+    """Stands in for TRL's `VLLMGeneration`: with a `rollout_func` generating, only `sync_weights` is reached."""
+
+    def sync_weights(self):
+        pass
+
+
+def emulate_vllm(trainer) -> None:
+    """What `use_vllm=True` sets up, minus the engine (TRL's private attributes, as tests/test_engines.py sets them):
+    TRL's generation-batch and loss code then take their vLLM branch, old-log-prob forward and IS correction included."""
+    trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, _NoEngine()
+
+
+def save_tiny_model(args, folder: str) -> str:
+    from conftest import make_tiny_model, make_tiny_tokenizer
+
+    tokenizer = make_tiny_tokenizer()
+    make_tiny_model(tokenizer, seed=0, hidden_size=args.tiny_hidden).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def sample_rollouts(model, tokenizer, prompts, generations: int, completion_length: int, noise: float = 0.01) -> dict:
+    """`generations` completions of exactly `completion_length` tokens per conversational prompt, sampled from `model`
+    at temperature 1, with their log-probs plus N(0, noise) (an inference engine's differ from the trainer's): a pool
+    for `pool_rollout_func`, keyed by the prompt's JSON."""
+    import torch
+
+    device = next(model.parameters()).device
+    pool = {}
+    for prompt in prompts:
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        input_ids = torch.tensor([ids] * generations, device=device)
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
+                max_new_tokens=completion_length, min_new_tokens=completion_length, pad_token_id=tokenizer.pad_token_id,
+            )
+            logp = torch.log_softmax(model(input_ids=out).logits[:, len(ids) - 1 : -1].float(), dim=-1)
+        completions = out[:, len(ids) :]
+        logps = logp.gather(-1, completions.unsqueeze(-1)).squeeze(-1)
+        logps = logps + noise * torch.randn(completions.shape, device=device)
+        pool[json.dumps(prompt)] = {"prompt_ids": ids, "completion_ids": completions.tolist(), "logprobs": logps.tolist()}
+    return pool
+
+
+def pool_rollout_func(pool: dict):
+    """A `rollout_func` that hands out pre-sampled completions: the k-th request of a prompt in a batch gets its
+    k-th completion."""
+
+    def rollout(prompts, trainer):
+        seen: dict[str, int] = {}
+        out = {"prompt_ids": [], "completion_ids": [], "logprobs": []}
+        for prompt in prompts:
+            key = json.dumps(prompt)
+            k = seen[key] = seen.get(key, -1) + 1
+            out["prompt_ids"].append(pool[key]["prompt_ids"])
+            out["completion_ids"].append(pool[key]["completion_ids"][k])
+            out["logprobs"].append(pool[key]["logprobs"][k])
+        return out
+
+    return rollout
+
+
+def write_rollouts(args, path: str) -> None:
+    """The pool of this benchmark's prompts, sampled once from the initial model, as JSON (every worker reads it)."""
+    import torch
+    from conftest import tiny_prompt_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    prompts = [row["prompt"] for row in tiny_prompt_dataset(n_prompts=num_prompts(args, 1 + args.steps * args.repeats))]
+    Path(path).write_text(json.dumps(sample_rollouts(model, tokenizer, prompts, args.generations, args.completion_length)))
+
+
 # ------------------------------------------------------------------------------------------------ parent
 
 
 def run_worker(args, role: str, parallel: list | None = None):
     cmd = [sys.executable, __file__, *sys.argv[1:], "--resolved-model", args.model, "--worker", role]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if role == "timing":
+        # One thread per method: glibc gives each its own malloc arena, which keeps its peak of freed activations;
+        # a dozen trainers of a real model then outgrow a shared machine's memory. Two arenas serve them all.
+        env.setdefault("MALLOC_ARENA_MAX", "2")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     if parallel is not None:
         parallel.append(proc)
         return proc
@@ -254,16 +363,17 @@ def collect(proc, role):
 
 def run(args) -> dict:
     results = {m: {} for m in args.methods}
-    # Memory: one process per method, in parallel for the tiny model, one after the other otherwise.
-    parallel = [] if args.model == "tiny" else None
-    procs = {m: run_worker(args, m, parallel) for m in args.methods}
-    for method, proc in procs.items():
-        results[method].update(collect(proc, method) if parallel is not None else proc)
-    # The timing process holds every method's trainer at once: refuse rather than risk the shared machine's memory.
-    needed = sum(r["peak_rss"] - r["rss_before"] for r in results.values()) + max(r["rss_before"] for r in results.values())
-    if needed > 0.7 * _common.available_memory_bytes():
-        sys.exit(f"timing needs ~{needed / 2**30:.1f} GiB in one process, more than 70% of the available memory; "
-                 "pass fewer --methods")
+    if args.memory:
+        # Memory: one process per method, in parallel for the tiny model, one after the other otherwise.
+        parallel = [] if args.model == "tiny" else None
+        procs = {m: run_worker(args, m, parallel) for m in args.methods}
+        for method, proc in procs.items():
+            results[method].update(collect(proc, method) if parallel is not None else proc)
+        # The timing process holds every method's trainer at once: refuse rather than risk the shared machine's memory.
+        needed = sum(r["peak_rss"] - r["rss_before"] for r in results.values()) + max(r["rss_before"] for r in results.values())
+        if needed > 0.7 * _common.available_memory_bytes():
+            sys.exit(f"timing needs ~{needed / 2**30:.1f} GiB in one process, more than 70% of the available memory; "
+                     "pass fewer --methods")
     timings = run_worker(args, "timing")
     for method in args.methods:
         results[method].update(timings[method])
@@ -280,7 +390,9 @@ def summarise(args, results) -> str:
         step = statistics.median(r["steps"])
         trl = statistics.median(r["trl_step_times"]) if r["trl_step_times"] else float("nan")
         credit = statistics.median(r["credit"]) / base_step
-        if args.device == "cuda":
+        if not args.memory:
+            mem = growth = "not measured"
+        elif args.device == "cuda":
             mem = f"{r['cuda_peak'] / 2**20:.0f} MiB, {r['cuda_peak'] / base['cuda_peak']:.2f}x"
             growth = "n/a"
         else:
@@ -304,7 +416,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="'tiny', 'smollm2' or a local HF model folder")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
+    parser.add_argument("--regime", default="generate", choices=["generate", "vllm"],
+                        help="generate: TRL's plain `generate` path; vllm: a GPU step's shape (see the docstring)")
+    parser.add_argument("--methods", nargs="+", default=None, choices=[*METHODS, BETA_CONTROL],
+                        help=f"default: every method (and '{BETA_CONTROL}' in the vllm regime)")
+    parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=None,
+                        help="measure each method's peak memory in its own process (default: on, off for --regime vllm)")
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps per turn (default: tiny 4, else 2)")
     parser.add_argument("--repeats", type=int, default=None, help="round-robin rounds (default: tiny 5, else 3)")
     parser.add_argument("--batch", type=int, default=8, help="per-device train batch (completions per step)")
@@ -315,16 +432,21 @@ def main():
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=None,
                         help=f"also run '{CONTROL}', a second grpo worker (default: on for tiny)")
-    parser.add_argument("--worker", choices=[*METHODS, CONTROL, "timing"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=[*METHODS, BETA_CONTROL, CONTROL, "timing"], help=argparse.SUPPRESS)
     parser.add_argument("--resolved-model", help=argparse.SUPPRESS)
+    parser.add_argument("--rollouts", help=argparse.SUPPRESS)
     args = parser.parse_args()
     tiny = args.model == "tiny"
+    vllm = args.regime == "vllm"
     args.steps = args.steps or (5 if tiny else 2)
     args.repeats = args.repeats or (10 if tiny else 3)
     args.completion_length = args.completion_length or (64 if tiny else 32)
+    args.memory = not vllm if args.memory is None else args.memory
+    args.methods = args.methods or [*METHODS, *([BETA_CONTROL] if vllm else [])]
+    control = args.control if args.control is not None else (tiny or vllm)
     if args.worker:
         args.model = args.resolved_model
-        args.methods = [*args.methods, *([CONTROL] if (args.control if args.control is not None else tiny) else [])]
+        args.methods = [*args.methods, *([CONTROL] if control else [])]
         if "grpo" not in args.methods:
             args.methods.insert(0, "grpo")
         result = timing_worker(args) if args.worker == "timing" else memory_worker(args)
@@ -332,12 +454,20 @@ def main():
         return
     if "grpo" not in args.methods:
         args.methods = ["grpo", *args.methods]
-    if args.control if args.control is not None else tiny:
+    if control:
         args.methods.append(CONTROL)
     label = args.model
     args.model = resolve_model(args.model)
 
     start = time.perf_counter()
+    if vllm:
+        setup_worker(args)
+        if tiny:  # `beta != 0` makes TRL reload the reference from the model's path
+            args.model = save_tiny_model(args, f"/tmp/trl-credit-bench-tiny-{os.getpid()}")
+        args.rollouts = f"/tmp/trl-credit-bench-rollouts-{os.getpid()}.json"
+        write_rollouts(args, args.rollouts)
+        sys.argv += ["--rollouts", args.rollouts]
+        print(f"rollouts sampled in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     results = run(args)
     elapsed = time.perf_counter() - start
     table = summarise(args, results)
@@ -346,7 +476,9 @@ def main():
         return
     model_desc = (f"tiny random Qwen2 (tests/conftest.py, hidden {args.tiny_hidden}, 2 layers, vocab ~150)" if tiny
                   else f"`{label}` ({args.model})")
-    body = f"""`python benchmarks/step_overhead.py --model {label} --device {args.device}`: {model_desc}; {args.batch} completions per
+    command = " ".join(["python benchmarks/step_overhead.py", *sys.argv[1 : sys.argv.index("--rollouts")]] if vllm
+                       else ["python benchmarks/step_overhead.py", f"--model {label} --device {args.device}"])
+    body = f"""`{command}`: {model_desc}; {args.batch} completions per
 step (G = {args.generations}), exactly {args.completion_length} completion tokens each, {args.device.upper()}, {_common.machine_note(args.threads)}.
 {args.repeats} round-robin rounds of {args.steps} optimizer steps per method (after 1 warm-up step), median over the
 {args.repeats * args.steps} timed steps of each; whole run {elapsed / 60:.1f} min. What each column measures: see the docstring
@@ -362,8 +494,21 @@ Inside the hooks (per step, includes the warm-up step's share): {args.breakdown}
         body += f"""
 `{CONTROL}` is a second, identical `grpo` worker: its distance from 1.000x is this run's noise floor for the
 step-time ratios. The "own hooks" column is timed inside each step: the method's cost without that noise."""
-    section = "step_overhead_" + ("tiny" if tiny else "model") + ("_cuda" if args.device == "cuda" else "")
+    if vllm:
+        body += """
+
+Regime: TRL's vLLM branch with a `rollout_func` of pre-sampled completions (generation costs almost nothing), TRL's
+old-log-prob forward and importance-sampling correction, gradient checkpointing on, SGD (see the docstring)."""
+    if BETA_CONTROL in args.methods and "tide" in args.methods:
+        tide_step = statistics.median(results["tide"]["steps"])
+        body += f"""
+`tide` / `{BETA_CONTROL}` step time: {tide_step / statistics.median(results[BETA_CONTROL]["steps"]):.3f}x (`{BETA_CONTROL}`
+is `grpo` with `beta={BETA}`: TRL's reference forward)."""
+    regime = "vllm" if vllm else ("tiny" if tiny else "model")
+    section = "step_overhead_" + regime + ("_tiny" if vllm and tiny else "") + ("_cuda" if args.device == "cuda" else "")
     title = f"Step overhead vs GRPO: {'tiny model' if tiny else label}, {args.device.upper()}"
+    if vllm:
+        title += ", vLLM-shaped step (rollout_func, TRL's scoring forward, gradient checkpointing)"
     _common.write_section(section, title, body)
 
 

@@ -38,6 +38,8 @@ from trl_credit.methods import (
 from trl_credit.methods.clip_cov import clip_cov_generator
 from trl_credit.methods.high_entropy import high_entropy_count
 from trl_credit.statistics import token_statistics
+from trl_credit.trainer import credit_trainer
+from trl_credit.trainer.sources import policy_logps_and_entropy
 
 BASELINES = ["stapo", "tampo", "minp_support", "ar_lopti", "clip_cov", "high_entropy", "entropy_adv"]
 PAPERS = {
@@ -311,6 +313,16 @@ def _expected(method, args, inputs, logps, entropy, max_logps, step):
     return None  # stacks: trained, not recomputed here
 
 
+class ToolMasked(CreditGRPOTrainer):
+    """Adds an all-ones tool mask to the generation batch, as TRL's tool loop does: TRL then builds its loss mask
+    before its forward, so a method that drops tokens gets its own no-grad forward first."""
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        batch["tool_mask"] = torch.ones_like(batch["completion_mask"])
+        return batch
+
+
 class LossRecorder:
     """Checks, where TRL's loss consumes them, the advantages and loss mask against the rule on full logits."""
 
@@ -322,17 +334,27 @@ class LossRecorder:
             # Before the trainer's `_compute_loss` starts: its training forward is the only one TRL's loss sees.
             with torch.no_grad():
                 self.statistics = _naive_statistics(trainer_self.model, inputs, trainer_self.temperature)
+            self.batch = dict(inputs)  # the micro-batch as buffered (the trainer may drop tokens from its loss mask)
             return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
 
         def inner_loss(trainer_self, model, inputs):
             loss = original_loss(trainer_self, model, inputs)  # the hook path fills inputs["advantages"] in the forward
-            expected = _expected(trainer.credit_method, trainer.args, inputs, *self.statistics, trainer.state.global_step)
+            buffered = dict(inputs, completion_mask=self.batch["completion_mask"])
+            expected = _expected(trainer.credit_method, trainer.args, buffered, *self.statistics, trainer.state.global_step)
             if expected is not None:
                 advantages, loss_mask = expected
                 torch.testing.assert_close(inputs["advantages"], advantages, atol=1e-4, rtol=1e-4)
-                consumed_mask = inputs.get("tool_mask", torch.ones_like(advantages)).float()
-                want_mask = torch.ones_like(advantages) if loss_mask is None else loss_mask
+                # TRL's loss mask, completion_mask x tool_mask, as its loss read it: the buffered one minus the drops.
+                consumed_mask = (inputs["completion_mask"] * inputs.get("tool_mask", 1)).float()
+                want_mask = self.batch["completion_mask"].float() * (1 if loss_mask is None else loss_mask)
                 torch.testing.assert_close(consumed_mask, want_mask, atol=1e-4, rtol=1e-4)
+                # TRL's own loss on the buffered batch with the rule's advantages and the dropped tokens in its tool
+                # mask (the documented semantics) equals the loss the trainer returned.
+                with torch.no_grad():
+                    want_loss = original_loss(
+                        trainer_self, model, dict(self.batch, advantages=advantages, tool_mask=want_mask)
+                    )
+                torch.testing.assert_close(loss.detach(), want_loss, atol=1e-6, rtol=1e-5)
                 self.checked += 1
             return loss
 
@@ -346,6 +368,8 @@ class LossRecorder:
         ("stapo", {"stapo_prob_threshold": 0.05, "stapo_entropy_quantile": 0.5}),  # looser: drops on the tiny model
         ("tampo", {"tampo_prob_threshold": 0.05, "tampo_entropy_threshold": 3.0}),
         ("minp_support", {"temperature": 0.7}),
+        ("stapo", {"stapo_prob_threshold": 0.05, "stapo_entropy_quantile": 0.5, "tool_mask": True}),
+        ("minp_support", {"temperature": 0.7, "tool_mask": True}),  # soft weights through TRL's tool mask
         ("ar_lopti", {}),
         ("clip_cov", {"clip_cov_ratio": 0.1, "clip_cov_lb": 0.0, "clip_cov_ub": 10.0}),
         ("high_entropy", {"loss_type": "bnpo"}),
@@ -356,9 +380,11 @@ class LossRecorder:
 )
 def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, method, options):
     tokenizer = make_tiny_tokenizer()
+    options = dict(options)
+    trainer_class = ToolMasked if options.pop("tool_mask", False) else CreditGRPOTrainer
     args = tiny_config(method, tmp_path / "out", max_steps=2, **options)
-    trainer = CreditGRPOTrainer(model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
-                                train_dataset=tiny_prompt_dataset(), processing_class=tokenizer)
+    trainer = trainer_class(model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
+                            train_dataset=tiny_prompt_dataset(), processing_class=tokenizer)
     recorder = LossRecorder(monkeypatch, trainer)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
@@ -372,19 +398,18 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, meth
         assert 0.0 < logged[f"{last}/kept_fraction"] <= 1.0
 
 
-@pytest.mark.parametrize("drops_tokens", [True, False], ids=["no-grad forward", "training forward hook"])
-def test_max_logprob_statistic_equals_full_logits(monkeypatch, tmp_path, drops_tokens):
-    # Both ways a training-forward method gets its statistics: the no-grad forward of a method that drops tokens,
-    # and the hook on TRL's own loss forward (here a probe reading the same statistics, dropping nothing).
-    if not drops_tokens:
-        probe = dataclasses.replace(
-            CREDIT_METHODS["minp_support"], drops_tokens=False, function=lambda batch, **_: batch.advantages_BT
-        )
-        monkeypatch.setitem(CREDIT_METHODS, "minp_support", probe)
+@pytest.mark.parametrize("tool_mask", [True, False], ids=["no-grad forward", "training forward hook"])
+def test_max_logprob_statistic_equals_full_logits(monkeypatch, tmp_path, tool_mask):
+    # Both ways a method that drops tokens gets its statistics: the hook on TRL's own loss forward, and, with a tool
+    # mask, the no-grad forward of the micro-batch.
     tokenizer = make_tiny_tokenizer()
     args = tiny_config("minp_support", tmp_path / "out", max_steps=1, temperature=0.7)
-    trainer = CreditGRPOTrainer(model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
-                                train_dataset=tiny_prompt_dataset(), processing_class=tokenizer)
+    trainer = (ToolMasked if tool_mask else CreditGRPOTrainer)(
+        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    forwards = []  # the trainer's own no-grad forwards of the micro-batch
+    monkeypatch.setattr(credit_trainer, "policy_logps_and_entropy", lambda *a, **k: forwards.append(1) or policy_logps_and_entropy(*a, **k))
     checked = []
     original = trainer._forward_statistics
 
@@ -399,7 +424,7 @@ def test_max_logprob_statistic_equals_full_logits(monkeypatch, tmp_path, drops_t
 
     monkeypatch.setattr(trainer, "_forward_statistics", recording)
     trainer.train()
-    assert checked
+    assert checked and len(forwards) == (1 if tool_mask else 0)
 
 
 def test_cli_trains_stapo(tmp_path, tiny_model_dir):
@@ -443,13 +468,11 @@ def test_effective_coefficient_of_a_dropped_token_is_the_official_rule_under_bnp
             leaves.append(logps.detach().requires_grad_(True))
             return leaves[-1], entropy, aux
 
+        logps, entropy, mask = before_the_loss.pop()
         monkeypatch.setattr(trainer_self, "_get_per_token_logps_and_entropies", scoring_with_a_leaf)
         loss = original_loss(trainer_self, model, inputs)
         monkeypatch.setattr(trainer_self, "_get_per_token_logps_and_entropies", original_scoring)
         (coefficient,) = torch.autograd.grad(loss, leaves[-1], retain_graph=True)
-        with torch.no_grad():
-            logps, entropy, _ = _naive_statistics(trainer_self.model, inputs, trainer_self.temperature)
-        mask = inputs["completion_mask"].bool()
         advantage = inputs["credit_sequence_advantages"].float().unsqueeze(1).expand_as(logps)
         candidates = mask & (advantage > 0)
         pool = entropy[candidates] if candidates.any() else entropy[mask]
@@ -461,6 +484,16 @@ def test_effective_coefficient_of_a_dropped_token_is_the_official_rule_under_bnp
             torch.testing.assert_close(coefficient, official, atol=1e-6, rtol=1e-5)
         return loss
 
+    original_compute_loss, before_the_loss = GRPOTrainer.compute_loss, []
+
+    def compute_loss(trainer_self, model, inputs, *args, **kwargs):
+        # Before the trainer's `_compute_loss` (whose forward hook drops tokens from TRL's mask in place).
+        with torch.no_grad():
+            logps, entropy, _ = _naive_statistics(trainer_self.model, inputs, trainer_self.temperature)
+        before_the_loss.append((logps, entropy, inputs["completion_mask"].bool()))
+        return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "compute_loss", compute_loss)
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
     trainer.train()
     assert compared and any(dropped for dropped, _ in compared), "no token was dropped: the test proves nothing"

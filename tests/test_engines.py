@@ -4,8 +4,9 @@
 * vLLM is emulated by a `rollout_func` returning completions and sampling log-probs, with `use_vllm` switched on
   after construction: TRL's real vLLM code then runs the old-log-prob forward, computes the importance-sampling
   ratio and multiplies the per-token loss by it. Every registered method trains there; TACO's, EAPO's and TIDE's
-  token advantages must be the pure functions' output (EAPO and TIDE take the policy's statistics from one no-grad
-  forward there: TRL's old-log-prob forward keeps no entropies, and no `generate` ran to record hidden states).
+  token advantages must be the pure functions' output (EAPO and TIDE take the policy's statistics from TRL's
+  old-log-prob forward there; `test_architectures.py` checks them against the model's logits and that no second
+  policy forward runs).
 * DeepSpeed ZeRO-2, ZeRO-3 (LM head partitioned at every step, so `full_lm_head` gathers it and `vocab_size` reads
   `ds_shape`) and FSDP2 are tested for real with two processes in `test_multiprocess.py`, every method.
 """
@@ -93,18 +94,20 @@ class FakeVLLMGeneration:
         self.syncs += 1
 
 
-def make_rollout_func(max_tokens=6, noise=0.3):
-    """Completions sampled from the policy, with log-probs perturbed like an inference engine's (bf16 kernels...)."""
+def make_rollout_func(max_tokens=6, noise=0.3, vary_lengths=False):
+    """Completions sampled from the policy, with log-probs perturbed like an inference engine's (bf16 kernels...).
+
+    `vary_lengths`: row i stops after `max_tokens - i % 3` tokens, so TRL right-pads the completions."""
     generator = torch.Generator().manual_seed(0)
 
     @torch.no_grad()
     def rollout(prompts, trainer):
         tokenizer, model = trainer.processing_class, trainer.accelerator.unwrap_model(trainer.model)
         prompt_ids, completion_ids, logprobs = [], [], []
-        for prompt in prompts:
+        for row, prompt in enumerate(prompts):
             ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
             completion, token_logps = [], []
-            for _ in range(max_tokens):
+            for _ in range(max_tokens - row % 3 if vary_lengths else max_tokens):
                 logits = model(input_ids=torch.tensor([ids + completion])).logits[0, -1].float() / trainer.temperature
                 logp = torch.log_softmax(logits, dim=-1)
                 token = torch.multinomial(logp.exp(), 1, generator=generator).item()
@@ -189,10 +192,18 @@ def test_gpu_check_refuses_clearly_without_cuda(monkeypatch):
 
 
 def test_gpu_check_cpu_smoke_run():
+    """Every part of the GPU check but the CUDA kernel branch, on the tiny model: kernels against float64, both
+    regimes, a method that drops tokens, the controls."""
     gpu_check = _gpu_check()
-    results = gpu_check.main(["--device", "cpu", "--tiny", "--steps", "1", "--prompts", "2", "--max_completion_length", "4"])
-    assert [r["method"] for r in results] == ["grpo", "taco", "eapo", "tide"]
-    assert all(r["steps"] == 1 and r["step_s"] > 0 for r in results)
+    report = gpu_check.main([
+        "--device", "cpu", "--tiny", "--steps", "2", "--prompts", "2", "--max_completion_length", "4",
+        "--methods", "grpo,stapo,tide,grpo_beta", "--vllm-methods", "grpo,eapo,tide", "--kernel-tokens", "64",
+    ])
+    runs = [(r["regime"], r["method"]) for r in report["runs"]]
+    assert runs == [("generate", m) for m in ("grpo", "stapo", "tide", "grpo_beta")] + [("vllm", m) for m in ("grpo", "eapo", "tide")]
+    assert all(r["steps"] == 2 and r["step_s"] > 0 and r["finite_loss"] for r in report["runs"])
+    assert report["kernels"]["ok"] and not report.get("failed") and not report["skipped"]
+    assert report["kernels"]["softcap"]["max_abs_error"]["deviation"] < 1e-5  # float32 on CPU
 
 
 # ------------------------------------------------------------------------------------------ multi-node SLURM

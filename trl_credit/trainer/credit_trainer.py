@@ -11,8 +11,8 @@ where it runs.
   split keep them aligned, and batch-global reductions gather over every process.
 * Methods that read the current policy run in each training forward: TRL reads `inputs["advantages"]` only after
   the forward of its loss, so they reshape the advantages from that very forward (no extra forward). A method
-  there that drops tokens from the loss needs its mask before TRL builds the loss mask, so it gets one no-grad
-  forward of the micro-batch instead.
+  there that drops tokens from the loss removes them from TRL's loss mask after that forward; only with a tool mask
+  (TRL then builds its loss mask before its forward) does it get one no-grad forward of the micro-batch first.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from ..methods.registry import (
     POLICY_MAX_LOGPROB,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
+    ROLLOUT_ENTROPY,
     CreditBatch,
     CreditResult,
 )
@@ -47,6 +48,7 @@ from .sources import (
     policy_max_logprob,
     recorded_final_hidden,
     recorded_generation_hidden,
+    recorded_scoring_forward,
     valid_mask,
 )
 from .trl_compat import (
@@ -55,6 +57,9 @@ from .trl_compat import (
     check_trainer_attributes,
     check_trl_surfaces,
     fused_statistics,
+    runs_scoring_forward,
+    trl_loss_mask,
+    weigh_trl_loss_mask,
 )
 
 if is_wandb_available():
@@ -116,6 +121,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         requested = {name for m, hp in stack for name in m.statistics_for(hp)}
         self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
         self._records_hidden = POLICY_MAX_LOGPROB in requested  # from the final hidden states of the forward
+        # Statistics of the rollout policy's full distribution (not just the sampled token's log-prob, which TRL keeps).
+        self._reads_rollout_distribution = any(
+            s in (ROLLOUT_ENTROPY, REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION) for s in self._generation_statistics
+        )
         deviations = [s for s in self._generation_statistics if s in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
         if len(deviations) > 1:
             raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
@@ -127,13 +136,18 @@ class CreditGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------- generation batch
 
     def _generate_and_score_completions(self, inputs):
-        # Generation-batch statistics take the policy's hidden states from `generate` where TRL generates in one call.
+        # Generation-batch statistics take the policy's entropies and hidden states from TRL's old-log-prob forward where
+        # it runs one, else from `generate` where TRL generates in one call (see `sources`).
         record = bool(self._generation_statistics) and generates_in_one_call(self)
-        with recorded_generation_hidden(self, record) as generation:
+        score = self._reads_rollout_distribution and runs_scoring_forward(self)
+        with (
+            recorded_generation_hidden(self, record) as generation,
+            recorded_scoring_forward(self, score, keep_hidden=self.deviation_reference is not None) as scoring,
+        ):
             batch = super()._generate_and_score_completions(inputs)
         if self._generation_statistics:
             statistics = generation_statistics(
-                self, batch, self._generation_statistics, self.deviation_reference, generation
+                self, batch, self._generation_statistics, self.deviation_reference, generation, scoring
             )
             batch.update({statistic_key(name): value for name, value in statistics.items()})
             if self.deviation_reference is not None:
@@ -206,7 +220,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         # The buffered micro-batch is reused across `num_iterations`: TRL gets a shallow copy whose advantages
         # (and loss mask) are filled in, never the shared dict.
         inputs = dict(inputs)
-        if self._drops_tokens_in_forward:
+        if self._drops_tokens_in_forward and trl_loss_mask(inputs) is not None:
+            # The dropped tokens leave TRL's loss mask in place after its forward (the buffered one is not touched).
+            inputs["completion_mask"] = inputs["completion_mask"].clone()
+        elif self._drops_tokens_in_forward:  # a tool mask: TRL's loss mask is fixed before its forward
             with recorded_final_hidden(self, self._records_hidden) as hidden:
                 logps_BT, entropy_BT = policy_logps_and_entropy(self, inputs)
             statistics = self._forward_statistics(inputs, logps_BT, entropy_BT, hidden)
@@ -220,14 +237,25 @@ class CreditGRPOTrainer(GRPOTrainer):
         """Reshape `inputs["advantages"]` with the statistics of the next forward of `model` (TRL's loss forward).
 
         TRL's `_compute_loss` runs one forward of the policy and reads `inputs["advantages"]` after it;
-        `tests/test_trainer.py` checks that the advantages it consumed are the ones computed here.
+        `tests/test_trainer.py` checks that the advantages it consumed are the ones computed here. Tokens a method
+        drops leave TRL's loss mask (`trl_loss_mask`, a clone) in place, after that forward and before the loss reads
+        it; `tests/test_baselines.py` checks TRL's loss against one computed with the dropped tokens masked out.
         """
 
         def after_forward(module, args, kwargs, output):
             handle.remove()  # only the policy forward of this loss
             logps_BT, entropy_BT = fused_statistics(output, inputs["completion_ids"].size(1))
             statistics = self._forward_statistics(inputs, logps_BT.detach().float(), entropy_BT.detach().float(), hidden)
-            inputs.update(self._apply_credit(inputs, self._training_forward_methods, statistics)[0])
+            updates = self._apply_credit(inputs, self._training_forward_methods, statistics)[0]
+            loss_mask_BT = updates.pop("tool_mask", None)
+            inputs.update(updates)
+            if loss_mask_BT is not None:  # TRL's forward has read the attention mask; its loss reads this one next
+                if not self._drops_tokens_in_forward:
+                    raise ValueError(
+                        f"credit_method {self.credit_method!r} returned a loss mask from a method that does not "
+                        "declare drops_tokens=True"
+                    )
+                weigh_trl_loss_mask(inputs, loss_mask_BT)
 
         handle = model.register_forward_hook(after_forward, with_kwargs=True)
         try:

@@ -1,14 +1,20 @@
 """Where each statistic comes from: TRL's own forward path, once per batch.
 
-* The policy at generation. Where TRL samples the batch with one `generate` call (its plain path), the final hidden
-  states `generate` computed are recorded from the backbone (`recorded_generation_hidden`), and the LM head is
-  streamed over them with the model's output transform and the sampling temperature: no second policy forward.
-  Elsewhere (vLLM, continuous batching, a `rollout_func`, tools, vision-language models) the policy runs one no-grad
-  forward over the batch, TRL's `_get_per_token_logps_and_entropies` (with the multimodal inputs) or its backbone.
-  Both sources equal TRL's forward: `tests/test_architectures.py` checks them per architecture, with left padding,
-  sampling options and prefill chunking.
-  * `rollout_logps` / `rollout_entropy`: that LM-head stream, or TRL's forward; `rollout_logps` reuses TRL's
-    old-log-prob forward when it ran.
+* The policy at generation, from the first of these sources that covers the batch (every process takes the same one):
+  1. TRL's old-log-prob forward, where it runs one (vLLM's importance-sampling correction, or
+     `gradient_accumulation_steps` not a multiple of `steps_per_generation * num_iterations`). TRL's fused LM head
+     computes the policy's entropies in that forward and `_get_per_token_logps_and_entropies` drops them; they and the
+     backbone's final hidden states are recorded from it (`recorded_scoring_forward`): no second policy forward.
+  2. Where TRL samples the batch with one `generate` call (its plain path), the final hidden states `generate`
+     computed are recorded from the backbone (`recorded_generation_hidden`), and the LM head is streamed over them
+     with the model's output transform and the sampling temperature: no second policy forward.
+  3. Elsewhere (an on-policy `rollout_func`, continuous batching, tools, vision-language models, without TRL's
+     scoring forward) the policy runs one no-grad forward over the batch, TRL's `_get_per_token_logps_and_entropies`
+     (with the multimodal inputs) or its backbone.
+  All sources equal TRL's forward: `tests/test_architectures.py` checks them per architecture, with left padding,
+  sampling options and prefill chunking, on TRL's vLLM branch and its off-policy branch.
+  * `rollout_logps` / `rollout_entropy`: TRL's scoring forward, that LM-head stream, or TRL's forward;
+    `rollout_logps` is TRL's `old_per_token_logps` when it ran.
   * `reference_deviation` / `previous_policy_deviation`: the policy's and the reference's final hidden states (one
     no-grad forward of the reference) streamed through both LM heads and output transforms. The same pass gives the
     policy's full-vocabulary entropy, which is then `rollout_entropy`.
@@ -149,6 +155,80 @@ def recorded_generation_hidden(trainer, enabled: bool = True):
         yield record
 
 
+class ScoringForward:
+    """The policy's fused-LM-head forwards (`model(..., fused_lm_head=True)`) run inside a block, as TRL's
+    `_get_per_token_logps_and_entropies` makes them: one call per row chunk. Each call keeps the per-position
+    log-probs and entropies the fused head computed (TRL's policy head always computes both, at the sampling
+    temperature and with the model's output transform) and, when `keep_hidden`, the backbone's final hidden states
+    aligned with them (position p scores token p + 1).
+
+    Inside `_generate_and_score_completions` such calls are TRL's old-log-prob forward and, with PEFT and `beta != 0`,
+    its reference forward (adapter disabled, same module): `statistics` tells them apart by the log-probs TRL returned.
+    """
+
+    def __init__(self, keep_hidden: bool):
+        self.keep_hidden = keep_hidden
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self._hidden = None  # the backbone's output of the call in progress
+
+    def backbone_hook(self, module, args, output):
+        if self.keep_hidden:
+            self._hidden = output.last_hidden_state.detach()
+
+    def model_hook(self, module, args, kwargs, output):
+        hidden, self._hidden = self._hidden, None
+        if not kwargs.get("fused_lm_head") or getattr(output, "entropy", None) is None:
+            return
+        log_probs = output.log_probs.detach()
+        if hidden is not None:
+            hidden = hidden[:, : log_probs.size(1)]  # unshifted labels: the last position scores nothing
+        self.calls.append((log_probs, output.entropy.detach(), hidden))
+
+    def statistics(self, batch) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """`(entropy_BT, hidden_BTH or None)` of the consecutive calls whose log-probs are exactly the batch's
+        `old_per_token_logps` (the rows TRL scored, in order), or None when no such calls were recorded."""
+        old_BT = batch.get("old_per_token_logps")
+        if old_BT is None:
+            return None
+        num_rows, num_tokens = old_BT.shape
+        for first in range(len(self.calls)):
+            last, rows = first, 0
+            while last < len(self.calls) and rows < num_rows:
+                rows += self.calls[last][0].size(0)
+                last += 1
+            calls = self.calls[first:last]
+            if rows != num_rows or any(c[0].size(1) < num_tokens or (self.keep_hidden and c[2] is None) for c in calls):
+                continue
+            logps_BT = torch.cat([c[0][:, -num_tokens:] for c in calls])
+            if torch.equal(logps_BT, old_BT):
+                entropy_BT = torch.cat([c[1][:, -num_tokens:] for c in calls]).float()
+                hidden_BTH = torch.cat([c[2][:, -num_tokens:] for c in calls]) if self.keep_hidden else None
+                return entropy_BT, hidden_BTH
+        return None
+
+
+@contextmanager
+def recorded_scoring_forward(trainer, enabled: bool = True, keep_hidden: bool = False):
+    """Yield a `ScoringForward` that records the policy's fused-LM-head forwards inside the block (or None when not
+    `enabled`). Hooks `trainer.model`, the module TRL's scoring forward calls."""
+    if not enabled:
+        yield None
+        return
+    record = ScoringForward(keep_hidden)
+    handle = trainer.model.register_forward_hook(record.model_hook, with_kwargs=True)
+    try:
+        with _policy_backbone_hook(trainer, record.backbone_hook):
+            yield record
+    finally:
+        handle.remove()
+
+
+def _on_every_process(trainer, found: bool, device) -> bool:
+    """Whether `found` holds on every process: the sources' forwards and head gathers are collective under ZeRO-3 and
+    FSDP2, so every process must take the same path."""
+    return bool(trainer.accelerator.gather(torch.tensor([found], device=device)).all())
+
+
 @torch.no_grad()
 def policy_max_logprob(trainer, batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
     """`(B, T)` log-probability of the policy's most likely next token at each completion position, zero where masked,
@@ -181,17 +261,22 @@ def streamed_policy_statistics(trainer, batch, hidden_BTH: torch.Tensor) -> Toke
     return TokenStatistics(*(per_token(values_N) for values_N in streamed_N))
 
 
-def generation_statistics(trainer, batch, names, reference=None, generation=None) -> dict[str, torch.Tensor]:
+def generation_statistics(trainer, batch, names, reference=None, generation=None, scoring=None) -> dict[str, torch.Tensor]:
     """The requested generation-batch statistics, `(B, T)` float32 each, zero at masked positions.
 
-    `generation`: the `GenerationHidden` recorded while TRL generated `batch`, if any.
+    `scoring`: the `ScoringForward` recorded while TRL generated and scored `batch`, if any; `generation`: the
+    `GenerationHidden` recorded while TRL generated it, if any. Recorded or not on every process alike: both follow
+    the config.
     """
-    policy_hidden_BTH = None
-    if generation is not None:  # recorded or not on every process alike: it follows the config
+    device = batch["completion_ids"].device
+    scored_entropy_BT = policy_hidden_BTH = None
+    if scoring is not None:
+        scored = scoring.statistics(batch)
+        if _on_every_process(trainer, scored is not None, device):
+            scored_entropy_BT, policy_hidden_BTH = scored
+    if generation is not None and scored_entropy_BT is None:
         policy_hidden_BTH = generation.completion_hidden(batch)
-        # Every process must take the same path: forwards and LM-head gathers are collective under ZeRO-3 and FSDP2.
-        covered = torch.tensor([policy_hidden_BTH is not None], device=batch["completion_ids"].device)
-        if not trainer.accelerator.gather(covered).all():
+        if not _on_every_process(trainer, policy_hidden_BTH is not None, device):
             policy_hidden_BTH = None
     statistics = {}
     deviation = next((name for name in names if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)), None)
@@ -201,6 +286,8 @@ def generation_statistics(trainer, batch, names, reference=None, generation=None
         )
     if ROLLOUT_LOGPS in names and "old_per_token_logps" in batch:
         statistics[ROLLOUT_LOGPS] = batch["old_per_token_logps"].float()  # TRL's own old-log-prob forward
+    if ROLLOUT_ENTROPY in names and scored_entropy_BT is not None:
+        statistics.setdefault(ROLLOUT_ENTROPY, scored_entropy_BT)
     if any(name in names and name not in statistics for name in (ROLLOUT_LOGPS, ROLLOUT_ENTROPY)):
         if policy_hidden_BTH is None:
             logps_BT, entropy_BT = policy_logps_and_entropy(trainer, batch, trainer._forward_batch_size())
@@ -216,8 +303,8 @@ def generation_statistics(trainer, batch, names, reference=None, generation=None
 def deviation_and_entropy(trainer, batch, reference, policy_hidden_BTH=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token squared Hellinger distance from the reference and policy entropy, `(B, T)` each.
 
-    `policy_hidden_BTH`: the policy's final hidden states at the completion positions, when generation recorded
-    them; otherwise the policy's backbone runs here.
+    `policy_hidden_BTH`: the policy's final hidden states at the completion positions, when TRL's scoring forward or
+    generation recorded them; otherwise the policy's backbone runs here.
     """
     policy = trainer.accelerator.unwrap_model(trainer.model)
     reference_model, reference_context = reference.model_and_context()

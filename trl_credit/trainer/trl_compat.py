@@ -17,6 +17,10 @@ a wrong result or an `AttributeError` deep inside a training step.
   which `engines.logit_transform` reads the same way.
 * Trainer attributes read to know how TRL generates and scores: `GENERATION_ATTRIBUTES`.
 * `NORMALISER_AT_GENERATION`: the loss types whose normaliser TRL counts when the batch is generated.
+* Without a tool mask, `_compute_loss`'s loss mask is the very tensor `inputs["completion_mask"]`, read after its
+  forward: methods that drop tokens remove them from it there (`weigh_trl_loss_mask`) instead of paying a forward.
+* When `_generate_and_score_completions` runs its old-log-prob forward (`runs_scoring_forward`): its log-probs and
+  the entropies its fused head computes alongside give the rollout statistics, with no second policy forward.
 * transformers: the backbone's output cache (`output_cache`) and its forward keyword (`cache_keyword`).
 
 What differs between the two supported releases lives here too. TRL 1.15's fused LM head runs a Triton kernel and
@@ -55,6 +59,11 @@ LOGIT_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "output_multip
 _ROUTER_KEYS = ("output_router_logits", "router_aux_loss_coef", "num_experts", "num_experts_per_tok")
 GENERATION_ATTRIBUTES = ("use_vllm", "use_transformers_continuous_batching", "rollout_func", "tools", "_is_vlm")
 NORMALISER_AT_GENERATION = ("cispo", "dapo", "vespo")  # normalised by `num_items_in_batch`
+# `_compute_loss`'s loss mask is `inputs["completion_mask"]` itself when the batch has no tool mask.
+_COMPLETION_MASK_LINE = 'completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]'
+_LOSS_MASK_LINE = 'mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]'
+# When `_generate_and_score_completions` runs its old-log-prob forward (`runs_scoring_forward`).
+_SCORING_CONDITION = "if self.args.gradient_accumulation_steps % generate_every != 0 or ("
 _OVERRIDDEN = ("_generate_and_score_completions", "_compute_loss", "_calculate_rewards", "_get_per_token_logps_and_entropies")
 
 
@@ -93,13 +102,15 @@ def check_trl_surfaces() -> None:
     if read != set(LOGIT_TRANSFORM_KEYS + _ROUTER_KEYS):
         raise _unsupported(f"transforms the fused LM head's logits with the config keys {sorted(read)}")
     source = inspect.getsource(GRPOTrainer._compute_loss)
-    mask_at, forward_at = source.find('inputs["tool_mask"]'), source.find("_get_per_token_logps_and_entropies(")
+    mask_at, forward_at = source.find(_LOSS_MASK_LINE), source.find("_get_per_token_logps_and_entropies(")
     advantages_at = source.find('inputs["advantages"]')
-    if not 0 <= mask_at < forward_at < advantages_at:
+    if _COMPLETION_MASK_LINE not in source or not 0 <= mask_at < forward_at < advantages_at:
         raise _unsupported(
-            "builds GRPOTrainer._compute_loss's loss mask, forward and advantages in another order than "
-            "tool_mask -> forward -> advantages"
+            "builds GRPOTrainer._compute_loss's loss mask, forward and advantages otherwise than as "
+            f"`{_COMPLETION_MASK_LINE}`, then `{_LOSS_MASK_LINE}`, then its forward, then `inputs[\"advantages\"]`"
         )
+    if _SCORING_CONDITION not in inspect.getsource(GRPOTrainer._generate_and_score_completions):
+        raise _unsupported(f"decides otherwise than `{_SCORING_CONDITION}` whether to run its scoring forward")
 
 
 def _config_attributes_read(function) -> list[str]:
@@ -114,6 +125,30 @@ def check_trainer_attributes(trainer: GRPOTrainer) -> None:
     missing = [name for name in GENERATION_ATTRIBUTES if not hasattr(trainer, name)]
     if missing:
         raise _unsupported(f"builds a GRPOTrainer without the attributes {missing}")
+
+
+def runs_scoring_forward(trainer) -> bool:
+    """Whether TRL's `_generate_and_score_completions` runs its no-grad old-log-prob forward of the policy (TRL 1.16's
+    condition). Only decides whether to record: `ScoringForward.statistics` checks the record against the batch."""
+    generate_every = trainer.args.steps_per_generation * trainer.num_iterations
+    return trainer.args.gradient_accumulation_steps % generate_every != 0 or (
+        trainer.use_vllm and trainer.vllm_importance_sampling_correction
+    )
+
+
+def trl_loss_mask(inputs) -> torch.Tensor | None:
+    """The tensor TRL 1.16's `_compute_loss` masks its loss with, when it is a batch tensor that can still be changed
+    after TRL's forward: without a tool mask TRL uses `inputs["completion_mask"]` itself (its forward reads a
+    concatenated copy as the attention mask); with one, TRL multiplies the two before its forward (None)."""
+    return None if "tool_mask" in inputs else inputs["completion_mask"]
+
+
+def weigh_trl_loss_mask(inputs, loss_mask_BT: torch.Tensor) -> None:
+    """Multiply TRL's loss mask (`trl_loss_mask`, the micro-batch's own clone) by `loss_mask_BT`, in place, between
+    TRL's forward and its loss. The weights may be soft (min-p's), so the tensor takes their float dtype through
+    `.data`: TRL holds this very object as its mask, and an integer tensor cannot hold them."""
+    mask_BT = trl_loss_mask(inputs)
+    mask_BT.data = mask_BT * loss_mask_BT
 
 
 def fused_statistics(output, num_tokens: int):
