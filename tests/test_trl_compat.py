@@ -18,7 +18,9 @@ from trl_credit.trainer.trl_compat import chunked_logprob_torch, needs_torch_fus
 def fresh_check():
     trl_compat.check_trl_surfaces.cache_clear()
     yield
+    # After the test's monkeypatches are undone: cache the real TRL's verdict again for the trainers of later tests.
     trl_compat.check_trl_surfaces.cache_clear()
+    trl_compat.check_trl_surfaces()
 
 
 def test_the_installed_trl_has_every_surface():

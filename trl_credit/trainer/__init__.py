@@ -3,6 +3,7 @@
 from . import trl_compat
 
 trl_compat.install()  # TRL 1.15 on devices without Triton: see trl_compat
+trl_compat.check_trl_surfaces()  # at import, so an unsupported TRL fails before anything else (cached)
 
 from .config import CreditGRPOConfig  # noqa: F401
 from .credit_trainer import CreditGRPOTrainer  # noqa: F401
