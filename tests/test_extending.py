@@ -119,6 +119,12 @@ def test_undeclared_metrics_and_reserved_names_are_refused():
     def undeclared_metric(batch):
         return CreditResult(batch.advantages_BT, metrics={"secret": 1.0})
 
+    @register_credit_method("undeclared_drop")
+    def undeclared_drop(batch):
+        return CreditResult(batch.advantages_BT, loss_mask_BT=batch.mask_BT.float())
+
     adv, _, _, _, mask = random_inputs(1)
     with pytest.raises(ValueError, match=r"'undeclared_metric' logged metrics \['secret'\] that its registration"):
         apply_credit_method("undeclared_metric", adv, mask, {})
+    with pytest.raises(ValueError, match="'undeclared_drop' returned a loss mask but is registered with drops_tokens=False"):
+        apply_credit_method("undeclared_drop", adv, mask, {})

@@ -250,12 +250,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             loss_mask_BT = updates.pop("tool_mask", None)
             inputs.update(updates)
             if loss_mask_BT is not None:  # TRL's forward has read the attention mask; its loss reads this one next
-                if not self._drops_tokens_in_forward:
-                    raise ValueError(
-                        f"credit_method {self.credit_method!r} returned a loss mask from a method that does not "
-                        "declare drops_tokens=True"
-                    )
-                weigh_trl_loss_mask(inputs, loss_mask_BT)
+                weigh_trl_loss_mask(inputs, loss_mask_BT)  # (a method returns one only with drops_tokens=True)
 
         handle = model.register_forward_hook(after_forward, with_kwargs=True)
         try:
