@@ -1,0 +1,150 @@
+"""The credit lab in the regime the papers claim: horizon, sparsity and group size against an oracle ceiling.
+
+    python benchmarks/lab_regimes.py                 # every stage, in order; finished runs are not repeated
+    python benchmarks/lab_regimes.py --stages hitch  # one stage
+    python benchmarks/lab_regimes.py --aggregate     # only re-render docs/lab_regimes/report.md
+
+Each stage is one `trl-credit lab` command writing to `docs/lab_regimes/<stage>/` (its own `results.json` and
+`report.md`). The Figure-3 stages train `grpo` (broadcast credit, the floor) and `oracle` (the task's decisive
+tokens only, the ceiling) on the `mdp` task; `report.md` here puts their gaps side by side: per seed the paired
+difference oracle - grpo, its 95 % t interval over seeds, and the difference between the two ends of each sweep
+(Welch's 95 % interval). Wall times are those of each stage's command on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
+
+from trl_credit.compare.stats import paired_difference, student_t_quantile, t_interval  # noqa: E402
+
+OUTPUT = _common.REPO_ROOT / "docs" / "lab_regimes"
+SEEDS = ["--seeds", "0", "1", "2", "3", "4"]
+MDP = ["--tasks", "mdp", "--max_steps", "60", "--warm_up_steps", "200", "--eval_samples", "16", "--pass_k", "1", "4"]
+FLOOR_AND_CEILING = ["--methods", "grpo", "oracle"]
+
+# (stage, lab arguments), in the order they run: the cheap and decisive ones first, so a partial run is usable.
+STAGES = {
+    "h8": [*FLOOR_AND_CEILING, *MDP, "--horizon", "8", *SEEDS],
+    "h32": [*FLOOR_AND_CEILING, *MDP, "--horizon", "32", *SEEDS],
+    "h128": [*FLOOR_AND_CEILING, *MDP, "--horizon", "128", *SEEDS],
+    "hitch": ["--methods", "grpo", "oracle", "taco", "stapo", "minp_support", "--tasks", "hitch", "--horizon", "16",
+              "--max_steps", "100", "--eval_samples", "16", "--pass_k", "1", "4", *SEEDS],
+    "k2": [*FLOOR_AND_CEILING, *MDP, "--horizon", "32", "--decisive", "2", *SEEDS],
+    "k4": [*FLOOR_AND_CEILING, *MDP, "--horizon", "32", "--decisive", "4", *SEEDS],
+    "g4": [*FLOOR_AND_CEILING, *MDP, "--horizon", "32", "--num_generations", "4", *SEEDS],
+    "g16": [*FLOOR_AND_CEILING, *MDP, "--horizon", "32", "--num_generations", "16", *SEEDS],
+    # The same runs as h128 plus the three methods: run_lab reuses h128's grpo and oracle runs.
+    "h128_methods": ["--methods", "grpo", "oracle", "taco", "eapo", "tide", *MDP, "--horizon", "128", *SEEDS],
+}
+STAGE_DIRS = {"h128_methods": "h128"}
+
+# Each sweep of TACO's Figure 3: (claim, [(level label, stage)], the end at which the claim says the gap is larger).
+SWEEPS = (
+    ("the gap grows with the horizon H", [("H = 8", "h8"), ("H = 32", "h32"), ("H = 128", "h128")], "last"),
+    ("the gap grows as decisive tokens get sparser (fewer of H = 32)",
+     [("4 decisive", "k4"), ("2 decisive", "k2"), ("1 decisive", "h32")], "last"),
+    ("the gap grows as the group shrinks (H = 32)", [("G = 16", "g16"), ("G = 8", "h32"), ("G = 4", "g4")], "last"),
+)
+GAP_METRICS = (("mean_reward", "mean train reward over the 60 steps", 1),
+               ("steps_until_solved_censored", "steps until solved (unsolved = 61)", -1))
+
+
+def stage_dir(stage: str) -> Path:
+    return OUTPUT / STAGE_DIRS.get(stage, stage)
+
+
+def run_stage(stage: str) -> float:
+    from trl_credit.cli import main as cli_main
+
+    argv = ["lab", *STAGES[stage], "--output_dir", str(stage_dir(stage).relative_to(_common.REPO_ROOT))]
+    started = time.monotonic()
+    status = cli_main(argv)
+    if status:
+        raise SystemExit(f"stage {stage}: trl-credit lab exited {status}")
+    return time.monotonic() - started
+
+
+def _values(stage: str, method: str, metric: str) -> dict[int, float]:
+    path = stage_dir(stage) / "results.json"
+    if not path.is_file():
+        return {}
+    runs = json.loads(path.read_text())["runs"]
+    return {r["seed"]: float(r["metrics"][metric]) for r in runs if r["method"] == method and r["task"] == "mdp"}
+
+
+def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
+    """Mean of b - a and the half-width of Welch's 95 % interval (None with fewer than 2 values each)."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0:
+        return statistics.fmean(b) - statistics.fmean(a), 0.0
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    return statistics.fmean(b) - statistics.fmean(a), student_t_quantile(0.975, max(1, math.floor(df))) * math.sqrt(va + vb)
+
+
+def aggregate(wall: dict[str, float]) -> str:
+    lines = ["# The credit lab against an oracle: horizon, sparsity, group size", "",
+             "Written by `python benchmarks/lab_regimes.py`. Gap = oracle − grpo on the same seed (for steps until "
+             "solved, grpo − oracle, so a positive gap always means the oracle is better); mean ± 95 % t half-width "
+             "over seeds; `end − start` is the difference of the gaps at the two ends of a sweep with Welch's 95 % "
+             "interval; `*` marks an interval that excludes 0.", ""]
+    for claim, levels, _ in SWEEPS:
+        lines += [f"## {claim}", "", "| metric | " + " | ".join(label for label, _ in levels) + " | end − start |",
+                  "|---|" + "---|" * (len(levels) + 1)]
+        for metric, label, sign in GAP_METRICS:
+            cells, per_level = [], []
+            for _, stage in levels:
+                oracle, grpo = _values(stage, "oracle", metric), _values(stage, "grpo", metric)
+                difference = paired_difference(oracle, grpo) if sign > 0 else paired_difference(grpo, oracle)
+                gaps = [sign * (oracle[s] - grpo[s]) for s in sorted(set(oracle) & set(grpo))]
+                per_level.append(gaps)
+                g, o = t_interval(list(grpo.values())), t_interval(list(oracle.values()))
+                star = " *" if difference.n > 1 and difference.excludes_zero() else ""
+                cells.append(f"{difference.format()}{star} (grpo {g.format()}, oracle {o.format()})")
+            welch = _welch(per_level[0], per_level[-1])
+            end = "–" if welch is None else (f"{welch[0]:.3g} ± {welch[1]:.3g}"
+                                             + (" *" if abs(welch[0]) > welch[1] else ""))
+            lines.append(f"| gap in {label} | " + " | ".join(cells) + f" | {end} |")
+        lines.append("")
+    lines += ["## Commands and wall time", "", "| stage | command | wall time |", "|---|---|---|"]
+    for stage, args in STAGES.items():
+        command = shlex.join(["trl-credit", "lab", *args, "--output_dir", f"docs/lab_regimes/{STAGE_DIRS.get(stage, stage)}"])
+        seconds = wall.get(stage)
+        lines.append(f"| {stage} | `{command}` | {'–' if seconds is None else f'{seconds / 60:.1f} min'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=list(STAGES))
+    parser.add_argument("--aggregate", action="store_true", help="only re-render docs/lab_regimes/report.md")
+    args = parser.parse_args()
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    wall_path = OUTPUT / "wall_seconds.json"
+    wall = json.loads(wall_path.read_text()) if wall_path.is_file() else {}
+    if not args.aggregate:
+        import torch
+
+        torch.set_num_threads(1)
+        for stage in args.stages:
+            seconds = run_stage(stage)
+            wall[stage] = wall.get(stage, 0.0) + seconds  # a resumed stage adds the time of its new runs
+            wall_path.write_text(json.dumps(wall, indent=1) + "\n")
+            (OUTPUT / "report.md").write_text(aggregate(wall))
+            print(f"lab_regimes: stage {stage} took {seconds / 60:.1f} min", flush=True)
+    (OUTPUT / "report.md").write_text(aggregate(wall))
+
+
+if __name__ == "__main__":
+    main()
