@@ -8,7 +8,7 @@ Each stage is one `trl-credit lab` command writing to `docs/lab_regimes/<stage>/
 `report.md`). The Figure-3 stages train `grpo` (broadcast credit, the floor) and `oracle` (the task's decisive
 tokens only, the ceiling) on the `mdp` task; `report.md` here puts their gaps side by side: per seed the paired
 difference oracle - grpo, its 95 % t interval over seeds, and the difference between the two ends of each sweep
-(Welch's 95 % interval). Wall times are those of each stage's command on this machine.
+(Welch's 95 % interval), and the commands with their wall times.
 """
 
 from __future__ import annotations
@@ -63,15 +63,13 @@ def stage_dir(stage: str) -> Path:
     return OUTPUT / STAGE_DIRS.get(stage, stage)
 
 
-def run_stage(stage: str) -> float:
+def run_stage(stage: str) -> None:
     from trl_credit.cli import main as cli_main
 
     argv = ["lab", *STAGES[stage], "--output_dir", str(stage_dir(stage).relative_to(_common.REPO_ROOT))]
-    started = time.monotonic()
     status = cli_main(argv)
     if status:
         raise SystemExit(f"stage {stage}: trl-credit lab exited {status}")
-    return time.monotonic() - started
 
 
 def _values(stage: str, method: str, metric: str) -> dict[int, float]:
@@ -93,7 +91,7 @@ def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
     return statistics.fmean(b) - statistics.fmean(a), student_t_quantile(0.975, max(1, math.floor(df))) * math.sqrt(va + vb)
 
 
-def aggregate(wall: dict[str, float]) -> str:
+def aggregate() -> str:
     lines = ["# The credit lab against an oracle: horizon, sparsity, group size", "",
              "Written by `python benchmarks/lab_regimes.py`. Gap = oracle − grpo on the same seed (for steps until "
              "solved, grpo − oracle, so a positive gap always means the oracle is better); mean ± 95 % t half-width "
@@ -117,12 +115,32 @@ def aggregate(wall: dict[str, float]) -> str:
                                              + (" *" if abs(welch[0]) > welch[1] else ""))
             lines.append(f"| gap in {label} | " + " | ".join(cells) + f" | {end} |")
         lines.append("")
-    lines += ["## Commands and wall time", "", "| stage | command | wall time |", "|---|---|---|"]
+    lines += ["## Commands and wall time", "",
+              "Wall time: the sum of the stage's runs (`wall_seconds` in its results.json: warm-up, training, "
+              "evaluation), on the 2 shared CPU cores.", "", "| stage | command | runs | wall time |", "|---|---|---|---|"]
     for stage, args in STAGES.items():
         command = shlex.join(["trl-credit", "lab", *args, "--output_dir", f"docs/lab_regimes/{STAGE_DIRS.get(stage, stage)}"])
-        seconds = wall.get(stage)
-        lines.append(f"| {stage} | `{command}` | {'–' if seconds is None else f'{seconds / 60:.1f} min'} |")
+        runs = _stage_runs(stage, args)
+        seconds = sum(r["wall_seconds"] for r in runs)
+        lines.append(f"| {stage} | `{command}` | {len(runs)} | {seconds / 60:.1f} min |")
     return "\n".join(lines) + "\n"
+
+
+def _methods(args: list[str]) -> list[str]:
+    start = args.index("--methods") + 1
+    end = next((i for i in range(start, len(args)) if args[i].startswith("--")), len(args))
+    return args[start:end]
+
+
+def _stage_runs(stage: str, args: list[str]) -> list[dict]:
+    """The runs of `stage`."""
+    path = stage_dir(stage) / "results.json"
+    if not path.is_file():
+        return []
+    methods = set(_methods(args))
+    if stage in STAGE_DIRS:  # a stage adding methods to another stage's folder counts only its additions
+        methods -= set(_methods(STAGES[STAGE_DIRS[stage]]))
+    return [r for r in json.loads(path.read_text())["runs"] if r["method"] in methods]
 
 
 def main() -> None:
@@ -131,19 +149,16 @@ def main() -> None:
     parser.add_argument("--aggregate", action="store_true", help="only re-render docs/lab_regimes/report.md")
     args = parser.parse_args()
     OUTPUT.mkdir(parents=True, exist_ok=True)
-    wall_path = OUTPUT / "wall_seconds.json"
-    wall = json.loads(wall_path.read_text()) if wall_path.is_file() else {}
     if not args.aggregate:
         import torch
 
         torch.set_num_threads(1)
         for stage in args.stages:
-            seconds = run_stage(stage)
-            wall[stage] = wall.get(stage, 0.0) + seconds  # a resumed stage adds the time of its new runs
-            wall_path.write_text(json.dumps(wall, indent=1) + "\n")
-            (OUTPUT / "report.md").write_text(aggregate(wall))
-            print(f"lab_regimes: stage {stage} took {seconds / 60:.1f} min", flush=True)
-    (OUTPUT / "report.md").write_text(aggregate(wall))
+            started = time.monotonic()
+            run_stage(stage)
+            (OUTPUT / "report.md").write_text(aggregate())
+            print(f"lab_regimes: stage {stage} took {(time.monotonic() - started) / 60:.1f} min", flush=True)
+    (OUTPUT / "report.md").write_text(aggregate())
 
 
 if __name__ == "__main__":
