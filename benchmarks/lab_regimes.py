@@ -26,25 +26,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
 from trl_credit.compare.stats import paired_difference, student_t_quantile, t_interval  # noqa: E402
+from trl_credit.lab.metrics import gap_fraction, steps_until_solved  # noqa: E402
 
 OUTPUT = _common.REPO_ROOT / "docs" / "lab_regimes"
 SEEDS = ["--seeds", "0", "1", "2", "3", "4"]
-MDP = ["--tasks", "mdp", "--max_steps", "60", "--warm_up_steps", "200", "--eval_samples", "16", "--pass_k", "1", "4"]
+MDP = ["--tasks", "mdp", "--warm_up_steps", "200", "--eval_samples", "16", "--pass_k", "1", "4"]
+STEPS = ["--max_steps", "60"]
+STEPS_128 = ["--max_steps", "40"]  # the longest horizon costs 4x per step; both methods have settled by step 30
 FLOOR_AND_CEILING = ["--methods", "grpo", "oracle"]
 
 # (stage, lab arguments), in the order they run: the cheap and decisive ones first, so a partial run is usable.
 STAGES = {
-    "h8": [*FLOOR_AND_CEILING, *MDP, "--horizon", "8", *SEEDS],
-    "h32": [*FLOOR_AND_CEILING, *MDP, "--horizon", "32", *SEEDS],
-    "h128": [*FLOOR_AND_CEILING, *MDP, "--horizon", "128", *SEEDS],
+    "h8": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "8", *SEEDS],
+    "h32": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "32", *SEEDS],
+    "h128": [*FLOOR_AND_CEILING, *MDP, *STEPS_128, "--horizon", "128", *SEEDS],
     "hitch": ["--methods", "grpo", "oracle", "taco", "stapo", "minp_support", "--tasks", "hitch", "--horizon", "16",
               "--max_steps", "100", "--eval_samples", "16", "--pass_k", "1", "4", *SEEDS],
-    "k2": [*FLOOR_AND_CEILING, *MDP, "--horizon", "32", "--decisive", "2", *SEEDS],
-    "k4": [*FLOOR_AND_CEILING, *MDP, "--horizon", "32", "--decisive", "4", *SEEDS],
-    "g4": [*FLOOR_AND_CEILING, *MDP, "--horizon", "32", "--num_generations", "4", *SEEDS],
-    "g16": [*FLOOR_AND_CEILING, *MDP, "--horizon", "32", "--num_generations", "16", *SEEDS],
+    "k2": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "32", "--decisive", "2", *SEEDS],
+    "k4": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "32", "--decisive", "4", *SEEDS],
+    "g4": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "32", "--num_generations", "4", *SEEDS],
+    "g16": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "32", "--num_generations", "16", *SEEDS],
     # The same runs as h128 plus the three methods: run_lab reuses h128's grpo and oracle runs.
-    "h128_methods": ["--methods", "grpo", "oracle", "taco", "eapo", "tide", *MDP, "--horizon", "128", *SEEDS],
+    "h128_methods": ["--methods", "grpo", "oracle", "taco", "eapo", "tide", *MDP, *STEPS_128, "--horizon", "128",
+                     *SEEDS],
 }
 STAGE_DIRS = {"h128_methods": "h128"}
 
@@ -55,8 +59,11 @@ SWEEPS = (
      [("4 decisive", "k4"), ("2 decisive", "k2"), ("1 decisive", "h32")], "last"),
     ("the gap grows as the group shrinks (H = 32)", [("G = 16", "g16"), ("G = 8", "h32"), ("G = 4", "g4")], "last"),
 )
-GAP_METRICS = (("mean_reward", "mean train reward over the 60 steps", 1),
-               ("steps_until_solved_censored", "steps until solved (unsolved = 61)", -1))
+BUDGET = 40  # steps every stage ran: the gaps are taken over these
+SOLVED_THRESHOLD, SOLVED_WINDOW = 0.8, 5  # the lab's defaults
+CLOSING_STAGE, CLOSING_HORIZON, CLOSING_METHODS = "h128", 128, ("taco", "eapo", "tide")
+GAP_METRICS = (("mean_reward", f"mean train reward, steps 1-{BUDGET}", 1),
+               ("steps_until_solved", f"steps until solved (unsolved by step {BUDGET} = {BUDGET + 1})", -1))
 
 
 def stage_dir(stage: str) -> Path:
@@ -73,11 +80,21 @@ def run_stage(stage: str) -> None:
 
 
 def _values(stage: str, method: str, metric: str) -> dict[int, float]:
+    """`{seed: metric}` over the first `BUDGET` steps of each run, so that stages with more steps compare."""
     path = stage_dir(stage) / "results.json"
     if not path.is_file():
         return {}
-    runs = json.loads(path.read_text())["runs"]
-    return {r["seed"]: float(r["metrics"][metric]) for r in runs if r["method"] == method and r["task"] == "mdp"}
+    values = {}
+    for run in json.loads(path.read_text())["runs"]:
+        if run["method"] != method or run["task"] != "mdp":
+            continue
+        rewards = run["rewards"][:BUDGET]
+        if metric == "mean_reward":
+            values[run["seed"]] = statistics.fmean(rewards)
+        else:
+            solved = steps_until_solved(rewards, SOLVED_THRESHOLD, SOLVED_WINDOW)
+            values[run["seed"]] = float(solved if solved is not None else BUDGET + 1)
+    return values
 
 
 def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
@@ -93,7 +110,8 @@ def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
 
 def aggregate() -> str:
     lines = ["# The credit lab against an oracle: horizon, sparsity, group size", "",
-             "Written by `python benchmarks/lab_regimes.py`. Gap = oracle − grpo on the same seed (for steps until "
+             "Written by `python benchmarks/lab_regimes.py`. Every gap is taken over the first "
+             f"{BUDGET} optimizer steps (the budget of the H = 128 stages; the others ran 60). Gap = oracle − grpo on the same seed (for steps until "
              "solved, grpo − oracle, so a positive gap always means the oracle is better); mean ± 95 % t half-width "
              "over seeds; `end − start` is the difference of the gaps at the two ends of a sweep with Welch's 95 % "
              "interval; `*` marks an interval that excludes 0.", ""]
@@ -115,6 +133,18 @@ def aggregate() -> str:
                                              + (" *" if abs(welch[0]) > welch[1] else ""))
             lines.append(f"| gap in {label} | " + " | ".join(cells) + f" | {end} |")
         lines.append("")
+    lines += [f"## Fraction of the gap each method closes (H = {CLOSING_HORIZON}, one decisive fork, G = 8)", "",
+              "Per seed (method − grpo) / (oracle − grpo), mean ± 95 % t half-width over the seeds with a gap; 0 is "
+              "GRPO, 1 the oracle. Below each, the method's own value.", "",
+              "| method | " + " | ".join(label for _, label, _ in GAP_METRICS) + " |", "|---|" + "---|" * len(GAP_METRICS)]
+    for method in CLOSING_METHODS:
+        cells = []
+        for metric, _, _ in GAP_METRICS:
+            values = {m: _values(CLOSING_STAGE, m, metric) for m in ("grpo", "oracle", method)}
+            fraction = gap_fraction(values[method], values["grpo"], values["oracle"])
+            cells.append(f"{fraction.format()}<br>({t_interval(list(values[method].values())).format()})")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines.append("")
     lines += ["## Commands and wall time", "",
               "Wall time: the sum of the stage's runs (`wall_seconds` in its results.json: warm-up, training, "
               "evaluation), on the 2 shared CPU cores.", "", "| stage | command | runs | wall time |", "|---|---|---|---|"]

@@ -38,12 +38,12 @@ The tasks:
   reward. TACO's claim is that GRPO reinforces such tokens when they happen to occur in positive responses;
   `trl_credit.lab.run` tracks the policy's probability of `z` in correct responses. `z` occurs in failures as often
   as in successes, so its credit is as often negative as positive.
-- `hitch`: `rare`'s prior and reward, except that right after `z` the base policy emits the prompt's key with
-  probability 0.5 (the template filler takes 0.425, the other fillers the rest). `z` is as improbable as in `rare`
-  (0.001, deep in TACO's tail) and never rewarded itself, but a completion with `z` succeeds far more often than
-  one without: `z` co-occurs with success, and choosing it raises the chance of success, so GRPO has a reason to
-  reinforce it. (A `z` whose choice cannot change the reward gets zero expected policy gradient; see
-  `docs/evidence.md` for what that gave.)
+- `hitch`: `rare`'s template prior and reward, with each key at 0.005 per position (just above TACO's threshold,
+  0.0046) and `z` at 0.0015 (deep in the tail, and below STAPO's 0.002); right after `z` the base policy emits the
+  prompt's key with probability 0.9 (the template filler takes 0.085, the other fillers the rest). `z` is never
+  rewarded itself, but a completion with `z` almost always succeeds and one without rarely does (0.08 at 16
+  tokens): `z` co-occurs with success, and choosing it raises the chance of success, so GRPO has a reason to
+  reinforce it. (A `z` whose choice cannot change the reward, as in `rare`, gets zero expected policy gradient.)
 """
 
 from __future__ import annotations
