@@ -145,6 +145,7 @@ def aggregate() -> str:
             cells.append(f"{fraction.format()}<br>({t_interval(list(values[method].values())).format()})")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines.append("")
+    lines += contamination()
     lines += ["## Commands and wall time", "",
               "Wall time: the sum of the stage's runs (`wall_seconds` in its results.json: warm-up, training, "
               "evaluation), on the 2 shared CPU cores.", "", "| stage | command | runs | wall time |", "|---|---|---|---|"]
@@ -154,6 +155,43 @@ def aggregate() -> str:
         seconds = sum(r["wall_seconds"] for r in runs)
         lines.append(f"| {stage} | `{command}` | {len(runs)} | {seconds / 60:.1f} min |")
     return "\n".join(lines) + "\n"
+
+
+def contamination() -> list[str]:
+    """The `hitch` stage: the probability of `z` in correct responses, per method, against GRPO's."""
+    path = stage_dir("hitch") / "results.json"
+    if not path.is_file():
+        return []
+    runs = json.loads(path.read_text())["runs"]
+    methods = _methods(STAGES["hitch"])
+    series = {m: {r["seed"]: [p for _, p in r["rare_probability"]] for r in runs if r["method"] == m} for m in methods}
+    metrics = {
+        "p(z) at the start": lambda ps: ps[0],
+        "p(z) end / start": lambda ps: ps[-1] / ps[0],
+        "p(z) peak / start": lambda ps: max(ps) / ps[0],
+    }
+    accuracy = {m: {r["seed"]: r["metrics"]["avg@16"] for r in runs if r["method"] == m} for m in methods}
+    lines = ["## Positive-credit contamination (`hitch`, H = 16, 100 steps)", "",
+             "`z` (never rewarded, in TACO's tail) makes the key, and so success, likely. Probability of `z` in a "
+             "fixed set of correct responses, probed every 10 steps; mean ± 95 % t half-width over seeds, `Δ` paired "
+             "to GRPO on the same seed.", "",
+             "| method | " + " | ".join(metrics) + " | avg@16 |", "|---|" + "---|" * (len(metrics) + 1)]
+    for method in methods:
+        cells = []
+        for name, metric in metrics.items():
+            values = {seed: metric(ps) for seed, ps in series[method].items()}
+            base = {seed: metric(ps) for seed, ps in series["grpo"].items()}
+            text = t_interval(list(values.values())).format()
+            if method != "grpo" and name != "p(z) at the start":
+                delta = paired_difference(values, base)
+                text += f"<br>Δ {delta.format()}{' *' if delta.n > 1 and delta.excludes_zero() else ''}"
+            cells.append(text)
+        acc = t_interval(list(accuracy[method].values())).format()
+        if method != "grpo":
+            delta = paired_difference(accuracy[method], accuracy["grpo"])
+            acc += f"<br>Δ {delta.format()}{' *' if delta.n > 1 and delta.excludes_zero() else ''}"
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {acc} |")
+    return lines + [""]
 
 
 def _methods(args: list[str]) -> list[str]:

@@ -119,8 +119,9 @@ def test_unknown_task_is_named():
 @pytest.mark.parametrize("name", ["fork", "mdp"])
 @pytest.mark.parametrize(("horizon", "decisive"), [(8, 1), (32, 1), (32, 2), (32, 4), (128, 1), (5, 5)])
 def test_forks_are_the_positions_that_decide_a_success(name, horizon, decisive):
-    """Knobs: H tokens, `decisive` forks. In a success every fork, and nothing else, can flip the reward; the prior
-    succeeds about 30 % of the time whatever the number of forks (Monte Carlo, independent of the formula)."""
+    """Knobs: H tokens, `decisive` forks. In a success every fork, and nothing else, can flip the reward; in a failure
+    with one wrong fork, that fork alone. The prior succeeds about 30 % of the time whatever the number of forks
+    (Monte Carlo, independent of the formula)."""
     from trl_credit.lab.model import sample_prior
 
     task, rng = get_task(name, horizon=horizon, decisive=decisive), random.Random(horizon + decisive)
@@ -128,16 +129,20 @@ def test_forks_are_the_positions_that_decide_a_success(name, horizon, decisive):
     assert task.fork_positions == tuple(sorted(set(task.fork_positions))) and task.fork_positions[-1] < horizon
     if (horizon, decisive) == (8, 1):
         assert task.fork_positions == (FORK_POSITION,)
-    rewards, checked = [], 0
+    rewards, checked = [], {True: 0, False: 0}
     for _ in range(1500):
         prompt = rng.choice(task.prompts())
         completion = sample_prior(task, prompt, rng)
         assert len(completion) == horizon
         rewards.append(task.reward(prompt.split(), completion))
-        if rewards[-1] and checked < 3 and horizon <= 32:
+        wrong = [p for j, p in enumerate(task.fork_positions) if completion[p] != task.right_choice(prompt.split(), j)]
+        success = bool(rewards[-1])
+        if (success or len(wrong) == 1) and checked[success] < 3 and horizon <= 32:
             labelled = {t for t, flag in enumerate(task.decisive(prompt.split(), completion)) if flag}
-            assert labelled == _flipping_positions(task, prompt.split(), completion) == set(task.fork_positions)
-            checked += 1
+            flipping = _flipping_positions(task, prompt.split(), completion)
+            assert labelled == flipping == (set(task.fork_positions) if success else set(wrong))
+            checked[success] += 1
+    assert checked[True] > 0 and checked[False] > 0 or horizon > 32
     assert abs(statistics.fmean(rewards) - 0.3) < 0.05
 
 

@@ -59,7 +59,8 @@ class LabConfig:
 
     methods: list[str] = field(
         default_factory=lambda: ["grpo", "taco", "eapo", "tide"],
-        metadata={"help": "Credit methods to compare (CreditGRPOConfig.credit_method values)."},
+        metadata={"help": "Credit methods to compare (CreditGRPOConfig.credit_method values, and oracle: the task's "
+                          "ground truth, the ceiling)."},
     )
     tasks: list[str] = field(
         default_factory=lambda: ["needle", "fork", "rare"], metadata={"help": f"Lab tasks: {', '.join(TASKS)}."}
@@ -67,7 +68,7 @@ class LabConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds; one run per seed."})
     horizon: int = field(
         default=COMPLETION_LENGTH,
-        metadata={"help": "Horizon H: completion length in tokens (1 to 512; fork needs H > its last fork)."},
+        metadata={"help": "Horizon H: completion length in tokens of every task, 1 to 512."},
     )
     decisive: int = field(
         default=1,

@@ -26,8 +26,8 @@ The tasks:
   elsewhere. The prompt `go kX` sets the right choice at fork j: `L` when X + j is even, `R` when odd. The base
   policy picks the right choice with probability `0.3 ** (1 / decisive)`, so its success rate is 0.3 whatever the
   number of forks, and the wrong choice and the fillers share the rest 3 : 4 (0.3 each for one fork: the base policy
-  does not know which is right). Decisive: the forks, in successes and failures alike (a failure is caused by a
-  wrong choice there). The forks are the high-entropy positions.
+  does not know which is right). Decisive: every fork of a success, and the wrong forks of a failure (what caused
+  it; with one fork, the fork in successes and failures alike). The forks are the high-entropy positions.
 - `mdp`: `fork` where the right choice depends on the fork only (`L`, `R`, `L`, ... for every prompt): a sequential
   decision process of `horizon` steps whose `decisive` steps each have one optimal action. The policy need not
   read the prompt, so what limits learning is credit assignment, not carrying the key over the completion.
@@ -181,7 +181,12 @@ class ForkTask(LabTask):
         return float(all(completion[p] == self.right_choice(prompt, j) for j, p in enumerate(self.fork_positions)))
 
     def decisive(self, prompt, completion):
-        return [position in self.fork_positions for position in range(len(completion))]
+        # A success needs every fork; a failure is caused by its wrong forks only, not by the right ones.
+        success = self.reward(prompt, completion) > 0
+        wrong = {p for j, p in enumerate(self.fork_positions)
+                 if p < len(completion) and completion[p] != self.right_choice(prompt, j)}
+        return [position in self.fork_positions and (success or position in wrong)
+                for position in range(len(completion))]
 
 
 class MDPTask(ForkTask):
