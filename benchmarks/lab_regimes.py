@@ -64,6 +64,7 @@ SOLVED_THRESHOLD, SOLVED_WINDOW = 0.8, 5  # the lab's defaults
 CLOSING_STAGE, CLOSING_HORIZON, CLOSING_METHODS = "h128", 128, ("taco", "eapo", "tide")
 GAP_METRICS = (("mean_reward", f"mean train reward, steps 1-{BUDGET}", 1),
                ("steps_until_solved", f"steps until solved (unsolved by step {BUDGET} = {BUDGET + 1})", -1))
+CLOSING_METRICS = (*GAP_METRICS, ("avg@16", "avg@16 after training (4 prompts × 16 samples)", 1))
 
 
 def stage_dir(stage: str) -> Path:
@@ -89,7 +90,9 @@ def _values(stage: str, method: str, metric: str) -> dict[int, float]:
         if run["method"] != method or run["task"] != "mdp":
             continue
         rewards = run["rewards"][:BUDGET]
-        if metric == "mean_reward":
+        if metric in run["metrics"] and metric not in ("mean_reward", "steps_until_solved"):
+            values[run["seed"]] = float(run["metrics"][metric])  # measured after training, not over a budget
+        elif metric == "mean_reward":
             values[run["seed"]] = statistics.fmean(rewards)
         else:
             solved = steps_until_solved(rewards, SOLVED_THRESHOLD, SOLVED_WINDOW)
@@ -135,14 +138,18 @@ def aggregate() -> str:
         lines.append("")
     lines += [f"## Fraction of the gap each method closes (H = {CLOSING_HORIZON}, one decisive fork, G = 8)", "",
               "Per seed (method − grpo) / (oracle − grpo), mean ± 95 % t half-width over the seeds with a gap; 0 is "
-              "GRPO, 1 the oracle. Below each, the method's own value.", "",
-              "| method | " + " | ".join(label for _, label, _ in GAP_METRICS) + " |", "|---|" + "---|" * len(GAP_METRICS)]
+              "GRPO, 1 the oracle. Below each, the method's own value and its paired difference to GRPO.", "",
+              "| method | " + " | ".join(label for _, label, _ in CLOSING_METRICS) + " |",
+              "|---|" + "---|" * len(CLOSING_METRICS)]
     for method in CLOSING_METHODS:
         cells = []
-        for metric, _, _ in GAP_METRICS:
+        for metric, _, _ in CLOSING_METRICS:
             values = {m: _values(CLOSING_STAGE, m, metric) for m in ("grpo", "oracle", method)}
             fraction = gap_fraction(values[method], values["grpo"], values["oracle"])
-            cells.append(f"{fraction.format()}<br>({t_interval(list(values[method].values())).format()})")
+            delta = paired_difference(values[method], values["grpo"])
+            star = " *" if delta.n > 1 and delta.excludes_zero() else ""
+            cells.append(f"{fraction.format()}<br>({t_interval(list(values[method].values())).format()}; "
+                         f"Δ grpo {delta.format()}{star})")
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += contamination()
