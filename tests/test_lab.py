@@ -1,4 +1,4 @@
-"""The credit lab: task labels, metrics on hand-made tensors, the warm-up, and a tiny lab run with the real trainer."""
+"""The credit lab: task labels, the oracle, metrics on hand-made tensors, the warm-up, and tiny lab runs."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from trl_credit.cli import main as cli_main
 from trl_credit.lab.metrics import (
     add_sums,
     credit_mass,
+    gap_fraction,
     mean_of_edges,
     precision,
     steps_until_solved,
     within_step_spread,
 )
 from trl_credit.lab.tasks import COMPLETION_LENGTH, FORK_POSITION, RARE_TOKEN, TASKS, VOCABULARY, get_task
+from trl_credit.methods.registry import TASK_DECISIVE, CreditBatch
 
 # ---------------------------------------------------------------------------------------------- tasks
 
@@ -83,19 +85,126 @@ def test_priors_are_distributions(name):
         assert sum(distribution.values()) == pytest.approx(1.0)
 
 
-def test_rare_token_alone_is_in_tacos_tail_under_the_prior():
+@pytest.mark.parametrize("name", ["rare", "hitch"])
+def test_rare_token_alone_is_in_tacos_tail_under_the_prior(name):
     """TACO's tail is p < alpha * exp(-H) (alpha = 0.01): z must be in it at every position, no other token."""
-    task = get_task("rare")
-    for position in range(COMPLETION_LENGTH):
-        distribution = task.prior(["find", "k0"], position)
+    task = get_task(name)
+    for position, previous in itertools.product(range(COMPLETION_LENGTH), [None, "f1", "k0"]):
+        distribution = task.prior(["find", "k0"], position, previous)
         entropy = -sum(p * math.log(p) for p in distribution.values())
         threshold = 0.01 * math.exp(-entropy)
         assert {w for w, p in distribution.items() if p < threshold} == {RARE_TOKEN}
 
 
+def test_hitch_rare_token_leads_to_the_key_and_so_to_success():
+    """After z the key follows with probability 0.9: completions with z succeed far more often (Monte Carlo)."""
+    from trl_credit.lab.model import sample_prior
+
+    task, rng = get_task("hitch", horizon=16), random.Random(0)
+    assert task.prior(["find", "k2"], 5, RARE_TOKEN)["k2"] == pytest.approx(0.9)
+    outcomes = {True: [], False: []}
+    for _ in range(4000):
+        prompt = rng.choice(task.prompts())
+        completion = sample_prior(task, prompt, rng)
+        outcomes[RARE_TOKEN in completion[:-1]].append(task.reward(prompt.split(), completion))
+    with_z, without_z = statistics.fmean(outcomes[True]), statistics.fmean(outcomes[False])
+    assert len(outcomes[True]) > 50 and with_z > 0.85 and without_z < 0.15
+
+
 def test_unknown_task_is_named():
-    with pytest.raises(ValueError, match="unknown lab task 'maze'; choose from needle, fork, rare"):
+    with pytest.raises(ValueError, match="unknown lab task 'maze'; choose from needle, fork, mdp, rare, hitch"):
         get_task("maze")
+
+
+@pytest.mark.parametrize("name", ["fork", "mdp"])
+@pytest.mark.parametrize(("horizon", "decisive"), [(8, 1), (32, 1), (32, 2), (32, 4), (128, 1), (5, 5)])
+def test_forks_are_the_positions_that_decide_a_success(name, horizon, decisive):
+    """Knobs: H tokens, `decisive` forks. In a success every fork, and nothing else, can flip the reward; in a failure
+    with one wrong fork, that fork alone. The prior succeeds about 30 % of the time whatever the number of forks
+    (Monte Carlo, independent of the formula)."""
+    from trl_credit.lab.model import sample_prior
+
+    task, rng = get_task(name, horizon=horizon, decisive=decisive), random.Random(horizon + decisive)
+    assert task.completion_length == horizon and len(task.fork_positions) == decisive
+    assert task.fork_positions == tuple(sorted(set(task.fork_positions))) and task.fork_positions[-1] < horizon
+    if (horizon, decisive) == (8, 1):
+        assert task.fork_positions == (FORK_POSITION,)
+    rewards, checked = [], {True: 0, False: 0}
+    for _ in range(1500):
+        prompt = rng.choice(task.prompts())
+        completion = sample_prior(task, prompt, rng)
+        assert len(completion) == horizon
+        rewards.append(task.reward(prompt.split(), completion))
+        wrong = [p for j, p in enumerate(task.fork_positions) if completion[p] != task.right_choice(prompt.split(), j)]
+        success = bool(rewards[-1])
+        if (success or len(wrong) == 1) and checked[success] < 3 and horizon <= 32:
+            labelled = {t for t, flag in enumerate(task.decisive(prompt.split(), completion)) if flag}
+            flipping = _flipping_positions(task, prompt.split(), completion)
+            assert labelled == flipping == (set(task.fork_positions) if success else set(wrong))
+            checked[success] += 1
+    assert checked[True] > 0 and checked[False] > 0 or horizon > 32
+    assert abs(statistics.fmean(rewards) - 0.3) < 0.05
+
+
+def test_mdp_right_choices_ignore_the_prompt_and_fork_ones_do_not():
+    mdp, fork = get_task("mdp", 32, 4), get_task("fork", 32, 4)
+    assert {tuple(mdp.right_choice(p.split(), j) for j in range(4)) for p in mdp.prompts()} == {("L", "R", "L", "R")}
+    assert len({tuple(fork.right_choice(p.split(), j) for j in range(4)) for p in fork.prompts()}) == 2
+
+
+@pytest.mark.parametrize(("name", "horizon", "decisive", "message"), [
+    ("mdp", 0, 1, "horizon of mdp must be between 1 and 512"),
+    ("needle", 600, 1, "horizon of needle must be between 1 and 512"),
+    ("mdp", 32, 40, "decisive of mdp must be between 1 and the horizon \\(32\\)"),
+    ("mdp", 32, 0, "decisive of mdp must be between 1"),
+    ("needle", 32, 2, "decisive sets the number of forks of fork and mdp; needle takes 1"),
+])
+def test_task_knobs_are_checked(name, horizon, decisive, message):
+    with pytest.raises(ValueError, match=message):
+        get_task(name, horizon, decisive)
+
+
+# ---------------------------------------------------------------------------------------------- the oracle
+
+
+def test_oracle_credit_falls_exactly_on_the_decisive_positions():
+    """Labels from flipping tokens (not from the task's `decisive`): A_i there, 0 (or the floor) elsewhere."""
+    # Imported here, not at collection: registering `oracle` then would put it in other modules' method lists.
+    from trl_credit.lab.model import sample_prior
+    from trl_credit.lab.oracle import oracle_advantages
+
+    task, rng = get_task("mdp", horizon=16, decisive=2), random.Random(3)
+    prompt = task.prompts()[0]
+    completions = [sample_prior(task, prompt, rng) for _ in range(400)]
+    successes = [c for c in completions if task.reward(prompt.split(), c)][:6]
+    labels = [[t in _flipping_positions(task, prompt.split(), c) for t in range(16)] for c in successes]
+    decisive_BT = torch.tensor(labels + [[False] * 16])  # the last row: no decisive token
+    advantages_B = torch.linspace(-1.5, 2.0, len(successes) + 1)
+    mask_BT = torch.ones(len(labels) + 1, 16, dtype=torch.bool)
+    mask_BT[0, 10:] = False  # padding: never credited, even on a decisive position
+    assert decisive_BT[0, 10:].any() and decisive_BT[:-1].sum(1).eq(2).all()
+    for floor in (0.0, 0.25):
+        out_BT = oracle_advantages(advantages_B, decisive_BT, mask_BT, floor)
+        for i in range(len(labels) + 1):
+            for t in range(16):
+                if not mask_BT[i, t]:
+                    expected = 0.0
+                elif decisive_BT[i, t] or not (decisive_BT[i] & mask_BT[i]).any():
+                    expected = advantages_B[i].item()
+                else:
+                    expected = floor * advantages_B[i].item()
+                assert out_BT[i, t].item() == pytest.approx(expected)
+    # Through the registry, as the trainer calls it, and its refusal where no ground truth is supplied.
+    from trl_credit.methods import get_credit_method
+
+    method = get_credit_method("oracle")
+    batch = CreditBatch.from_sequence_advantages(advantages_B, mask_BT, statistics={TASK_DECISIVE: decisive_BT.float()})
+    result = method(batch, method.hyperparameters())
+    assert torch.equal(result.advantages_BT, oracle_advantages(advantages_B, decisive_BT, mask_BT))
+    with pytest.raises(ValueError, match="only the credit lab's trainer"):
+        method(CreditBatch.from_sequence_advantages(advantages_B, mask_BT), method.hyperparameters())
+    with pytest.raises(ValueError, match="oracle_floor must be in \\[0, 1\\]"):
+        method.check({"oracle_floor": 1.5})
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -130,6 +239,14 @@ def test_sequence_advantages_have_lift_one():
     assert math.isnan(precision({}, "pos")["precision"])
     with pytest.raises(ValueError, match="same \\(B, T\\) shape"):
         credit_mass(torch.ones(2, 3), torch.ones(2, 4), torch.ones(2, 4))
+
+
+def test_gap_fraction_by_hand():
+    grpo, oracle = {0: 0.2, 1: 0.5, 2: 0.4, 3: 0.1}, {0: 0.6, 1: 0.5, 2: 0.8, 3: 0.3}
+    method = {0: 0.4, 1: 0.9, 2: 0.8, 3: math.nan}
+    interval = gap_fraction(method, grpo, oracle)  # seed 1 has no gap, seed 3 a NaN: fractions 0.5 and 1.0
+    assert interval.n == 2 and interval.mean == pytest.approx(0.75)
+    assert gap_fraction(grpo, grpo, oracle).mean == 0 and gap_fraction(oracle, grpo, oracle).mean == 1
 
 
 def test_steps_until_solved_and_edges():
@@ -171,10 +288,41 @@ def test_warm_up_reaches_the_prior_tail_included():
 
 def test_lab_cli_bad_input_exits_2(capsys):
     for argv, message in ((["--tasks", "maze"], "unknown lab task 'maze'"), (["--seeds", "0", "0"], "duplicates"),
-                          (["--pass_k", "64"], "pass_k"), (["--bogus", "1"], "unrecognized arguments")):
+                          (["--pass_k", "64"], "pass_k"), (["--bogus", "1"], "unrecognized arguments"),
+                          (["--horizon", "0"], "horizon of needle must be between 1 and 512, got 0"),
+                          (["--horizon", "x"], "--horizon: invalid int value"),
+                          (["--tasks", "mdp", "--horizon", "8", "--decisive", "9"], "decisive of mdp must be between 1"),
+                          (["--decisive", "2"], "decisive sets the number of forks of fork and mdp; needle takes 1"),
+                          (["--num_generations", "1"], "num_generations must be >= 2")):
         assert cli_main(["lab", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("trl-credit lab: error:") and message in err[0], err
+
+
+def test_lab_help_describes_the_knobs(capsys):
+    assert cli_main(["lab", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for option, words in (("--horizon", "completion length in tokens"), ("--decisive", "number of decisive positions"),
+                          ("--num_generations", "Group size G"), ("--methods", "Credit methods")):
+        assert option in text and words in text, option
+
+
+def test_tiny_oracle_run_credits_only_the_forks(tmp_path):
+    """The oracle through the real trainer: all the credit of every response lands on its forks, GRPO's on 1/H."""
+    argv = ["lab", "--methods", "grpo", "oracle", "--tasks", "mdp", "--horizon", "16", "--decisive", "2",
+            "--seeds", "0", "--max_steps", "3", "--warm_up_steps", "20", "--eval_samples", "2", "--pass_k", "1",
+            "--output_dir", str(tmp_path)]
+    assert cli_main(argv) == 0
+    grpo, oracle = (r["metrics"] for r in json.loads((tmp_path / "results.json").read_text())["runs"])
+    for sign in ("pos", "neg"):
+        if not math.isnan(oracle[f"decisive_precision_{sign}"]):
+            assert oracle[f"decisive_precision_{sign}"] == pytest.approx(1.0)
+            assert oracle[f"decisive_lift_{sign}"] == pytest.approx(8.0, rel=1e-4)  # 16 tokens, 2 decisive
+        if not math.isnan(grpo[f"decisive_precision_{sign}"]):
+            assert grpo[f"decisive_precision_{sign}"] == pytest.approx(2 / 16)
+    report = (tmp_path / "report.md").read_text()
+    assert "completions of 16 tokens with 2 decisive forks" in report
+    assert "| fraction of the grpo→oracle gap closed: train reward, mean over all steps |" in report
 
 
 def test_tiny_lab_run(tmp_path, capsys):

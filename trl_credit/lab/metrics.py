@@ -4,6 +4,8 @@
   lands on labelled tokens, against the share the same mass would put there if it were spread uniformly over the
   response's valid tokens, as GRPO spreads it. For GRPO the two are equal (lift 1).
 - Steps until solved (`steps_until_solved`): first step at which the trailing mean reward reaches a threshold.
+- Gap closed (`gap_fraction`): per seed, where a method lands between GRPO's broadcast credit (0) and the oracle
+  (1), with its t interval over seeds.
 - Gradient-norm spread (`within_step_spread`): variance and coefficient of variation of the micro-batch gradient
   norms inside each optimizer step, averaged over steps.
 """
@@ -12,9 +14,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
+
+from ..compare.stats import Interval, t_interval
 
 SIGNS = ("pos", "neg")
 
@@ -114,3 +118,18 @@ def mean_of_edges(values: Sequence[float], count: int = 5) -> tuple[float, float
         return math.nan, math.nan
     count = max(1, min(count, len(values)))
     return statistics.fmean(values[:count]), statistics.fmean(values[-count:])
+
+
+def gap_fraction(values: Mapping[int, float], floor: Mapping[int, float], ceiling: Mapping[int, float]) -> Interval:
+    """Mean and 95 % t interval over seeds of `(value - floor) / (ceiling - floor)`, each a `{seed: value}`.
+
+    Seeds missing from any of the three, with a NaN, or where the ceiling equals the floor (no gap to close) are
+    left out. Lower-is-better metrics need no special case: the ratio is the same.
+    """
+    fractions = []
+    for seed in sorted(set(values) & set(floor) & set(ceiling)):
+        value, low, high = values[seed], floor[seed], ceiling[seed]
+        if any(math.isnan(v) for v in (value, low, high)) or high == low:
+            continue
+        fractions.append((value - low) / (high - low))
+    return t_interval(fractions)

@@ -1,7 +1,8 @@
 """Running the credit lab: every (task, method, seed) trains the same warmed-up tiny model with `CreditGRPOTrainer`.
 
 `run_one` trains one policy and measures it; `run_lab` runs the grid, writes `results.json` (one record per run)
-and `report.md` (mean ± 95 % t interval over seeds, and each method's paired difference to `grpo` on the same seed).
+and `report.md` (mean ± 95 % t interval over seeds, each method's paired difference to `grpo` on the same seed and,
+when the grid has `oracle` and `grpo`, the fraction of the broadcast-to-oracle gap each method closes).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..compare.stats import paired_difference, t_interval
-from .metrics import mean_of_edges, precision, steps_until_solved, within_step_spread
+from .metrics import gap_fraction, mean_of_edges, precision, steps_until_solved, within_step_spread
 from .tasks import COMPLETION_LENGTH, RARE_TOKEN, TASKS, get_task
+
+BROADCAST, ORACLE = "grpo", "oracle"  # the floor and the ceiling of the gap
 
 
 @dataclass
@@ -27,15 +30,18 @@ class LabConfig:
 
     Parameters that select the runs:
         methods (`list[str]`, *optional*, defaults to `["grpo", "taco", "eapo", "tide"]`): credit methods, passed as
-            `CreditGRPOConfig(credit_method=...)`.
-        tasks (`list[str]`, *optional*, defaults to all): lab tasks (`needle`, `fork`, `rare`).
+            `CreditGRPOConfig(credit_method=...)`; `oracle` (the lab's ground-truth credit) is the ceiling.
+        tasks (`list[str]`, *optional*, defaults to `needle`, `fork`, `rare`): lab tasks (also `mdp`, `hitch`).
+        horizon (`int`, *optional*, defaults to `8`): completion length in tokens, for every task.
+        decisive (`int`, *optional*, defaults to `1`): number of decisive positions (forks) of `fork` and `mdp`;
+            the other tasks take 1.
         seeds (`list[int]`, *optional*, defaults to `[0, 1, 2]`): one run per seed; the seed sets the initial
             model, the warm-up, the prompt order and sampling, identically for every method.
 
     Parameters that control training:
         max_steps (`int`, *optional*, defaults to `300`): optimizer steps per run.
         learning_rate (`float`, *optional*, defaults to `2e-3`): Adam learning rate of the RL phase.
-        num_generations (`int`, *optional*, defaults to `8`): completions per prompt (the GRPO group).
+        num_generations (`int`, *optional*, defaults to `8`): completions per prompt (the GRPO group size G), >= 2.
         prompts_per_step (`int`, *optional*, defaults to `4`): prompts per optimizer step.
         micro_batches (`int`, *optional*, defaults to `2`): gradient-accumulation micro-batches per step, between
             which the gradient-norm spread is measured.
@@ -53,13 +59,24 @@ class LabConfig:
 
     methods: list[str] = field(
         default_factory=lambda: ["grpo", "taco", "eapo", "tide"],
-        metadata={"help": "Credit methods to compare (CreditGRPOConfig.credit_method values)."},
+        metadata={"help": "Credit methods to compare (CreditGRPOConfig.credit_method values, and oracle: the task's "
+                          "ground truth, the ceiling)."},
     )
-    tasks: list[str] = field(default_factory=lambda: list(TASKS), metadata={"help": f"Lab tasks: {', '.join(TASKS)}."})
+    tasks: list[str] = field(
+        default_factory=lambda: ["needle", "fork", "rare"], metadata={"help": f"Lab tasks: {', '.join(TASKS)}."}
+    )
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds; one run per seed."})
+    horizon: int = field(
+        default=COMPLETION_LENGTH,
+        metadata={"help": "Horizon H: completion length in tokens of every task, 1 to 512."},
+    )
+    decisive: int = field(
+        default=1,
+        metadata={"help": "Sparsity: number of decisive positions (forks) of fork and mdp, 1 to H; other tasks take 1."},
+    )
     max_steps: int = field(default=300, metadata={"help": "Optimizer steps per run."})
     learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the RL phase."})
-    num_generations: int = field(default=8, metadata={"help": "Completions per prompt (GRPO group size)."})
+    num_generations: int = field(default=8, metadata={"help": "Group size G: completions per prompt, >= 2."})
     prompts_per_step: int = field(default=4, metadata={"help": "Prompts per optimizer step."})
     micro_batches: int = field(default=2, metadata={"help": "Gradient-accumulation micro-batches per step."})
     warm_up_steps: int = field(default=300, metadata={"help": "Distillation steps into the task's prior before RL."})
@@ -78,7 +95,7 @@ class LabConfig:
             if duplicates:
                 raise ValueError(f"{name} has duplicates: {duplicates}")
         for task in self.tasks:
-            get_task(task)
+            get_task(task, self.horizon, self.decisive)
         for name in ("max_steps", "num_generations", "prompts_per_step", "micro_batches", "eval_samples",
                      "solved_window"):
             if getattr(self, name) < 1:
@@ -135,29 +152,32 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
     from .model import make_model, make_tokenizer, sample_completions, token_probability, warm_up
     from .trainer import LabTrainer
 
-    task = get_task(task_name)
+    task = get_task(task_name, config.horizon, config.decisive)
     started = time.monotonic()
     set_seed(seed)
     tokenizer = make_tokenizer()
-    model = make_model(tokenizer, seed)
+    prompt_length = len(task.prompts()[0].split())
+    model = make_model(tokenizer, seed, max_length=prompt_length + task.completion_length)
     warm_up_kl = warm_up(model, tokenizer, task, seed, steps=config.warm_up_steps) if config.warm_up_steps else math.nan
     probe = _probe_sequences(task, seed)
-    prompt_length = len(task.prompts()[0].split())
-    rare_probability = [(0, token_probability(model, tokenizer, probe, prompt_length, RARE_TOKEN))]
+    probed = [task.tail_positions(words[:prompt_length], words[prompt_length:]) for words in probe]
+
+    def rare(model) -> float:
+        return token_probability(model, tokenizer, probe, prompt_length, RARE_TOKEN, probed)
+
+    rare_probability = [(0, rare(model))]
 
     class RareTokenProbe(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step % 10 == 0 or state.global_step == state.max_steps:
-                rare_probability.append(
-                    (state.global_step, token_probability(model, tokenizer, probe, prompt_length, RARE_TOKEN))
-                )
+                rare_probability.append((state.global_step, rare(model)))
 
     completions_per_step = config.prompts_per_step * config.num_generations
     args = CreditGRPOConfig(
         output_dir=str(work_dir), credit_method=method, seed=seed, use_cpu=True, bf16=False,
         gradient_checkpointing=False, per_device_train_batch_size=completions_per_step // config.micro_batches,
         gradient_accumulation_steps=config.micro_batches, num_generations=config.num_generations,
-        max_completion_length=COMPLETION_LENGTH, max_steps=config.max_steps, learning_rate=config.learning_rate,
+        max_completion_length=task.completion_length, max_steps=config.max_steps, learning_rate=config.learning_rate,
         lr_scheduler_type="constant", temperature=1.0, logging_steps=1, report_to="none", save_strategy="no",
         dataloader_num_workers=0, disable_tqdm=True,
     )
@@ -181,7 +201,9 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
     policy = trainer.accelerator.unwrap_model(trainer.model).eval()
     counts = []
     for index, prompt in enumerate(task.prompts()):
-        completions = sample_completions(policy, tokenizer, prompt, config.eval_samples, seed=seed * 1000 + index)
+        completions = sample_completions(
+            policy, tokenizer, prompt, config.eval_samples, seed=seed * 1000 + index, length=task.completion_length
+        )
         counts.append(sum(int(task.reward(prompt.split(), c) > 0) for c in completions))
     n = config.eval_samples
     entropy_start, entropy_end = mean_of_edges(entropies)
@@ -189,6 +211,7 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
     implausible_pos = precision(trainer.lab_implausible, "pos")
     spread = within_step_spread([trainer.lab_grad_norms[step] for step in sorted(trainer.lab_grad_norms)])
     rare_start, rare_end = rare_probability[0][1], rare_probability[-1][1]
+    solved_at = steps_until_solved(rewards, config.solved_threshold, config.solved_window)
     del trainer, policy, model
     return {
         "task": task_name, "method": method, "seed": seed, "steps": len(rewards),
@@ -198,7 +221,10 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
         "rare_probability": rare_probability,
         "metrics": {
             "final_reward": mean_of_edges(rewards, 10)[1],
-            "steps_until_solved": steps_until_solved(rewards, config.solved_threshold, config.solved_window),
+            "mean_reward": statistics.fmean(rewards),
+            "steps_until_solved": solved_at,
+            # An unsolved run counts as solved one step after the budget: a lower bound, so gaps can be taken.
+            "steps_until_solved_censored": solved_at if solved_at is not None else len(rewards) + 1,
             "decisive_precision_pos": decisive_pos["precision"], "decisive_lift_pos": decisive_pos["lift"],
             "decisive_uniform_pos": decisive_pos["uniform"],
             "decisive_precision_neg": decisive_neg["precision"], "decisive_lift_neg": decisive_neg["lift"],
@@ -220,21 +246,26 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
 # ---------------------------------------------------------------------------------------------------------------
 
 # (metric, label, the tasks it is reported for)
+ALL, TAIL_TASKS = tuple(TASKS), ("rare", "hitch")
 REPORTED_METRICS = (
-    ("final_reward", "train reward, last 10 steps", ("needle", "fork", "rare")),
-    ("steps_until_solved", "steps until solved", ("needle", "fork", "rare")),
-    ("decisive_precision_pos", "credit precision, positive responses", ("needle", "fork", "rare")),
-    ("decisive_lift_pos", "precision lift over uniform, positive", ("needle", "fork", "rare")),
-    ("decisive_precision_neg", "credit precision, negative responses", ("fork",)),
-    ("decisive_lift_neg", "precision lift over uniform, negative", ("fork",)),
-    ("implausible_lift_pos", "credit lift on the rare token, positive", ("rare",)),
-    ("rare_prob_growth", "p(rare token) end / start, correct responses", ("rare",)),
-    ("entropy_end", "entropy, last 5 steps (nats)", ("needle", "fork", "rare")),
-    ("avg@{n}", "avg@n", ("needle", "fork", "rare")),
-    ("pass@{k}", "pass@k", ("needle", "fork", "rare")),
-    ("grad_norm_cv", "micro-batch grad-norm CV", ("needle", "fork", "rare")),
-    ("grad_norm_var", "micro-batch grad-norm variance", ("needle", "fork", "rare")),
+    ("final_reward", "train reward, last 10 steps", ALL),
+    ("mean_reward", "train reward, mean over all steps", ALL),
+    ("steps_until_solved", "steps until solved", ALL),
+    ("steps_until_solved_censored", "steps until solved (unsolved = budget + 1)", ALL),
+    ("decisive_precision_pos", "credit precision, positive responses", ALL),
+    ("decisive_lift_pos", "precision lift over uniform, positive", ALL),
+    ("decisive_precision_neg", "credit precision, negative responses", ("fork", "mdp")),
+    ("decisive_lift_neg", "precision lift over uniform, negative", ("fork", "mdp")),
+    ("implausible_lift_pos", "credit lift on the rare token, positive", TAIL_TASKS),
+    ("rare_prob_growth", "p(rare token) end / start, correct responses", TAIL_TASKS),
+    ("entropy_end", "entropy, last 5 steps (nats)", ALL),
+    ("avg@{n}", "avg@n", ALL),
+    ("pass@{k}", "pass@k", ALL),
+    ("grad_norm_cv", "micro-batch grad-norm CV", ALL),
+    ("grad_norm_var", "micro-batch grad-norm variance", ALL),
 )
+# Metrics whose broadcast-to-oracle gap is reported.
+GAP_METRICS = ("mean_reward", "final_reward", "steps_until_solved_censored", "avg@{n}")
 
 
 def _metric_keys(config: LabConfig) -> list[tuple[str, str, tuple[str, ...]]]:
@@ -271,15 +302,32 @@ def summarize(records: list[dict], config: LabConfig) -> dict:
                          "text": interval.format()}
                 if key == "steps_until_solved":
                     entry["solved"] = f"{sum(not math.isnan(v) for v in values.values())}/{len(values)}"
-                baseline = {r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == "grpo"}
-                if method != "grpo" and baseline:
+                baseline = {r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == BROADCAST}
+                if method != BROADCAST and baseline:
                     difference = paired_difference(values, baseline)
                     entry["vs_grpo"] = {"mean": difference.mean, "half_width": difference.half_width,
                                         "n": difference.n, "text": difference.format(),
                                         "excludes_zero": difference.excludes_zero()}
                 by_method[method] = entry
             summary.setdefault(task, {})[key] = {"label": label, "methods": by_method}
+        if {BROADCAST, ORACLE} <= set(config.methods):
+            for key, label in _gap_keys(config):
+                by_method = {}
+                per_method = {m: {r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == m}
+                              for m in config.methods}
+                for method in config.methods:
+                    interval = gap_fraction(per_method[method], per_method[BROADCAST], per_method[ORACLE])
+                    by_method[method] = {"mean": interval.mean, "half_width": interval.half_width, "n": interval.n,
+                                         "text": interval.format()}
+                summary[task][f"gap_closed:{key}"] = {"label": f"fraction of the grpo→oracle gap closed: {label}",
+                                                      "methods": by_method}
     return summary
+
+
+def _gap_keys(config: LabConfig) -> list[tuple[str, str]]:
+    labels = {key: label for key, label, _ in _metric_keys(config)}
+    keys = [f"avg@{config.eval_samples}" if key == "avg@{n}" else key for key in GAP_METRICS]
+    return [(key, labels[key]) for key in keys]
 
 
 def render_report(summary: dict, config: LabConfig, records: list[dict], command: str) -> str:
@@ -289,12 +337,14 @@ def render_report(summary: dict, config: LabConfig, records: list[dict], command
         "# Credit lab results", "",
         f"Command: `{command}`", "",
         f"{len(records)} runs ({', '.join(config.methods)} × {', '.join(config.tasks)} × seeds "
-        f"{', '.join(map(str, config.seeds))}), {config.max_steps} optimizer steps each, "
+        f"{', '.join(map(str, config.seeds))}), completions of {config.horizon} tokens"
+        f"{f' with {config.decisive} decisive forks' if config.decisive != 1 else ''}, {config.max_steps} optimizer steps each, "
         f"{config.prompts_per_step} prompts × {config.num_generations} completions per step, "
         f"{config.micro_batches} micro-batches; {total / 60:.1f} min of wall time in all.",
         "Cells: mean ± half-width of the 95 % t interval over seeds; `Δ` is the paired difference to `grpo` on the "
         "same seed with its 95 % t interval (`*` when the interval excludes 0). `steps until solved` averages the "
-        "solved runs only; the count of solved runs is shown beside it.", "",
+        "solved runs only; the count of solved runs is shown beside it. The fraction of the gap closed is, per seed, "
+        "(method − grpo) / (oracle − grpo) (seeds where the two are equal left out); 0 is GRPO, 1 the oracle.", "",
     ]
     for task, metrics in summary.items():
         lines += [f"## {task}", "", "| metric | " + " | ".join(config.methods) + " |",
@@ -326,7 +376,9 @@ def run_lab(config: LabConfig, command: str = "trl-credit lab", log=None) -> dic
     results_path = output_dir / "results.json"
     settings = {k: v for k, v in asdict(config).items() if k not in ("methods", "tasks", "seeds", "output_dir")}
     previous = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    records = [r for r in previous.get("runs", []) if previous.get("settings") == settings]
+    # Settings added after a results.json was written count at their defaults.
+    previous_settings = {**{k: v for k, v in asdict(LabConfig()).items() if k in settings}, **previous.get("settings", {})}
+    records = [r for r in previous.get("runs", []) if previous_settings == settings]
     done = {(r["task"], r["method"], r["seed"]) for r in records}
     for task in config.tasks:
         for seed in config.seeds:

@@ -1,14 +1,19 @@
-"""`LabTrainer`: the real `CreditGRPOTrainer`, plus a record of the advantages its loss consumed.
+"""`LabTrainer`: the real `CreditGRPOTrainer`, plus the task's ground truth and a record of the advantages its loss consumed.
 
 Nothing in the product is patched. `_AdvantageRecorder` is a `GRPOTrainer` subclass placed between
 `CreditGRPOTrainer` and TRL's `GRPOTrainer` in the method resolution order:
 
     LabTrainer -> CreditGRPOTrainer -> _AdvantageRecorder -> GRPOTrainer
 
-so its `_compute_loss` receives exactly the dict `CreditGRPOTrainer` hands to TRL's loss, and reads
-`inputs["advantages"]` after TRL's `_compute_loss` returns: that is the tensor the loss multiplied (`(B,)` for
-GRPO, `(B, T)` for the credit methods; TACO fills it in during that very forward). It also takes the gradient
-norm of each micro-batch's loss (one extra backward of the tiny model, outside the optimizer's gradients).
+- Its `_generate_and_score_completions` runs right after TRL's, before the credit stack: it labels every completion
+  token from the task (decisive, implausible) and adds the labels to the batch (`lab_decisive`,
+  `lab_implausible`), so TRL's shuffle and split keep them aligned with their rows.
+- `LabTrainer._batch_statistics` hands the decisive labels to the credit stack as the statistic `TASK_DECISIVE`:
+  that is what the `oracle` method (`trl_credit.lab.oracle`, registered by importing this module) reads.
+- Its `_compute_loss` receives exactly the dict `CreditGRPOTrainer` hands to TRL's loss, and reads
+  `inputs["advantages"]` after TRL's `_compute_loss` returns: that is the tensor the loss multiplied (`(B,)` for
+  GRPO, `(B, T)` for the credit methods; TACO fills it in during that very forward). It also takes the gradient
+  norm of each micro-batch's loss (one extra backward of the tiny model, outside the optimizer's gradients).
 """
 
 from __future__ import annotations
@@ -18,12 +23,21 @@ from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOTrainer
 
+from ..methods.registry import TASK_DECISIVE
+from . import oracle  # noqa: F401  (registers the `oracle` credit method)
 from .metrics import add_sums, credit_mass
 from .tasks import LabTask
+
+DECISIVE_KEY, IMPLAUSIBLE_KEY = "lab_decisive", "lab_implausible"
 
 
 class _AdvantageRecorder(GRPOTrainer):
     lab_task: LabTask
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        batch[DECISIVE_KEY], batch[IMPLAUSIBLE_KEY] = self._labels(batch)
+        return batch
 
     def _compute_loss(self, model, inputs):
         loss = super()._compute_loss(model, inputs)
@@ -31,24 +45,24 @@ class _AdvantageRecorder(GRPOTrainer):
         return loss
 
     @torch.no_grad()
-    def _labels(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(B, T)` decisive and implausible labels of the micro-batch's completions, from the task."""
+    def _labels(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(B, T)` decisive and implausible labels of the batch's completions, from the task."""
         tokens = self.processing_class.convert_ids_to_tokens
         pad = self.processing_class.pad_token
         decisive, implausible = [], []
-        for prompt_ids, completion_ids in zip(inputs["prompt_ids"].tolist(), inputs["completion_ids"].tolist()):
+        for prompt_ids, completion_ids in zip(batch["prompt_ids"].tolist(), batch["completion_ids"].tolist()):
             prompt = [word for word in tokens(prompt_ids) if word != pad]
             completion = tokens(completion_ids)
             decisive.append(self.lab_task.decisive(prompt, completion))
             implausible.append(self.lab_task.implausible(prompt, completion))
-        device = inputs["completion_ids"].device
+        device = batch["completion_ids"].device
         return torch.tensor(decisive, device=device), torch.tensor(implausible, device=device)
 
     def _record_micro_batch(self, model, inputs, loss) -> None:
         mask_BT = inputs["completion_mask"]
         if "tool_mask" in inputs:
             mask_BT = mask_BT * inputs["tool_mask"]
-        decisive_BT, implausible_BT = self._labels(inputs)
+        decisive_BT, implausible_BT = inputs[DECISIVE_KEY], inputs[IMPLAUSIBLE_KEY]
         advantages = inputs["advantages"]
         add_sums(self.lab_decisive, credit_mass(advantages, mask_BT, decisive_BT))
         add_sums(self.lab_implausible, credit_mass(advantages, mask_BT, implausible_BT))
@@ -59,7 +73,8 @@ class _AdvantageRecorder(GRPOTrainer):
 
 
 class LabTrainer(CreditGRPOTrainer, _AdvantageRecorder):
-    """`CreditGRPOTrainer` on a lab task, recording credit mass on labelled tokens and micro-batch gradient norms.
+    """`CreditGRPOTrainer` on a lab task: the task's decisive tokens reach the credit stack (for `oracle`), and the
+    credit mass on labelled tokens and the micro-batch gradient norms are recorded.
 
     Args:
         lab_task: The task whose `decisive` and `implausible` labels are applied to every micro-batch.
@@ -75,3 +90,7 @@ class LabTrainer(CreditGRPOTrainer, _AdvantageRecorder):
         self.lab_implausible: dict[str, float] = {}
         self.lab_grad_norms: dict[int, list[float]] = {}
         super().__init__(*args, **kwargs)
+
+    def _batch_statistics(self, batch) -> dict[str, torch.Tensor]:
+        # The ground truth travels with the batch; the product's trainer has no statistic of the kind.
+        return {**super()._batch_statistics(batch), TASK_DECISIVE: batch[DECISIVE_KEY].float()}

@@ -36,10 +36,13 @@ ROLLOUT_LOGPS = "rollout_logps"  # the same for the policy that generated the ba
 ROLLOUT_ENTROPY = "rollout_entropy"
 REFERENCE_DEVIATION = "reference_deviation"  # squared Hellinger distance to the frozen initial model
 PREVIOUS_POLICY_DEVIATION = "previous_policy_deviation"  # ... to the policy of the previous generation batch
+# 1.0 on the tokens the task's ground truth marks as deciding the reward, else 0. The trainer cannot compute it: only a
+# trainer that knows the task supplies it (the credit lab's `LabTrainer`).
+TASK_DECISIVE = "task_decisive"
 
 LOSS_FORWARD_STATISTICS = (POLICY_LOGPS, POLICY_ENTROPY, POLICY_MAX_LOGPROB)
 GENERATION_STATISTICS = (ROLLOUT_LOGPS, ROLLOUT_ENTROPY, REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)
-STATISTICS = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
+STATISTICS = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS + (TASK_DECISIVE,)
 
 
 def _local(values_N: torch.Tensor) -> torch.Tensor:

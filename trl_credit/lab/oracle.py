@@ -1,0 +1,61 @@
+"""`oracle`: token credit from the task's ground truth, the ceiling the lab measures credit methods against.
+
+    Â_{i,t} = A_i              on the tokens the task marks decisive (`LabTask.decisive`)
+            = floor * A_i      on the other valid tokens (`oracle_floor`, default 0: they carry no credit)
+            = A_i everywhere   in a response with no decisive token (a `needle` failure: the task names no single
+                               cause, so every token keeps the broadcast credit, as under GRPO)
+
+GRPO's broadcast credit (`A_i` on every token) is the floor. The decisive tokens come as the statistic
+`TASK_DECISIVE`, which only the lab's `LabTrainer` supplies: anywhere else the method refuses to run. It is
+registered when `trl_credit.lab.trainer` is imported, so it is not a method of the package's trainers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..methods._checks import in_range
+from ..methods.registry import TASK_DECISIVE, CreditBatch, CreditResult, register_credit_method
+
+
+@dataclass
+class OracleArguments:
+    oracle_floor: float = field(
+        default=0.0,
+        metadata={"help": "Oracle credit on non-decisive tokens, as a fraction of the sequence advantage. In [0, 1]."},
+    )
+
+
+@torch.no_grad()
+def oracle_advantages(advantages_B: torch.Tensor, decisive_BT: torch.Tensor, mask_BT: torch.Tensor,
+                      floor: float = 0.0) -> torch.Tensor:
+    """`(B, T)` token advantages: `A_i` on decisive valid tokens, `floor * A_i` on the others, 0 where masked.
+
+    A response with no decisive valid token keeps `A_i` on every valid token.
+    """
+    valid_BT = mask_BT.bool()
+    decisive_BT = decisive_BT.bool() & valid_BT
+    has_decisive_B = decisive_BT.any(dim=1, keepdim=True)
+    weights_BT = torch.where(decisive_BT | ~has_decisive_B, 1.0, floor)
+    return torch.where(valid_BT, weights_BT * advantages_B.float().unsqueeze(1), 0.0)
+
+
+@register_credit_method(
+    "oracle", statistics=(TASK_DECISIVE,), arguments=OracleArguments, checks={"oracle_floor": in_range(0.0, 1.0)}
+)
+def oracle(batch: CreditBatch, oracle_floor: float) -> CreditResult:
+    if TASK_DECISIVE not in batch.statistics:
+        raise ValueError(
+            "the oracle credit method needs the task's decisive tokens (statistic 'task_decisive'), which only the "
+            "credit lab's trainer (trl_credit.lab.trainer.LabTrainer) supplies"
+        )
+    decisive_BT = batch[TASK_DECISIVE].bool() & batch.mask_BT
+    advantages_BT = oracle_advantages(batch.sequence_advantages_B, decisive_BT, batch.mask_BT, oracle_floor)
+    broadcast_BT = batch.mask_BT & ~decisive_BT.any(dim=1, keepdim=True)
+    return CreditResult(
+        advantages_BT=advantages_BT,
+        metrics={"decisive_fraction": decisive_BT.float(), "broadcast_fraction": broadcast_BT.float()},
+        statistic_BT=decisive_BT.float(),
+    )
