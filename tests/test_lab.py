@@ -201,7 +201,7 @@ def test_oracle_credit_falls_exactly_on_the_decisive_positions():
     batch = CreditBatch.from_sequence_advantages(advantages_B, mask_BT, statistics={TASK_DECISIVE: decisive_BT.float()})
     result = method(batch, method.hyperparameters())
     assert torch.equal(result.advantages_BT, oracle_advantages(advantages_B, decisive_BT, mask_BT))
-    with pytest.raises(ValueError, match="only the credit lab's trainer"):
+    with pytest.raises(ValueError, match="'oracle' reads statistic 'task_decisive', which the batch does not have"):
         method(CreditBatch.from_sequence_advantages(advantages_B, mask_BT), method.hyperparameters())
     with pytest.raises(ValueError, match="oracle_floor must be in \\[0, 1\\]"):
         method.check({"oracle_floor": 1.5})
@@ -347,3 +347,17 @@ def test_tiny_lab_run(tmp_path, capsys):
     assert "fork grpo seed 0" in capsys.readouterr().out
     assert cli_main(argv) == 0  # both runs are in results.json: nothing is trained again
     assert "lab: fork" not in capsys.readouterr().out
+
+
+def test_a_trainer_without_the_ground_truth_refuses_the_oracle_at_init(tmp_path):
+    import trl_credit.lab.trainer  # noqa: F401  (registers the oracle)
+    from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+
+    from trl_credit import CreditGRPOTrainer
+
+    tokenizer = make_tiny_tokenizer()
+    with pytest.raises(ValueError, match=r"'oracle' reads \['task_decisive'\], which CreditGRPOTrainer does not compute"):
+        CreditGRPOTrainer(
+            model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=tiny_config("oracle", tmp_path),
+            train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
+        )

@@ -324,7 +324,7 @@ def test_tide_old_reference_tracks_previous_policy(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "method", sorted(name for name, m in CREDIT_METHODS.items() if m.function.__module__.startswith("trl_credit."))
+    "method", sorted(name for name, m in CREDIT_METHODS.items() if m.function.__module__.startswith("trl_credit.methods."))
 )
 def test_a_non_finite_statistic_at_a_valid_position_raises_for_every_method(monkeypatch, tmp_path, method):
     """One LM-head row set to NaN once the batch is generated: every statistic computed from then on is NaN."""

@@ -25,11 +25,12 @@ def documents(root: Path = REPOSITORY) -> list[str]:
 
 
 def _registered():
-    """The package's own methods (not those a user or a test registered), the default comparison's first."""
+    """The package's methods (not the lab's oracle, nor those a user or a test registered), the default comparison's
+    first."""
     from .methods import CREDIT_METHODS, DEFAULT_COMPARISON
 
     order = {name: i for i, name in enumerate(DEFAULT_COMPARISON)}
-    built_in = [m for m in CREDIT_METHODS.values() if m.function.__module__.startswith(f"{__package__}.")]
+    built_in = [m for m in CREDIT_METHODS.values() if m.function.__module__.startswith(f"{__package__}.methods.")]
     return sorted(built_in, key=lambda m: (order.get(m.name, len(order)), m.name))
 
 

@@ -6,7 +6,7 @@
                                cause, so every token keeps the broadcast credit, as under GRPO)
 
 GRPO's broadcast credit (`A_i` on every token) is the floor. The decisive tokens come as the statistic
-`TASK_DECISIVE`, which only the lab's `LabTrainer` supplies: anywhere else the method refuses to run. It is
+`TASK_DECISIVE`, which only the lab's `LabTrainer` supplies: any other trainer refuses the method at init. It is
 registered when `trl_credit.lab.trainer` is imported, so it is not a method of the package's trainers.
 """
 
@@ -18,6 +18,9 @@ import torch
 
 from ..methods._checks import in_range
 from ..methods.registry import TASK_DECISIVE, CreditBatch, CreditResult, register_credit_method
+
+
+CEILING = "oracle"  # the name the lab's reports compare every method with
 
 
 @dataclass
@@ -43,14 +46,19 @@ def oracle_advantages(advantages_B: torch.Tensor, decisive_BT: torch.Tensor, mas
 
 
 @register_credit_method(
-    "oracle", statistics=(TASK_DECISIVE,), arguments=OracleArguments, checks={"oracle_floor": in_range(0.0, 1.0)}
+    CEILING,
+    statistics=(TASK_DECISIVE,),
+    arguments=OracleArguments,
+    checks={"oracle_floor": in_range(0.0, 1.0)},
+    display_name="Oracle",
+    summary="The credit lab's ceiling: the sequence advantage on the tokens the task's ground truth marks decisive.",
+    diagnostics={
+        "decisive_fraction": "fraction of valid tokens the task marks decisive",
+        "broadcast_fraction": "fraction of valid tokens in responses without a decisive token (broadcast credit)",
+    },
+    token_statistic=("decisive", "1 on the tokens the task marks decisive, else 0"),
 )
 def oracle(batch: CreditBatch, oracle_floor: float) -> CreditResult:
-    if TASK_DECISIVE not in batch.statistics:
-        raise ValueError(
-            "the oracle credit method needs the task's decisive tokens (statistic 'task_decisive'), which only the "
-            "credit lab's trainer (trl_credit.lab.trainer.LabTrainer) supplies"
-        )
     decisive_BT = batch[TASK_DECISIVE].bool() & batch.mask_BT
     advantages_BT = oracle_advantages(batch.sequence_advantages_B, decisive_BT, batch.mask_BT, oracle_floor)
     broadcast_BT = batch.mask_BT & ~decisive_BT.any(dim=1, keepdim=True)

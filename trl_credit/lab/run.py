@@ -18,10 +18,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..compare.stats import paired_difference, t_interval
+from ..methods import DEFAULT_COMPARISON
+from .oracle import CEILING
 from .metrics import gap_fraction, mean_of_edges, precision, steps_until_solved, within_step_spread
 from .tasks import COMPLETION_LENGTH, RARE_TOKEN, TASKS, get_task
 
-BROADCAST, ORACLE = "grpo", "oracle"  # the floor and the ceiling of the gap
+BROADCAST = "grpo"  # the floor of the gap; the ceiling is the lab's oracle method (`CEILING`)
 
 
 @dataclass
@@ -58,9 +60,9 @@ class LabConfig:
     """
 
     methods: list[str] = field(
-        default_factory=lambda: ["grpo", "taco", "eapo", "tide"],
-        metadata={"help": "Credit methods to compare (CreditGRPOConfig.credit_method values, and oracle: the task's "
-                          "ground truth, the ceiling)."},
+        default_factory=lambda: list(DEFAULT_COMPARISON),
+        metadata={"help": "Credit methods to compare: CreditGRPOConfig.credit_method values, and the lab's "
+                          f"{CEILING!r} (the task's ground truth, the ceiling)."},
     )
     tasks: list[str] = field(
         default_factory=lambda: ["needle", "fork", "rare"], metadata={"help": f"Lab tasks: {', '.join(TASKS)}."}
@@ -310,16 +312,16 @@ def summarize(records: list[dict], config: LabConfig) -> dict:
                                         "excludes_zero": difference.excludes_zero()}
                 by_method[method] = entry
             summary.setdefault(task, {})[key] = {"label": label, "methods": by_method}
-        if {BROADCAST, ORACLE} <= set(config.methods):
+        if {BROADCAST, CEILING} <= set(config.methods):
             for key, label in _gap_keys(config):
                 by_method = {}
                 per_method = {m: {r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == m}
                               for m in config.methods}
                 for method in config.methods:
-                    interval = gap_fraction(per_method[method], per_method[BROADCAST], per_method[ORACLE])
+                    interval = gap_fraction(per_method[method], per_method[BROADCAST], per_method[CEILING])
                     by_method[method] = {"mean": interval.mean, "half_width": interval.half_width, "n": interval.n,
                                          "text": interval.format()}
-                summary[task][f"gap_closed:{key}"] = {"label": f"fraction of the grpo→oracle gap closed: {label}",
+                summary[task][f"gap_closed:{key}"] = {"label": f"fraction of the grpo→{CEILING} gap closed: {label}",
                                                       "methods": by_method}
     return summary
 
@@ -344,7 +346,7 @@ def render_report(summary: dict, config: LabConfig, records: list[dict], command
         "Cells: mean ± half-width of the 95 % t interval over seeds; `Δ` is the paired difference to `grpo` on the "
         "same seed with its 95 % t interval (`*` when the interval excludes 0). `steps until solved` averages the "
         "solved runs only; the count of solved runs is shown beside it. The fraction of the gap closed is, per seed, "
-        "(method − grpo) / (oracle − grpo) (seeds where the two are equal left out); 0 is GRPO, 1 the oracle.", "",
+        f"(method − grpo) / ({CEILING} − grpo) (seeds where the two are equal left out); 0 is GRPO, 1 the {CEILING}.", "",
     ]
     for task, metrics in summary.items():
         lines += [f"## {task}", "", "| metric | " + " | ".join(config.methods) + " |",

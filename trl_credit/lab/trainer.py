@@ -91,6 +91,8 @@ class LabTrainer(CreditGRPOTrainer, _AdvantageRecorder):
         self.lab_grad_norms: dict[int, list[float]] = {}
         super().__init__(*args, **kwargs)
 
+    supplied_statistics = (*CreditGRPOTrainer.supplied_statistics, TASK_DECISIVE)
+
     def _batch_statistics(self, batch) -> dict[str, torch.Tensor]:
         # The ground truth travels with the batch; the product's trainer has no statistic of the kind.
         return {**super()._batch_statistics(batch), TASK_DECISIVE: batch[DECISIVE_KEY].float()}

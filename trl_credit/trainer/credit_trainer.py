@@ -28,6 +28,7 @@ from trl.trainer.utils import get_comet_experiment_url, get_config_model_id, get
 
 from ..methods.registry import (
     GENERATION_STATISTICS,
+    LOSS_FORWARD_STATISTICS,
     POLICY_ENTROPY,
     POLICY_LOGPS,
     POLICY_MAX_LOGPROB,
@@ -82,6 +83,8 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     config_class = CreditGRPOConfig
     _credit_method: str | None = None  # set by the single-method subclasses
+    # The statistics this trainer computes; a subclass that knows more (the credit lab's ground truth) extends it.
+    supplied_statistics: tuple[str, ...] = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
     _tag_names = ["trl", "grpo", "trl-credit"]
 
     def __init__(self, model, reward_funcs=None, args: CreditGRPOConfig | None = None, *pos_args, **kwargs):
@@ -119,6 +122,13 @@ class CreditGRPOTrainer(GRPOTrainer):
                 stacklevel=2,
             )
         requested = {name for m, hp in stack for name in m.statistics_for(hp)}
+        for method, hp in stack:
+            missing = [name for name in method.statistics_for(hp) if name not in self.supplied_statistics]
+            if missing:
+                raise ValueError(
+                    f"credit method {method.name!r} reads {missing}, which {type(self).__name__} does not compute "
+                    f"(it supplies {list(self.supplied_statistics)})"
+                )
         self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
         self._records_hidden = POLICY_MAX_LOGPROB in requested  # from the final hidden states of the forward
         # Statistics of the rollout policy's full distribution (not just the sampled token's log-prob, which TRL keeps).
