@@ -27,6 +27,10 @@ def _text(name: str) -> str:
     return (ROOT / name).read_text()
 
 
+def test_the_readme_stays_short():
+    assert len(_text("README.md").splitlines()) <= 150
+
+
 def test_generated_tables_are_up_to_date():
     assert doc_tables.stale_documents(ROOT) == [], "run: python -m trl_credit.doc_tables"
 
