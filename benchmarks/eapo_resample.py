@@ -34,8 +34,9 @@ OUTPUT = _common.REPO_ROOT / "docs" / "eapo_resample"
 WINDOW = 4  # tokens between the high- and the low-entropy cut, at most
 
 
-def _sample(model, tokenizer, prefixes: list[list[int]], max_new_tokens: list[int], seed: int,
-            temperature: float) -> list[list[int]]:
+def _sample(
+    model, tokenizer, prefixes: list[list[int]], max_new_tokens: list[int], seed: int, temperature: float
+) -> list[list[int]]:
     """One sampled continuation per prefix (left-padded batch), each cut at its own budget and at the first eos."""
     import torch
 
@@ -46,8 +47,15 @@ def _sample(model, tokenizer, prefixes: list[list[int]], max_new_tokens: list[in
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prefixes])
     with torch.no_grad():
         output = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-            max_new_tokens=max(max_new_tokens), pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            do_sample=True,
+            temperature=temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=max(max_new_tokens),
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
         )
     continuations = []
     for row, budget in zip(output[:, width:].tolist(), max_new_tokens):
@@ -85,13 +93,13 @@ def run(args) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     rows = load_math_dataset("chain_sum", split="test", num_samples=args.problems, seed=args.seed)
-    prompts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
-               for row in rows]
+    prompts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True) for row in rows]
     prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
     golds = [str(row["solution"]) for row in rows]
 
-    responses = _sample(model, tokenizer, prompts, [args.max_new_tokens] * len(prompts), seed=args.seed,
-                        temperature=args.temperature)
+    responses = _sample(
+        model, tokenizer, prompts, [args.max_new_tokens] * len(prompts), seed=args.seed, temperature=args.temperature
+    )
     correct = _graded(tokenizer, golds, responses)
     records = []
     for index, (prompt, response, gold, ok) in enumerate(zip(prompts, responses, golds, correct)):
@@ -109,20 +117,34 @@ def run(args) -> dict:
         for cut in (high, low):
             prefixes += [prompt + response[:cut]] * args.continuations
             budgets += [args.max_new_tokens - cut] * args.continuations
-        continuations = _sample(model, tokenizer, prefixes, budgets, seed=args.seed * 100_000 + index,
-                                temperature=args.temperature)
+        continuations = _sample(
+            model, tokenizer, prefixes, budgets, seed=args.seed * 100_000 + index, temperature=args.temperature
+        )
         full = [response[: high if i < args.continuations else low] + c for i, c in enumerate(continuations)]
         grades = _graded(tokenizer, [gold] * len(full), full)
-        records.append({
-            "problem": index, "correct": ok, "length": len(response),
-            "high": {"position": high, "entropy": entropies[high],
-                     "success": sum(grades[: args.continuations]) / args.continuations},
-            "low": {"position": low, "entropy": entropies[low],
-                    "success": sum(grades[args.continuations :]) / args.continuations},
-        })
-        print(f"eapo_resample: problem {index} ({'correct' if ok else 'incorrect'}): high-entropy cut at {high} "
-              f"({entropies[high]:.2f} nats) -> {records[-1]['high']['success']:.2f}, low at {low} "
-              f"({entropies[low]:.3f} nats) -> {records[-1]['low']['success']:.2f}", flush=True)
+        records.append(
+            {
+                "problem": index,
+                "correct": ok,
+                "length": len(response),
+                "high": {
+                    "position": high,
+                    "entropy": entropies[high],
+                    "success": sum(grades[: args.continuations]) / args.continuations,
+                },
+                "low": {
+                    "position": low,
+                    "entropy": entropies[low],
+                    "success": sum(grades[args.continuations :]) / args.continuations,
+                },
+            }
+        )
+        print(
+            f"eapo_resample: problem {index} ({'correct' if ok else 'incorrect'}): high-entropy cut at {high} "
+            f"({entropies[high]:.2f} nats) -> {records[-1]['high']['success']:.2f}, low at {low} "
+            f"({entropies[low]:.3f} nats) -> {records[-1]['low']['success']:.2f}",
+            flush=True,
+        )
     return {"records": records, "responses_correct": sum(correct), "responses": len(correct)}
 
 
@@ -136,7 +158,8 @@ def summarize(records: list[dict]) -> dict:
         low = [r["low"]["success"] for r in group]
         summary[label] = {
             "responses": len(group),
-            "high": t_interval(high).format(), "low": t_interval(low).format(),
+            "high": t_interval(high).format(),
+            "low": t_interval(low).format(),
             "high_minus_low": t_interval([h - lo for h, lo in zip(high, low)]).format(),
             "mean_entropy_high": t_interval([r["high"]["entropy"] for r in group]).format(),
             "mean_entropy_low": t_interval([r["low"]["entropy"] for r in group]).format(),
@@ -145,20 +168,28 @@ def summarize(records: list[dict]) -> dict:
 
 
 def render(summary: dict, result: dict, command: str, seconds: float, args) -> str:
-    lines = ["# Resampling from high- and low-entropy tokens (SmolLM2-135M-Instruct, chain sums)", "",
-             f"Command: `{command}`; {seconds / 60:.1f} min of wall time, seed {args.seed}, {args.threads} torch "
-             f"thread(s).", "",
-             f"{result['responses']} problems, one response each (temperature {args.temperature}, at most "
-             f"{args.max_new_tokens} tokens):"
-             f" {result['responses_correct']} correct. Each response is cut at its highest-entropy token (not the first or "
-             f"last) and at the lowest-entropy token within {WINDOW} tokens of it, and {args.continuations} continuations are sampled from each cut. Cells: mean "
-             "± 95 % t half-width over responses of the continuations' success rate.", "",
-             "| responses | n | success from the high-entropy cut | from the low-entropy cut | high − low (paired) "
-             "| entropy at the cuts (nats), high / low |", "|---|---|---|---|---|---|"]
+    lines = [
+        "# Resampling from high- and low-entropy tokens (SmolLM2-135M-Instruct, chain sums)",
+        "",
+        f"Command: `{command}`; {seconds / 60:.1f} min of wall time, seed {args.seed}, {args.threads} torch "
+        f"thread(s).",
+        "",
+        f"{result['responses']} problems, one response each (temperature {args.temperature}, at most "
+        f"{args.max_new_tokens} tokens):"
+        f" {result['responses_correct']} correct. Each response is cut at its highest-entropy token (not the first or "
+        f"last) and at the lowest-entropy token within {WINDOW} tokens of it, and {args.continuations} continuations are sampled from each cut. Cells: mean "
+        "± 95 % t half-width over responses of the continuations' success rate.",
+        "",
+        "| responses | n | success from the high-entropy cut | from the low-entropy cut | high − low (paired) "
+        "| entropy at the cuts (nats), high / low |",
+        "|---|---|---|---|---|---|",
+    ]
     for label in ("correct", "incorrect"):
         s = summary[label]
-        lines.append(f"| originally {label} | {s['responses']} | {s['high']} | {s['low']} | {s['high_minus_low']} | "
-                     f"{s['mean_entropy_high']} / {s['mean_entropy_low']} |")
+        lines.append(
+            f"| originally {label} | {s['responses']} | {s['high']} | {s['low']} | {s['high_minus_low']} | "
+            f"{s['mean_entropy_high']} / {s['mean_entropy_low']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -184,8 +215,9 @@ def main(argv: list[str] | None = None) -> None:
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "benchmarks/eapo_resample.py", *(sys.argv[1:] if argv is None else argv)])
-    (output / "results.json").write_text(json.dumps({**result, "summary": summary, "command": command,
-                                                     "wall_seconds": seconds}, indent=1) + "\n")
+    (output / "results.json").write_text(
+        json.dumps({**result, "summary": summary, "command": command, "wall_seconds": seconds}, indent=1) + "\n"
+    )
     (output / "report.md").write_text(render(summary, result, command, seconds, args))
     print(render(summary, result, command, seconds, args))
 

@@ -71,10 +71,14 @@ def all_methods() -> list[str]:
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", help="local HF model folder (default: trl_credit.models.smollm2_135m_instruct_path())")
+    parser.add_argument(
+        "--model", help="local HF model folder (default: trl_credit.models.smollm2_135m_instruct_path())"
+    )
     parser.add_argument("--tiny", action="store_true", help="use the test suite's tiny random model (smoke runs)")
     parser.add_argument("--wheels", help="folder of wheels to install into /tmp/site when trl & co. are missing")
-    parser.add_argument("--methods", help="comma-separated methods of the generate regime (default: all, with controls)")
+    parser.add_argument(
+        "--methods", help="comma-separated methods of the generate regime (default: all, with controls)"
+    )
     parser.add_argument("--vllm-methods", default=",".join(VLLM_METHODS), help="methods of the vllm regime")
     parser.add_argument("--regimes", default="generate,vllm", help="comma-separated subset of generate,vllm")
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps per method (the first is warm-up)")
@@ -145,9 +149,16 @@ def kernel_check(config, device: str, num_tokens: int) -> dict:
         del want_logp, want_logq
         timed = {}
         for label, call in (
-            ("token_statistics", lambda: token_statistics(hidden, weight, token_ids_N=ids, temperature=0.7, transform=transform)),
-            ("hellinger_and_entropy", lambda: hellinger_and_entropy(
-                hidden, ref_hidden, weight, ref_weight, temperature=0.7, transform=transform)),
+            (
+                "token_statistics",
+                lambda: token_statistics(hidden, weight, token_ids_N=ids, temperature=0.7, transform=transform),
+            ),
+            (
+                "hellinger_and_entropy",
+                lambda: hellinger_and_entropy(
+                    hidden, ref_hidden, weight, ref_weight, temperature=0.7, transform=transform
+                ),
+            ),
         ):
             call()  # warm-up
             synchronize(device)
@@ -165,9 +176,13 @@ def kernel_check(config, device: str, num_tokens: int) -> dict:
             "entropy_hellinger": (entropy2.double() - want_entropy).abs().max().item(),
         }
         results[name] = {"max_abs_error": errors, "seconds": {k: v[0] for k, v in timed.items()}}
-        print(f"kernels [{name}] N={num_tokens} V={vocab_size} H={hidden_size} {half}: max abs error vs float64 "
-              + ", ".join(f"{k} {v:.1e}" for k, v in errors.items())
-              + "; " + ", ".join(f"{k} {v[0] * 1e3:.1f} ms" for k, v in timed.items()), flush=True)
+        print(
+            f"kernels [{name}] N={num_tokens} V={vocab_size} H={hidden_size} {half}: max abs error vs float64 "
+            + ", ".join(f"{k} {v:.1e}" for k, v in errors.items())
+            + "; "
+            + ", ".join(f"{k} {v[0] * 1e3:.1f} ms" for k, v in timed.items()),
+            flush=True,
+        )
     results["ok"] = all(e < 1e-3 for part in ("plain", "softcap") for e in results[part]["max_abs_error"].values())
     return results
 
@@ -255,19 +270,34 @@ def run_method(method: str, regime: str, args, model_path: str, output_dir: Path
     batch = args.prompts * args.generations
     vllm = regime == "vllm"
     config = CreditGRPOConfig(
-        output_dir=str(output_dir / f"{regime}-{method}"), credit_method="grpo" if method in CONTROLS else method,
-        beta=0.04 if method == "grpo_beta" else 0.0, use_cpu=not cuda, bf16=cuda, gradient_checkpointing=vllm,
-        per_device_train_batch_size=batch, num_generations=args.generations,
+        output_dir=str(output_dir / f"{regime}-{method}"),
+        credit_method="grpo" if method in CONTROLS else method,
+        beta=0.04 if method == "grpo_beta" else 0.0,
+        use_cpu=not cuda,
+        bf16=cuda,
+        gradient_checkpointing=vllm,
+        per_device_train_batch_size=batch,
+        num_generations=args.generations,
         max_completion_length=args.max_completion_length,
         generation_kwargs={"min_new_tokens": args.max_completion_length},  # every method scores the same tokens
-        max_steps=args.steps, learning_rate=1e-6, logging_steps=1, report_to="none", save_strategy="no", seed=0,
-        dataloader_num_workers=0, disable_tqdm=True,
+        max_steps=args.steps,
+        learning_rate=1e-6,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
         model_init_kwargs={"dtype": torch.bfloat16 if cuda else torch.float32},
     )
     timer = StepTimer()
     trainer = CreditGRPOTrainer(
-        model=model_path, reward_funcs=arithmetic_reward, args=config, processing_class=tokenizer,
-        train_dataset=arithmetic_dataset(args.prompts * args.steps), callbacks=[timer],
+        model=model_path,
+        reward_funcs=arithmetic_reward,
+        args=config,
+        processing_class=tokenizer,
+        train_dataset=arithmetic_dataset(args.prompts * args.steps),
+        callbacks=[timer],
         rollout_func=pool_rollout_func(pool) if vllm else None,
     )
     if vllm:
@@ -281,7 +311,10 @@ def run_method(method: str, regime: str, args, model_path: str, output_dir: Path
     weights = [e[f"{name}/mean_weight"] for e in logs if e.get(f"{name}/mean_weight") is not None]
     timed = timer.times[1:] or timer.times
     result = {
-        "regime": regime, "method": method, "steps": len(timer.times), "first_step_s": timer.times[0],
+        "regime": regime,
+        "method": method,
+        "steps": len(timer.times),
+        "first_step_s": timer.times[0],
         "step_s": statistics.mean(timed),
         "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
         "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30 if cuda else None,
@@ -328,13 +361,18 @@ def main(argv=None) -> dict:
         torch.set_num_threads(min(2, torch.get_num_threads()))
     start = time.perf_counter()
     regimes = args.regimes.split(",")
-    methods = {"generate": args.methods.split(",") if args.methods else all_methods(),
-               "vllm": args.vllm_methods.split(",")}
+    methods = {
+        "generate": args.methods.split(",") if args.methods else all_methods(),
+        "vllm": args.vllm_methods.split(","),
+    }
     unknown = {m for r in regimes for m in methods.get(r, [r])} - set(all_methods())
     if unknown or set(regimes) - set(methods):
         sys.exit(f"gpu_check: unknown methods or regimes {sorted(unknown | (set(regimes) - set(methods)))}")
-    print(f"gpu_check: torch {torch.__version__}, device {args.device}"
-          + (f" ({torch.cuda.get_device_name(0)})" if args.device == "cuda" else ""), flush=True)
+    print(
+        f"gpu_check: torch {torch.__version__}, device {args.device}"
+        + (f" ({torch.cuda.get_device_name(0)})" if args.device == "cuda" else ""),
+        flush=True,
+    )
     report = {"runs": [], "skipped": []}
     with tempfile.TemporaryDirectory() as tmp:
         model_path, random_weights = materialise_model(args, Path(tmp) / "model")
@@ -372,9 +410,14 @@ def main(argv=None) -> dict:
                 )
     report["wall_s"] = time.perf_counter() - start
     if report["skipped"]:
-        print(f"gpu_check: skipped (over --budget-s {args.budget_s:.0f} s): {', '.join(report['skipped'])}", flush=True)
-    print(f"gpu_check: kernels {'ok' if report['kernels']['ok'] else 'FAILED or error above 1e-3'}; "
-          f"{len(report.get('failed', []))} failed runs; total {report['wall_s']:.0f} s", flush=True)
+        print(
+            f"gpu_check: skipped (over --budget-s {args.budget_s:.0f} s): {', '.join(report['skipped'])}", flush=True
+        )
+    print(
+        f"gpu_check: kernels {'ok' if report['kernels']['ok'] else 'FAILED or error above 1e-3'}; "
+        f"{len(report.get('failed', []))} failed runs; total {report['wall_s']:.0f} s",
+        flush=True,
+    )
     if args.output:
         Path(args.output).write_text(json.dumps(report, indent=2))
     return report

@@ -40,30 +40,64 @@ STAGES = {
     "h8": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "8", *SEEDS],
     "h32": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "32", *SEEDS],
     "h128": [*FLOOR_AND_CEILING, *MDP, *STEPS_128, "--horizon", "128", *SEEDS],
-    "hitch": ["--methods", "grpo", "oracle", "taco", "stapo", "minp_support", "--tasks", "hitch", "--horizon", "16",
-              "--max_steps", "100", "--eval_samples", "16", "--pass_k", "1", "4", *SEEDS],
+    "hitch": [
+        "--methods",
+        "grpo",
+        "oracle",
+        "taco",
+        "stapo",
+        "minp_support",
+        "--tasks",
+        "hitch",
+        "--horizon",
+        "16",
+        "--max_steps",
+        "100",
+        "--eval_samples",
+        "16",
+        "--pass_k",
+        "1",
+        "4",
+        *SEEDS,
+    ],
     "k2": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "32", "--decisive", "2", *SEEDS],
     "k4": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "32", "--decisive", "4", *SEEDS],
     "g4": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "32", "--num_generations", "4", *SEEDS],
     "g16": [*FLOOR_AND_CEILING, *MDP, *STEPS, "--horizon", "32", "--num_generations", "16", *SEEDS],
     # The same runs as h128 plus the three methods: run_lab reuses h128's grpo and oracle runs.
-    "h128_methods": ["--methods", "grpo", "oracle", "taco", "eapo", "tide", *MDP, *STEPS_128, "--horizon", "128",
-                     *SEEDS],
+    "h128_methods": [
+        "--methods",
+        "grpo",
+        "oracle",
+        "taco",
+        "eapo",
+        "tide",
+        *MDP,
+        *STEPS_128,
+        "--horizon",
+        "128",
+        *SEEDS,
+    ],
 }
 STAGE_DIRS = {"h128_methods": "h128"}
 
 # Each sweep of TACO's Figure 3: (claim, [(level label, stage)], the end at which the claim says the gap is larger).
 SWEEPS = (
     ("the gap grows with the horizon H", [("H = 8", "h8"), ("H = 32", "h32"), ("H = 128", "h128")], "last"),
-    ("the gap grows as decisive tokens get sparser (fewer of H = 32)",
-     [("4 decisive", "k4"), ("2 decisive", "k2"), ("1 decisive", "h32")], "last"),
+    (
+        "the gap grows as decisive tokens get sparser (fewer of H = 32)",
+        [("4 decisive", "k4"), ("2 decisive", "k2"), ("1 decisive", "h32")],
+        "last",
+    ),
     ("the gap grows as the group shrinks (H = 32)", [("G = 16", "g16"), ("G = 8", "h32"), ("G = 4", "g4")], "last"),
 )
 BUDGET = 40  # steps every stage ran: the gaps are taken over these
 SOLVED_THRESHOLD, SOLVED_WINDOW = 0.8, 5  # the lab's defaults
 CLOSING_STAGE, CLOSING_HORIZON, CLOSING_METHODS = "h128", 128, ("taco", "eapo", "tide")
-GAP_METRICS = (("mean_reward", f"mean train reward, steps 1-{BUDGET}", 1),
-               ("steps_until_solved", f"steps until solved (unsolved by step {BUDGET} = {BUDGET + 1})", -1))
+GAP_METRICS = (
+    ("mean_reward", f"mean train reward, steps 1-{BUDGET}", 1),
+    ("steps_until_solved", f"steps until solved (unsolved by step {BUDGET} = {BUDGET + 1})", -1),
+)
 CLOSING_METRICS = (*GAP_METRICS, ("avg@16", "avg@16 after training (4 prompts × 16 samples)", 1))
 
 
@@ -108,19 +142,29 @@ def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
     if va + vb == 0:
         return statistics.fmean(b) - statistics.fmean(a), 0.0
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return statistics.fmean(b) - statistics.fmean(a), student_t_quantile(0.975, max(1, math.floor(df))) * math.sqrt(va + vb)
+    return statistics.fmean(b) - statistics.fmean(a), student_t_quantile(0.975, max(1, math.floor(df))) * math.sqrt(
+        va + vb
+    )
 
 
 def aggregate() -> str:
-    lines = ["# The credit lab against an oracle: horizon, sparsity, group size", "",
-             "Written by `python benchmarks/lab_regimes.py`. Every gap is taken over the first "
-             f"{BUDGET} optimizer steps (the budget of the H = 128 stages; the others ran 60). Gap = oracle − grpo on the same seed (for steps until "
-             "solved, grpo − oracle, so a positive gap always means the oracle is better); mean ± 95 % t half-width "
-             "over seeds; `end − start` is the difference of the gaps at the two ends of a sweep with Welch's 95 % "
-             "interval; `*` marks an interval that excludes 0.", ""]
+    lines = [
+        "# The credit lab against an oracle: horizon, sparsity, group size",
+        "",
+        "Written by `python benchmarks/lab_regimes.py`. Every gap is taken over the first "
+        f"{BUDGET} optimizer steps (the budget of the H = 128 stages; the others ran 60). Gap = oracle − grpo on the same seed (for steps until "
+        "solved, grpo − oracle, so a positive gap always means the oracle is better); mean ± 95 % t half-width "
+        "over seeds; `end − start` is the difference of the gaps at the two ends of a sweep with Welch's 95 % "
+        "interval; `*` marks an interval that excludes 0.",
+        "",
+    ]
     for claim, levels, _ in SWEEPS:
-        lines += [f"## {claim}", "", "| metric | " + " | ".join(label for label, _ in levels) + " | end − start |",
-                  "|---|" + "---|" * (len(levels) + 1)]
+        lines += [
+            f"## {claim}",
+            "",
+            "| metric | " + " | ".join(label for label, _ in levels) + " | end − start |",
+            "|---|" + "---|" * (len(levels) + 1),
+        ]
         for metric, label, sign in GAP_METRICS:
             cells, per_level = [], []
             for _, stage in levels:
@@ -132,15 +176,22 @@ def aggregate() -> str:
                 star = " *" if difference.n > 1 and difference.excludes_zero() else ""
                 cells.append(f"{difference.format()}{star} (grpo {g.format()}, oracle {o.format()})")
             welch = _welch(per_level[0], per_level[-1])
-            end = "–" if welch is None else (f"{welch[0]:.3g} ± {welch[1]:.3g}"
-                                             + (" *" if abs(welch[0]) > welch[1] else ""))
+            end = (
+                "–"
+                if welch is None
+                else (f"{welch[0]:.3g} ± {welch[1]:.3g}" + (" *" if abs(welch[0]) > welch[1] else ""))
+            )
             lines.append(f"| gap in {label} | " + " | ".join(cells) + f" | {end} |")
         lines.append("")
-    lines += [f"## Fraction of the gap each method closes (H = {CLOSING_HORIZON}, one decisive fork, G = 8)", "",
-              "Per seed (method − grpo) / (oracle − grpo), mean ± 95 % t half-width over the seeds with a gap; 0 is "
-              "GRPO, 1 the oracle. Below each, the method's own value and its paired difference to GRPO.", "",
-              "| method | " + " | ".join(label for _, label, _ in CLOSING_METRICS) + " |",
-              "|---|" + "---|" * len(CLOSING_METRICS)]
+    lines += [
+        f"## Fraction of the gap each method closes (H = {CLOSING_HORIZON}, one decisive fork, G = 8)",
+        "",
+        "Per seed (method − grpo) / (oracle − grpo), mean ± 95 % t half-width over the seeds with a gap; 0 is "
+        "GRPO, 1 the oracle. Below each, the method's own value and its paired difference to GRPO.",
+        "",
+        "| method | " + " | ".join(label for _, label, _ in CLOSING_METRICS) + " |",
+        "|---|" + "---|" * len(CLOSING_METRICS),
+    ]
     for method in CLOSING_METHODS:
         cells = []
         for metric, _, _ in CLOSING_METRICS:
@@ -148,16 +199,26 @@ def aggregate() -> str:
             fraction = gap_fraction(values[method], values["grpo"], values["oracle"])
             delta = paired_difference(values[method], values["grpo"])
             star = " *" if delta.n > 1 and delta.excludes_zero() else ""
-            cells.append(f"{fraction.format()}<br>({t_interval(list(values[method].values())).format()}; "
-                         f"Δ grpo {delta.format()}{star})")
+            cells.append(
+                f"{fraction.format()}<br>({t_interval(list(values[method].values())).format()}; "
+                f"Δ grpo {delta.format()}{star})"
+            )
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += contamination()
-    lines += ["## Commands and wall time", "",
-              "Wall time: the sum of the stage's runs (`wall_seconds` in its results.json: warm-up, training, "
-              "evaluation), on the 2 shared CPU cores.", "", "| stage | command | runs | wall time |", "|---|---|---|---|"]
+    lines += [
+        "## Commands and wall time",
+        "",
+        "Wall time: the sum of the stage's runs (`wall_seconds` in its results.json: warm-up, training, "
+        "evaluation), on the 2 shared CPU cores.",
+        "",
+        "| stage | command | runs | wall time |",
+        "|---|---|---|---|",
+    ]
     for stage, args in STAGES.items():
-        command = shlex.join(["trl-credit", "lab", *args, "--output_dir", f"docs/lab_regimes/{STAGE_DIRS.get(stage, stage)}"])
+        command = shlex.join(
+            ["trl-credit", "lab", *args, "--output_dir", f"docs/lab_regimes/{STAGE_DIRS.get(stage, stage)}"]
+        )
         runs = _stage_runs(stage, args)
         seconds = sum(r["wall_seconds"] for r in runs)
         lines.append(f"| {stage} | `{command}` | {len(runs)} | {seconds / 60:.1f} min |")
@@ -178,11 +239,16 @@ def contamination() -> list[str]:
         "p(z) peak / start": lambda ps: max(ps) / ps[0],
     }
     accuracy = {m: {r["seed"]: r["metrics"]["avg@16"] for r in runs if r["method"] == m} for m in methods}
-    lines = ["## Positive-credit contamination (`hitch`, H = 16, 100 steps)", "",
-             "`z` (never rewarded, in TACO's tail) makes the key, and so success, likely. Probability of `z` in a "
-             "fixed set of correct responses, probed every 10 steps; mean ± 95 % t half-width over seeds, `Δ` paired "
-             "to GRPO on the same seed.", "",
-             "| method | " + " | ".join(metrics) + " | avg@16 |", "|---|" + "---|" * (len(metrics) + 1)]
+    lines = [
+        "## Positive-credit contamination (`hitch`, H = 16, 100 steps)",
+        "",
+        "`z` (never rewarded, in TACO's tail) makes the key, and so success, likely. Probability of `z` in a "
+        "fixed set of correct responses, probed every 10 steps; mean ± 95 % t half-width over seeds, `Δ` paired "
+        "to GRPO on the same seed.",
+        "",
+        "| method | " + " | ".join(metrics) + " | avg@16 |",
+        "|---|" + "---|" * (len(metrics) + 1),
+    ]
     for method in methods:
         cells = []
         for name, metric in metrics.items():

@@ -41,8 +41,11 @@ def load_baseline(rev: str):
     try:
         for name in files:
             text = subprocess.run(
-                ["git", "show", f"{rev}:trl_credit/methods/{name}"], cwd=_common.REPO_ROOT,
-                capture_output=True, text=True, check=True,
+                ["git", "show", f"{rev}:trl_credit/methods/{name}"],
+                cwd=_common.REPO_ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout
             (target / name).write_text(text)
     except (subprocess.CalledProcessError, FileNotFoundError):
@@ -126,7 +129,12 @@ def main():
         results[code, regime] = json.loads(out.stdout.strip().splitlines()[-1])
         print(code, regime, json.dumps(results[code, regime]))
 
-    rows = [["floor `A[:, None] * H`", *(f"1.0x ({results['current', r]['floor_ms']:.2f} ms)" for r in ("warm", "default"))]]
+    rows = [
+        [
+            "floor `A[:, None] * H`",
+            *(f"1.0x ({results['current', r]['floor_ms']:.2f} ms)" for r in ("warm", "default")),
+        ]
+    ]
     for name in VARIANTS:
         row = [f"`{name}`"]
         for regime in ("warm", "default"):

@@ -50,8 +50,15 @@ def reshaping_points(args):
 def head_points(args):
     from trl_credit.statistics import hellinger_and_entropy
 
-    grid = [(512, 49_152, 128), (1024, 49_152, 128), (2048, 49_152, 128), (1024, 16_384, 128),
-            (1024, 151_936, 128), (1024, 49_152, 32), (1024, 49_152, 512)]
+    grid = [
+        (512, 49_152, 128),
+        (1024, 49_152, 128),
+        (2048, 49_152, 128),
+        (1024, 16_384, 128),
+        (1024, 151_936, 128),
+        (1024, 49_152, 32),
+        (1024, 49_152, 512),
+    ]
     points = []
     for n, v, h in grid:
         inputs = make_head_inputs(n, v, h)
@@ -96,15 +103,40 @@ def main():
     elapsed = time.perf_counter() - start
 
     names = ["taco", "eapo", "tide"]
-    rows = [[f"{p['B']} x {p['T']}", f"{p['floor_ns']:.2f}", *(f"{p['ratios'][n]:.1f}x" for n in names),
-             *(f"{p['ratios'][n] * p['floor_ns']:.1f}" for n in ("taco", "eapo", "tide"))] for p in reshaping]
+    rows = [
+        [
+            f"{p['B']} x {p['T']}",
+            f"{p['floor_ns']:.2f}",
+            *(f"{p['ratios'][n]:.1f}x" for n in names),
+            *(f"{p['ratios'][n] * p['floor_ns']:.1f}" for n in ("taco", "eapo", "tide")),
+        ]
+        for p in reshaping
+    ]
     reshape_table = _common.markdown_table(
-        ["B x T", "floor ns/token", *(f"`{n}` / floor" for n in names), "taco ns/token", "eapo ns/token",
-         "tide ns/token"], rows)
-    head_rows = [[f"{p['N']:,}", f"{p['V']:,}", p["H"], f"{p['s']:.2f} s",
-                  f"{p['s'] / (p['N'] * p['V']) * 1e9:.1f}", f"{r:+.0%}"] for p, r in zip(heads, residuals)]
+        [
+            "B x T",
+            "floor ns/token",
+            *(f"`{n}` / floor" for n in names),
+            "taco ns/token",
+            "eapo ns/token",
+            "tide ns/token",
+        ],
+        rows,
+    )
+    head_rows = [
+        [
+            f"{p['N']:,}",
+            f"{p['V']:,}",
+            p["H"],
+            f"{p['s']:.2f} s",
+            f"{p['s'] / (p['N'] * p['V']) * 1e9:.1f}",
+            f"{r:+.0%}",
+        ]
+        for p, r in zip(heads, residuals)
+    ]
     head_table = _common.markdown_table(
-        ["N", "V", "H", "streamed time", "ns per token x vocab row", "fit residual"], head_rows)
+        ["N", "V", "H", "streamed time", "ns per token x vocab row", "fit residual"], head_rows
+    )
 
     # 32B projection (Qwen2.5-32B / Qwen3-32B class: 64 layers, H = 5120, ~32.5e9 parameters, V = 151,936).
     params, hidden, vocab = 32.5e9, 5120, 151_936
@@ -122,7 +154,7 @@ def main():
     projection = f"""Per completion token, FLOPs (2 per multiply-add; N_params = {params:.3g}, H = {hidden}, V = {vocab:,}):
 
 * training step of GRPO itself: generation 2 N_params + forward/backward 6 N_params = {step_flops / 1e9:.0f} GFLOP;
-* TACO: 0 extra FLOPs of model compute (statistics come from the training forward); reshaping ~{reshaping[-1]['ratios']['taco'] * reshaping[-1]['floor_ns']:.0f} ns
+* TACO: 0 extra FLOPs of model compute (statistics come from the training forward); reshaping ~{reshaping[-1]["ratios"]["taco"] * reshaping[-1]["floor_ns"]:.0f} ns
   per token on this CPU (table above) -- for 1M tokens per step, ~{reshaping[-1]["ratios"]["taco"] * reshaping[-1]["floor_ns"]:.1f} ms;
 * EAPO: no extra forward where TRL runs its old-log-prob forward (vLLM importance sampling, off-policy steps: the
   entropies its fused LM head computed there) or samples with one `generate` call (one LM-head stream over the

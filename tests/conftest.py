@@ -17,10 +17,32 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-VOCAB_WORDS = [str(i) for i in range(100)] + list("+-*/=()?.,:;") + [
-    "what", "is", "the", "answer", "boxed", "\\boxed{", "}", "sum", "of", "and", "a", "b", "x", "y",
-    "solve", "problem", "step", "so", "then", "final",
-]
+VOCAB_WORDS = (
+    [str(i) for i in range(100)]
+    + list("+-*/=()?.,:;")
+    + [
+        "what",
+        "is",
+        "the",
+        "answer",
+        "boxed",
+        "\\boxed{",
+        "}",
+        "sum",
+        "of",
+        "and",
+        "a",
+        "b",
+        "x",
+        "y",
+        "solve",
+        "problem",
+        "step",
+        "so",
+        "then",
+        "final",
+    ]
+)
 
 
 def make_tiny_tokenizer():
@@ -35,7 +57,10 @@ def make_tiny_tokenizer():
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split("<|end|>", behavior="isolated")]
     )
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
         additional_special_tokens=specials[3:],
     )
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -53,10 +78,18 @@ def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 16):
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False, initializer_range=0.5,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        initializer_range=0.5,
     )
     return Qwen2ForCausalLM(config)
 
@@ -111,9 +144,19 @@ def tiny_config(method: str, output_dir, **overrides):
     from trl_credit import CreditGRPOConfig
 
     settings = dict(
-        credit_method=method, use_cpu=True, bf16=False, gradient_checkpointing=False,
-        per_device_train_batch_size=4, num_generations=4, max_completion_length=8, max_steps=3,
-        logging_steps=1, report_to="none", save_strategy="no", learning_rate=5e-2, seed=0,
+        credit_method=method,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=3,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        learning_rate=5e-2,
+        seed=0,
         dataloader_num_workers=0,
     )
     # Method hyperparameters go where a user sets them: `credit_kwargs`.

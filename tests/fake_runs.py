@@ -44,10 +44,19 @@ def fake_token_credit_records(method: str = "taco", steps: int = 3, per_step: in
             tokens = [rng.choice(WORDS) for _ in range(length)]
             records.append(
                 viz.token_credit_record(
-                    step=step, method=method, prompt="What is 3 + 4?", completion="".join(tokens),
-                    reward=rewards[row], advantage=advantages_B[row], token_ids=torch.arange(length),
-                    token_advantages=token_adv_BT[row], logps=logps_BT[row], entropies=entropy_BT[row],
-                    mask=mask_BT[row], tokens=tokens, statistic=statistic_BT[row],
+                    step=step,
+                    method=method,
+                    prompt="What is 3 + 4?",
+                    completion="".join(tokens),
+                    reward=rewards[row],
+                    advantage=advantages_B[row],
+                    token_ids=torch.arange(length),
+                    token_advantages=token_adv_BT[row],
+                    logps=logps_BT[row],
+                    entropies=entropy_BT[row],
+                    mask=mask_BT[row],
+                    tokens=tokens,
+                    statistic=statistic_BT[row],
                 )
             )
     return records
@@ -76,7 +85,14 @@ def write_fake_trainer_state(
         if method == "taco":
             entry.update({"taco/mean_weight": 0.99, "taco/tail_fraction": 0.02, "taco/mean_tail_risk": -2.0})
         elif method == "eapo":
-            entry.update({"eapo/mean_weight": 1.0, "eapo/q_lo": 0.1, "eapo/q_hi": 2.0 - progress, "eapo/kappa": math.log(4) * (1 - progress)})
+            entry.update(
+                {
+                    "eapo/mean_weight": 1.0,
+                    "eapo/q_lo": 0.1,
+                    "eapo/q_hi": 2.0 - progress,
+                    "eapo/kappa": math.log(4) * (1 - progress),
+                }
+            )
         entry["credit/adv_abs_mean"] = 0.5
         history.append(entry)
     # Trainer.train() ends with a summary entry that has no per-step metrics: plots must skip it.

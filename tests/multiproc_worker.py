@@ -160,8 +160,11 @@ def train_method(out: Path, engine: str, method: str, run_name: str | None = Non
     args = tiny_config(method, out / run_name, **overrides)
     trainer_class = UnevenRecordingTrainer if uneven else RecordingTrainer
     trainer = trainer_class(
-        model=make_tiny_model(tokenizer), reward_funcs=char_reward, args=args,
-        train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
+        model=make_tiny_model(tokenizer),
+        reward_funcs=char_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
     )
     accelerator = trainer.accelerator
     assert accelerator.num_processes == 2, accelerator.state
@@ -183,12 +186,20 @@ def train_method(out: Path, engine: str, method: str, run_name: str | None = Non
     final_state = full_state_dict(trainer._unwrapped())
     checksum = sum(value.double().sum().item() for value in final_state.values())
     torch.save(
-        {"records": trainer.records, "reference_state": reference_state, "checksum": checksum,
-         "engine": engine_info, "max_steps": args.max_steps, "head_layouts": trainer.head_layouts,
-         "temperature": trainer.temperature, "args": {
-             name: value for m in ("taco", "eapo", "tide")
-             for name, value in CREDIT_METHODS[m].hyperparameters(None, args.credit_kwargs).items()
-         }},
+        {
+            "records": trainer.records,
+            "reference_state": reference_state,
+            "checksum": checksum,
+            "engine": engine_info,
+            "max_steps": args.max_steps,
+            "head_layouts": trainer.head_layouts,
+            "temperature": trainer.temperature,
+            "args": {
+                name: value
+                for m in ("taco", "eapo", "tide")
+                for name, value in CREDIT_METHODS[m].hyperparameters(None, args.credit_kwargs).items()
+            },
+        },
         out / f"{run_name}_rank{rank}.pt",
     )
     if rank == 0:
@@ -220,9 +231,13 @@ def check_fsdp2_tide_helpers(out: Path, rank: int) -> None:
     def statistics(policy_model, reference_model):
         with unsharded_root(policy_model), unsharded_root(reference_model):
             hidden = final_hidden(policy_model, input_ids=input_ids, attention_mask=attention_mask).flatten(0, 1)
-            ref_hidden = final_hidden(reference_model, input_ids=input_ids, attention_mask=attention_mask).flatten(0, 1)
+            ref_hidden = final_hidden(reference_model, input_ids=input_ids, attention_mask=attention_mask).flatten(
+                0, 1
+            )
             with full_lm_head(policy_model) as (weight, bias), full_lm_head(reference_model) as (ref_weight, ref_bias):
-                return hellinger_and_entropy(hidden, ref_hidden, weight, ref_weight, bias, ref_bias, vocab_chunk_size=32)
+                return hellinger_and_entropy(
+                    hidden, ref_hidden, weight, ref_weight, bias, ref_bias, vocab_chunk_size=32
+                )
 
     head_was_sharded = isinstance(policy.lm_head.weight, DTensor)
     local_rows = policy.lm_head.weight.to_local().shape[0]
@@ -255,12 +270,18 @@ def _uneven_mask_statistics(policy, reference, input_ids, rank):
     from trl_credit.trainer.sources import deviation_and_entropy
 
     batch = {
-        "prompt_ids": input_ids[:, :3], "prompt_mask": torch.ones_like(input_ids[:, :3]),
-        "completion_ids": input_ids[:, 3:], "completion_mask": torch.ones_like(input_ids[:, 3:]) * (rank == 0),
+        "prompt_ids": input_ids[:, :3],
+        "prompt_mask": torch.ones_like(input_ids[:, :3]),
+        "completion_ids": input_ids[:, 3:],
+        "completion_mask": torch.ones_like(input_ids[:, 3:]) * (rank == 0),
     }
     context = SimpleNamespace(  # what the function reads of the trainer; one row per chunk: two chunks per rank
-        accelerator=SimpleNamespace(unwrap_model=lambda model: model), model=policy, temperature=1.0,
-        args=SimpleNamespace(gradient_checkpointing_kwargs=None, statistics_token_chunk_size=4, statistics_vocab_chunk_size=32),
+        accelerator=SimpleNamespace(unwrap_model=lambda model: model),
+        model=policy,
+        temperature=1.0,
+        args=SimpleNamespace(
+            gradient_checkpointing_kwargs=None, statistics_token_chunk_size=4, statistics_vocab_chunk_size=32
+        ),
         _forward_batch_size=lambda: 1,
     )
     reference_side = SimpleNamespace(model_and_context=lambda: (reference, nullcontext()))

@@ -33,20 +33,26 @@ RECORDS: list[dict] = []
 
 @register_credit_method("probe_generation", statistics=(ROLLOUT_LOGPS, ROLLOUT_ENTROPY, REFERENCE_DEVIATION))
 def probe_generation(batch):
-    RECORDS.append({"stage": "generation", "mask": batch.mask_BT.clone(), **{k: v.clone() for k, v in batch.statistics.items()}})
+    RECORDS.append(
+        {"stage": "generation", "mask": batch.mask_BT.clone(), **{k: v.clone() for k, v in batch.statistics.items()}}
+    )
     return batch.advantages_BT
 
 
 @register_credit_method("probe_rollout", statistics=(ROLLOUT_LOGPS, ROLLOUT_ENTROPY))
 def probe_rollout(batch):
     """The rollout statistics without a deviation: EAPO's and AR-Lopti's case, where no hidden states are needed."""
-    RECORDS.append({"stage": "generation", "mask": batch.mask_BT.clone(), **{k: v.clone() for k, v in batch.statistics.items()}})
+    RECORDS.append(
+        {"stage": "generation", "mask": batch.mask_BT.clone(), **{k: v.clone() for k, v in batch.statistics.items()}}
+    )
     return batch.advantages_BT
 
 
 @register_credit_method("probe_forward", statistics=(POLICY_LOGPS, POLICY_ENTROPY))
 def probe_forward(batch):
-    RECORDS.append({"stage": "forward", "mask": batch.mask_BT.clone(), **{k: v.clone() for k, v in batch.statistics.items()}})
+    RECORDS.append(
+        {"stage": "forward", "mask": batch.mask_BT.clone(), **{k: v.clone() for k, v in batch.statistics.items()}}
+    )
     return batch.advantages_BT
 
 
@@ -58,9 +64,18 @@ def _tiny(family: str, vocab_size: int, pad_id: int, eos_id: int):
     import transformers
 
     common = dict(
-        vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=256, pad_token_id=pad_id, eos_token_id=eos_id,
-        bos_token_id=eos_id, tie_word_embeddings=False, initializer_range=0.5,
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=eos_id,
+        tie_word_embeddings=False,
+        initializer_range=0.5,
     )
     families = {
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
@@ -114,7 +129,11 @@ def _prompts_of_several_lengths():
 
 @pytest.mark.parametrize(
     "temperature,generation_kwargs",
-    [(1.0, None), (0.7, {"top_k": 5, "repetition_penalty": 1.3, "prefill_chunk_size": 4}), (1.0, {"use_cache": False})],
+    [
+        (1.0, None),
+        (0.7, {"top_k": 5, "repetition_penalty": 1.3, "prefill_chunk_size": 4}),
+        (1.0, {"use_cache": False}),
+    ],
     ids=["t1.0", "t0.7-topk-reppen-prefill", "t1.0-no-kv-cache"],
 )
 @pytest.mark.parametrize("family", FAMILIES)
@@ -125,23 +144,37 @@ def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, 
     model = _tiny(family, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
     initial = copy.deepcopy(model).eval()
     args = tiny_config(
-        "probe_generation+probe_forward", tmp_path, max_steps=1, temperature=temperature,
-        generation_kwargs=generation_kwargs, max_completion_length=6, per_device_train_batch_size=8, num_generations=2,
+        "probe_generation+probe_forward",
+        tmp_path,
+        max_steps=1,
+        temperature=temperature,
+        generation_kwargs=generation_kwargs,
+        max_completion_length=6,
+        per_device_train_batch_size=8,
+        num_generations=2,
     )
     trainer = BatchKeeper(
-        model=model, reward_funcs=length_reward, args=args, train_dataset=_prompts_of_several_lengths(),
+        model=model,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=_prompts_of_several_lengths(),
         processing_class=tokenizer,
     )
     # Which models the deviation pass runs a forward of: the policy's hidden states come from `generate`, which
     # records them only when it decodes with a KV cache; without one the policy's backbone runs again.
     forwarded = []
-    monkeypatch.setattr(sources, "completion_hidden", lambda m, *a, **k: forwarded.append(m) or completion_hidden(m, *a, **k))
+    monkeypatch.setattr(
+        sources, "completion_hidden", lambda m, *a, **k: forwarded.append(m) or completion_hidden(m, *a, **k)
+    )
     reference = trainer.deviation_reference.model
     reference_snapshot = _perturbed(reference)
     RECORDS.clear()
     trainer.train()
 
-    generation, forward = [r for r in RECORDS if r["stage"] == "generation"], [r for r in RECORDS if r["stage"] == "forward"]
+    generation, forward = (
+        [r for r in RECORDS if r["stage"] == "generation"],
+        [r for r in RECORDS if r["stage"] == "forward"],
+    )
     assert len(generation) == 1 and len(forward) == 1
     assert any(m is reference for m in forwarded)
     assert any(m is model for m in forwarded) == (generation_kwargs == {"use_cache": False})
@@ -168,7 +201,9 @@ def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, 
 @pytest.mark.parametrize("probe", ["probe_rollout", "probe_generation"])
 @pytest.mark.parametrize("branch", ["vllm", "off_policy", "on_policy"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(tmp_path, monkeypatch, family, branch, probe):
+def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
+    tmp_path, monkeypatch, family, branch, probe
+):
     """Where TRL runs its old-log-prob forward and no `generate` call samples the batch (a `rollout_func`), the
     rollout statistics come from that forward: equal to the model's own logits, and no second policy forward runs.
 
@@ -186,12 +221,22 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(tmp_p
     initial = copy.deepcopy(model).eval()
     off_policy = {"steps_per_generation": 2} if branch == "off_policy" else {}
     args = tiny_config(
-        f"{probe}+probe_forward", tmp_path, max_steps=1, temperature=0.7, max_completion_length=6,
-        per_device_train_batch_size=8, num_generations=2, **off_policy,
+        f"{probe}+probe_forward",
+        tmp_path,
+        max_steps=1,
+        temperature=0.7,
+        max_completion_length=6,
+        per_device_train_batch_size=8,
+        num_generations=2,
+        **off_policy,
     )
     trainer = BatchKeeper(
-        model=model, reward_funcs=length_reward, args=args, train_dataset=_prompts_of_several_lengths(),
-        processing_class=tokenizer, rollout_func=make_rollout_func(vary_lengths=True),
+        model=model,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=_prompts_of_several_lengths(),
+        processing_class=tokenizer,
+        rollout_func=make_rollout_func(vary_lengths=True),
     )
     if branch == "vllm":
         trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
@@ -202,9 +247,13 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(tmp_p
         lambda module, args, kwargs: no_cache_forwards.append(1) if kwargs.get("use_cache") is False else None,
         with_kwargs=True,
     )
-    monkeypatch.setattr(sources, "completion_hidden", lambda m, *a, **k: hidden_forwards.append(m) or completion_hidden(m, *a, **k))
+    monkeypatch.setattr(
+        sources, "completion_hidden", lambda m, *a, **k: hidden_forwards.append(m) or completion_hidden(m, *a, **k)
+    )
     trl_forward = trainer._get_per_token_logps_and_entropies
-    monkeypatch.setattr(trainer, "_get_per_token_logps_and_entropies", lambda *a, **k: trl_forwards.append(1) or trl_forward(*a, **k))
+    monkeypatch.setattr(
+        trainer, "_get_per_token_logps_and_entropies", lambda *a, **k: trl_forwards.append(1) or trl_forward(*a, **k)
+    )
     reference_snapshot = _perturbed(trainer.deviation_reference.model) if trainer.deviation_reference else None
     RECORDS.clear()
     trainer.train()
@@ -243,33 +292,66 @@ def test_deviation_pass_passes_image_inputs_to_a_vision_language_model():
     from trl_credit.statistics import hellinger_and_entropy
     from trl_credit.trainer.engines import final_hidden, full_lm_head, logit_transform
 
-    text = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]},
-                max_position_embeddings=128)
-    vision = dict(depth=1, embed_dim=16, hidden_size=32, num_heads=2, in_channels=3, patch_size=2,
-                  spatial_merge_size=1, temporal_patch_size=1, mlp_ratio=2)
-    config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=5,
-                                        vision_start_token_id=6, vision_end_token_id=7, video_token_id=8,
-                                        bos_token_id=1, eos_token_id=2)
+    text = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]},
+        max_position_embeddings=128,
+    )
+    vision = dict(
+        depth=1,
+        embed_dim=16,
+        hidden_size=32,
+        num_heads=2,
+        in_channels=3,
+        patch_size=2,
+        spatial_merge_size=1,
+        temporal_patch_size=1,
+        mlp_ratio=2,
+    )
+    config = transformers.Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=5,
+        vision_start_token_id=6,
+        vision_end_token_id=7,
+        video_token_id=8,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     policy = transformers.Qwen2VLForConditionalGeneration(config).eval()
     torch.manual_seed(1)
     reference = transformers.Qwen2VLForConditionalGeneration(config).eval()
     grid = torch.tensor([[1, 2, 2]])  # one image of 2 x 2 patches -> 4 image tokens
     input_ids = torch.tensor([[9, 6, 5, 5, 5, 5, 7, 10, 11, 12, 13]])
-    inputs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                  pixel_values=torch.randn(4, 3 * 2 * 2), image_grid_thw=grid, mm_token_type_ids=(input_ids == 5).long())
+    inputs = dict(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        pixel_values=torch.randn(4, 3 * 2 * 2),
+        image_grid_thw=grid,
+        mm_token_type_ids=(input_ids == 5).long(),
+    )
     hidden, ref_hidden = final_hidden(policy, **inputs)[0], final_hidden(reference, **inputs)[0]
     with full_lm_head(policy) as (weight, bias), full_lm_head(reference) as (ref_weight, ref_bias):
-        deviation, entropy = hellinger_and_entropy(hidden, ref_hidden, weight, ref_weight, bias, ref_bias,
-                                                   temperature=0.7, transform=logit_transform(policy))
+        deviation, entropy = hellinger_and_entropy(
+            hidden, ref_hidden, weight, ref_weight, bias, ref_bias, temperature=0.7, transform=logit_transform(policy)
+        )
     logp = torch.log_softmax(policy(**inputs).logits[0].double() / 0.7, -1)
     logq = torch.log_softmax(reference(**inputs).logits[0].double() / 0.7, -1)
     torch.testing.assert_close(entropy.double(), -(logp.exp() * logp).sum(-1), atol=1e-5, rtol=1e-5)
     want = (1 - torch.exp(0.5 * (logp + logq)).sum(-1)).clamp(0, 1)
     torch.testing.assert_close(deviation.double(), want, atol=1e-5, rtol=1e-5)
-    without_image = final_hidden(policy, input_ids=input_ids, attention_mask=inputs["attention_mask"],
-                                 mm_token_type_ids=inputs["mm_token_type_ids"])[0]
+    without_image = final_hidden(
+        policy,
+        input_ids=input_ids,
+        attention_mask=inputs["attention_mask"],
+        mm_token_type_ids=inputs["mm_token_type_ids"],
+    )[0]
     assert (without_image - hidden).abs().max() > 1e-3  # the image changed the hidden states: not a vacuous check
 
 
@@ -283,13 +365,31 @@ def test_scoring_forward_is_told_apart_from_trls_peft_reference_forward(tmp_path
     tokenizer = make_tiny_tokenizer()
     model = _tiny("qwen2", len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
     # Random B matrices (not LoRA's zeros), so the adapter changes the distribution from the first step.
-    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
-                           task_type="CAUSAL_LM", init_lora_weights=False)
-    args = tiny_config("probe_rollout+probe_forward", tmp_path, max_steps=1, beta=0.04, max_completion_length=6,
-                       per_device_train_batch_size=8, num_generations=2)
+    lora = peft.LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "v_proj"],
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+        init_lora_weights=False,
+    )
+    args = tiny_config(
+        "probe_rollout+probe_forward",
+        tmp_path,
+        max_steps=1,
+        beta=0.04,
+        max_completion_length=6,
+        per_device_train_batch_size=8,
+        num_generations=2,
+    )
     trainer = BatchKeeper(
-        model=model, reward_funcs=length_reward, args=args, train_dataset=_prompts_of_several_lengths(),
-        processing_class=tokenizer, rollout_func=make_rollout_func(vary_lengths=True), peft_config=lora,
+        model=model,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=_prompts_of_several_lengths(),
+        processing_class=tokenizer,
+        rollout_func=make_rollout_func(vary_lengths=True),
+        peft_config=lora,
     )
     trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
     # The initial policy, in a model TRL did not patch (a copy of the patched one would call the original's forward).
@@ -298,7 +398,9 @@ def test_scoring_forward_is_told_apart_from_trls_peft_reference_forward(tmp_path
     initial.eval()
     trl_forwards = []
     trl_forward = trainer._get_per_token_logps_and_entropies
-    monkeypatch.setattr(trainer, "_get_per_token_logps_and_entropies", lambda *a, **k: trl_forwards.append(1) or trl_forward(*a, **k))
+    monkeypatch.setattr(
+        trainer, "_get_per_token_logps_and_entropies", lambda *a, **k: trl_forwards.append(1) or trl_forward(*a, **k)
+    )
     RECORDS.clear()
     trainer.train()
 

@@ -43,8 +43,13 @@ from trl_credit.trainer.sources import policy_logps_and_entropy
 
 BASELINES = ["stapo", "tampo", "minp_support", "ar_lopti", "clip_cov", "high_entropy", "entropy_adv"]
 PAPERS = {
-    "stapo": "2602.15620", "tampo": "2607.07976", "minp_support": "2607.07976", "ar_lopti": "2505.12929",
-    "clip_cov": "2505.22617", "high_entropy": "2506.01939", "entropy_adv": "2506.14758",
+    "stapo": "2602.15620",
+    "tampo": "2607.07976",
+    "minp_support": "2607.07976",
+    "ar_lopti": "2505.12929",
+    "clip_cov": "2505.22617",
+    "high_entropy": "2506.01939",
+    "entropy_adv": "2506.14758",
 }
 L = math.log
 
@@ -147,7 +152,9 @@ def test_streamed_max_logprob_equals_full_logits():
     hidden, weight, bias = torch.randn(13, 8), torch.randn(40, 8), torch.randn(40)
     for temperature in (1.0, 0.6):
         full = torch.log_softmax((hidden @ weight.T + bias) / temperature, dim=-1).amax(-1)
-        streamed = token_statistics(hidden, weight, bias, temperature=temperature, token_chunk_size=4, vocab_chunk_size=7).max_logprob
+        streamed = token_statistics(
+            hidden, weight, bias, temperature=temperature, token_chunk_size=4, vocab_chunk_size=7
+        ).max_logprob
         torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
 
 
@@ -198,8 +205,16 @@ def test_clip_cov_draw_is_seeded():
     mask = torch.ones(4, 50)
 
     def draw(seed, step):
-        return clip_cov_advantages(advantages, logps, logps, mask, ratio=0.02, lb=0.0, ub=100.0,
-                                   generator=clip_cov_generator(seed, step, mask))[1]
+        return clip_cov_advantages(
+            advantages,
+            logps,
+            logps,
+            mask,
+            ratio=0.02,
+            lb=0.0,
+            ub=100.0,
+            generator=clip_cov_generator(seed, step, mask),
+        )[1]
 
     first = draw(0, 3)
     assert first.sum() == 4  # max(int(0.02 * 200), 1)
@@ -270,7 +285,11 @@ def test_registered_with_paper_arguments_and_checks(name):
     first_check = next(iter(method.checks))
     with pytest.raises(ValueError, match=first_check):
         CreditGRPOConfig(
-            output_dir="/tmp/unused", credit_method=name, use_cpu=True, report_to="none", credit_kwargs={first_check: -1}
+            output_dir="/tmp/unused",
+            credit_method=name,
+            use_cpu=True,
+            report_to="none",
+            credit_kwargs={first_check: -1},
         )
 
 
@@ -294,17 +313,30 @@ def _expected(method, args, inputs, logps, entropy, max_logps, step):
     advantages = inputs["credit_sequence_advantages"].float().unsqueeze(1) * mask
     args = types.SimpleNamespace(**{**vars(args), **args.credit_hyperparameters()})
     if method == "stapo":
-        return stapo_advantages(advantages, logps, entropy, mask, args.stapo_prob_threshold, args.stapo_entropy_quantile)[:2]
+        return stapo_advantages(
+            advantages, logps, entropy, mask, args.stapo_prob_threshold, args.stapo_entropy_quantile
+        )[:2]
     if method == "tampo":
-        return tampo_advantages(advantages, logps, entropy, mask, args.tampo_prob_threshold, args.tampo_entropy_threshold)
+        return tampo_advantages(
+            advantages, logps, entropy, mask, args.tampo_prob_threshold, args.tampo_entropy_threshold
+        )
     if method == "minp_support":
         return advantages, minp_support_weights(advantages, logps, max_logps, mask, args.minp_support_min_p)
     if method == "ar_lopti":  # one micro-batch per generation batch: the policy is still the rollout policy
         return ar_lopti_advantages(advantages, logps, mask, args.ar_lopti_alpha), None
     if method == "clip_cov":
         generator = clip_cov_generator(args.clip_cov_seed, step, mask)
-        out = clip_cov_advantages(advantages, logps, logps, mask, (args.epsilon, args.epsilon_high or args.epsilon),
-                                  args.clip_cov_ratio, args.clip_cov_lb, args.clip_cov_ub, generator)
+        out = clip_cov_advantages(
+            advantages,
+            logps,
+            logps,
+            mask,
+            (args.epsilon, args.epsilon_high or args.epsilon),
+            args.clip_cov_ratio,
+            args.clip_cov_lb,
+            args.clip_cov_ub,
+            generator,
+        )
         return out[0], None
     if method == "high_entropy":
         return high_entropy_advantages(advantages, entropy, mask, args.high_entropy_top_ratio)
@@ -338,9 +370,13 @@ class LossRecorder:
             return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
 
         def inner_loss(trainer_self, model, inputs):
-            loss = original_loss(trainer_self, model, inputs)  # the hook path fills inputs["advantages"] in the forward
+            loss = original_loss(
+                trainer_self, model, inputs
+            )  # the hook path fills inputs["advantages"] in the forward
             buffered = dict(inputs, completion_mask=self.batch["completion_mask"])
-            expected = _expected(trainer.credit_method, trainer.args, buffered, *self.statistics, trainer.state.global_step)
+            expected = _expected(
+                trainer.credit_method, trainer.args, buffered, *self.statistics, trainer.state.global_step
+            )
             if expected is not None:
                 advantages, loss_mask = expected
                 torch.testing.assert_close(inputs["advantages"], advantages, atol=1e-4, rtol=1e-4)
@@ -383,8 +419,13 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, meth
     options = dict(options)
     trainer_class = ToolMasked if options.pop("tool_mask", False) else CreditGRPOTrainer
     args = tiny_config(method, tmp_path / "out", max_steps=2, **options)
-    trainer = trainer_class(model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
-                            train_dataset=tiny_prompt_dataset(), processing_class=tokenizer)
+    trainer = trainer_class(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
     recorder = LossRecorder(monkeypatch, trainer)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
@@ -405,11 +446,18 @@ def test_max_logprob_statistic_equals_full_logits(monkeypatch, tmp_path, tool_ma
     tokenizer = make_tiny_tokenizer()
     args = tiny_config("minp_support", tmp_path / "out", max_steps=1, temperature=0.7)
     trainer = (ToolMasked if tool_mask else CreditGRPOTrainer)(
-        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(),
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
         processing_class=tokenizer,
     )
     forwards = []  # the trainer's own no-grad forwards of the micro-batch
-    monkeypatch.setattr(credit_trainer, "policy_logps_and_entropy", lambda *a, **k: forwards.append(1) or policy_logps_and_entropy(*a, **k))
+    monkeypatch.setattr(
+        credit_trainer,
+        "policy_logps_and_entropy",
+        lambda *a, **k: forwards.append(1) or policy_logps_and_entropy(*a, **k),
+    )
     checked = []
     original = trainer._forward_statistics
 
@@ -418,7 +466,9 @@ def test_max_logprob_statistic_equals_full_logits(monkeypatch, tmp_path, tool_ma
         with torch.no_grad():
             _, _, max_logps = _naive_statistics(trainer.model, batch, trainer.temperature)
         mask = batch["completion_mask"].bool()
-        torch.testing.assert_close(statistics["policy_max_logprob"], torch.where(mask, max_logps, 0.0), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(
+            statistics["policy_max_logprob"], torch.where(mask, max_logps, 0.0), atol=1e-4, rtol=1e-4
+        )
         checked.append(1)
         return statistics
 
@@ -431,14 +481,30 @@ def test_cli_trains_stapo(tmp_path, tiny_model_dir):
     from trl_credit.cli import main as cli_main
 
     data = tmp_path / "problems.jsonl"
-    data.write_text("".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8)))
+    data.write_text(
+        "".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8))
+    )
     recipe, output_dir = tmp_path / "recipe.yaml", tmp_path / "run"
-    recipe.write_text(yaml.safe_dump({
-        "model_name_or_path": tiny_model_dir, "dataset_name": str(data), "reward_funcs": ["format"],
-        "output_dir": str(output_dir), "use_cpu": True, "bf16": False, "gradient_checkpointing": False,
-        "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 6, "max_steps": 2,
-        "logging_steps": 1, "report_to": "none", "save_strategy": "no",
-    }))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "model_name_or_path": tiny_model_dir,
+                "dataset_name": str(data),
+                "reward_funcs": ["format"],
+                "output_dir": str(output_dir),
+                "use_cpu": True,
+                "bf16": False,
+                "gradient_checkpointing": False,
+                "per_device_train_batch_size": 4,
+                "num_generations": 4,
+                "max_completion_length": 6,
+                "max_steps": 2,
+                "logging_steps": 1,
+                "report_to": "none",
+                "save_strategy": "no",
+            }
+        )
+    )
     assert cli_main(["grpo", "--config", str(recipe), "--method", "stapo", "--stapo_prob_threshold", "0.01"]) == 0
     card = (output_dir / "README.md").read_text()
     assert "stapo_prob_threshold" in card and "0.01" in card and "2602.15620" in card
@@ -451,11 +517,20 @@ def test_effective_coefficient_of_a_dropped_token_is_the_official_rule_under_bnp
     `dapo` the dropped tokens still count in the normaliser, so it differs (and the trainer warns)."""
     tokenizer = make_tiny_tokenizer()
     args = tiny_config(
-        "stapo", tmp_path / loss_type, max_steps=1, loss_type=loss_type, stapo_prob_threshold=0.05,
+        "stapo",
+        tmp_path / loss_type,
+        max_steps=1,
+        loss_type=loss_type,
+        stapo_prob_threshold=0.05,
         stapo_entropy_quantile=0.5,
     )
-    trainer = CreditGRPOTrainer(model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
-                                train_dataset=tiny_prompt_dataset(), processing_class=tokenizer)
+    trainer = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
     compared = []
     original_scoring = trainer._get_per_token_logps_and_entropies
     original_loss = GRPOTrainer._compute_loss

@@ -21,7 +21,11 @@ def test_every_method_trains_a_bf16_model(tmp_path, method):
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     args = tiny_config(method, tmp_path, bf16=True, max_steps=2)
     trainer = CreditGRPOTrainer(
-        model=model, reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(), processing_class=tokenizer
+        model=model,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
     )
     trainer.train()
 
@@ -54,7 +58,13 @@ def test_streamed_statistics_of_bf16_inputs_stay_within_1e3_of_float64():
     transform, temperature = LogitTransform(scale=1.0, softcap=30.0), 0.7
 
     deviation, entropy = hellinger_and_entropy(
-        hidden, ref_hidden, weight, ref_weight, temperature=temperature, token_chunk_size=16, vocab_chunk_size=300,
+        hidden,
+        ref_hidden,
+        weight,
+        ref_weight,
+        temperature=temperature,
+        token_chunk_size=16,
+        vocab_chunk_size=300,
         transform=transform,
     )
     want_deviation, want_entropy = _float64_statistics(

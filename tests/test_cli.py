@@ -59,11 +59,23 @@ def no_model_loading(monkeypatch):
         (["--method", "no_such_module:probe"], "cannot import credit-method module 'no_such_module'"),
         (["--bogus_flag", "1"], "unknown arguments"),
         (["--method", "taco", "--taco_lambda", "3"], "taco_lambda must be in [0, 1]"),
-        (["--method", "eapo", "--tide_tau", "0.3"], "tide_tau is an option of tide, which is not in the method stack 'eapo'"),
+        (
+            ["--method", "eapo", "--tide_tau", "0.3"],
+            "tide_tau is an option of tide, which is not in the method stack 'eapo'",
+        ),
         (["--method", "eapo+stapo", "--stapo_prob_threshold", "3"], "stapo_prob_threshold must be in (0, 1), got 3.0"),
         (["--method", "taco", "--credit_kwargs", '{"taco_alpha": 0.3}'], "TACOConfig declares as fields"),
-        (["--method", "eapo+stapo", "--stapo_prob_threshold", "0.1", "--credit_kwargs", '{"stapo_prob_threshold": 0.2}'],
-         "stapo_prob_threshold is given both as an option (0.1) and in credit_kwargs (0.2)"),
+        (
+            [
+                "--method",
+                "eapo+stapo",
+                "--stapo_prob_threshold",
+                "0.1",
+                "--credit_kwargs",
+                '{"stapo_prob_threshold": 0.2}',
+            ],
+            "stapo_prob_threshold is given both as an option (0.1) and in credit_kwargs (0.2)",
+        ),
         (["--method", "eapo", "--config", "configs/taco_qwen3_1.7b_base.yaml"], "given with a config for method taco"),
         (["--dataset_name", "no-such-source"], "unknown dataset 'no-such-source'"),
         (["--dataset_name", "gsm8k", "--prompt_column", "nope"], "'nope'"),
@@ -82,7 +94,9 @@ def test_bad_input_exits_2_with_one_line_before_any_model(capsys, no_model_loadi
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_parses_into_the_config_classes(recipe):
     # GPU recipes ask for bf16, which TrainingArguments refuses on a CPU-only machine: override just that.
-    script_args, training_args, model_args, _ = parse_arguments(["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"])
+    script_args, training_args, model_args, _ = parse_arguments(
+        ["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"]
+    )
     config = yaml.safe_load(recipe.read_text())
     assert training_args.credit_method == script_args.method == config.get("method", "grpo")
     for key in config:
@@ -102,7 +116,17 @@ def test_flags_override_yaml_defaults():
 
 def test_a_stack_method_options_reach_credit_kwargs_from_yaml_and_flags(tmp_path):
     recipe = tmp_path / "stack.yaml"
-    recipe.write_text(yaml.safe_dump({"method": "eapo+stapo", "stapo_entropy_quantile": 0.3, "use_cpu": True, "bf16": False, "model_name_or_path": "x"}))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "method": "eapo+stapo",
+                "stapo_entropy_quantile": 0.3,
+                "use_cpu": True,
+                "bf16": False,
+                "model_name_or_path": "x",
+            }
+        )
+    )
     _, training_args, _, _ = parse_arguments(["--config", str(recipe), "--stapo_prob_threshold", "0.01"])
     assert training_args.credit_kwargs == {"stapo_entropy_quantile": 0.3, "stapo_prob_threshold": 0.01}
     assert training_args.credit_hyperparameters()["stapo_only_positive_advantage"] is True  # not given: the default
@@ -118,16 +142,33 @@ def test_reward_summary_is_honest():
 
 def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
     data = tmp_path / "problems.jsonl"
-    data.write_text("".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8)))
+    data.write_text(
+        "".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8))
+    )
     recipe = tmp_path / "recipe.yaml"
     output_dir = tmp_path / "run"
-    recipe.write_text(yaml.safe_dump({
-        "method": "taco", "model_name_or_path": tiny_model_dir, "dataset_name": str(data),
-        "reward_funcs": ["accuracy", "format"], "output_dir": str(output_dir), "use_cpu": True, "bf16": False,
-        "gradient_checkpointing": False, "per_device_train_batch_size": 4, "num_generations": 4,
-        "max_completion_length": 6, "max_steps": 2, "logging_steps": 1, "report_to": "none",
-        "save_strategy": "no", "log_token_credit": True,
-    }))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "method": "taco",
+                "model_name_or_path": tiny_model_dir,
+                "dataset_name": str(data),
+                "reward_funcs": ["accuracy", "format"],
+                "output_dir": str(output_dir),
+                "use_cpu": True,
+                "bf16": False,
+                "gradient_checkpointing": False,
+                "per_device_train_batch_size": 4,
+                "num_generations": 4,
+                "max_completion_length": 6,
+                "max_steps": 2,
+                "logging_steps": 1,
+                "report_to": "none",
+                "save_strategy": "no",
+                "log_token_credit": True,
+            }
+        )
+    )
     assert cli_main(["grpo", "--config", str(recipe), "--taco_lambda", "0.5"]) == 0
     produced = {p.name for p in output_dir.iterdir()}
     assert {"model.safetensors", "README.md", "plots", "token_credit.jsonl", "trainer_state.json"} <= produced
@@ -144,7 +185,10 @@ def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
     from trl_credit.data import load_math_dataset
 
     code = card.split("## Quick start")[1].split("```python\n")[1].split("```")[0]
-    [prompt] = [ast.literal_eval(node.value) for node in ast.parse(code).body
-                if isinstance(node, ast.Assign) and node.targets[0].id == "prompt"]
+    [prompt] = [
+        ast.literal_eval(node.value)
+        for node in ast.parse(code).body
+        if isinstance(node, ast.Assign) and node.targets[0].id == "prompt"
+    ]
     assert prompt == load_math_dataset(str(data))[0]["prompt"]
     assert prompt[-1]["role"] == "user" and prompt[-1]["content"].startswith("what is 0 + 1 ?")

@@ -36,7 +36,18 @@ from trl_credit.compare.stats import paired_difference, student_t_cdf, student_t
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 # Two-sided 95 % critical values t_{0.975, df} from a printed t table.
-T_TABLE_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228, 20: 2.086, 30: 2.042, 120: 1.980}
+T_TABLE_975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    9: 2.262,
+    10: 2.228,
+    20: 2.086,
+    30: 2.042,
+    120: 1.980,
+}
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -102,23 +113,40 @@ def test_runs_seeds_outermost_and_commands(tmp_path):
     assert [run.name for run in runs] == ["grpo-seed3", "eapo+taco-seed3", "grpo-seed1", "eapo+taco-seed1"]
     command = runs[1].command()
     assert command[1:3] == ["-m", "trl_credit.cli.grpo"]
-    assert command[3:] == ["--config", "r.yaml", "--method", "eapo+taco", "--seed", "3",
-                           "--output_dir", str(tmp_path / "runs" / "eapo+taco-seed3"),
-                           "--max_steps", "5", "--accelerate_config", "zero3"]
+    assert command[3:] == [
+        "--config",
+        "r.yaml",
+        "--method",
+        "eapo+taco",
+        "--seed",
+        "3",
+        "--output_dir",
+        str(tmp_path / "runs" / "eapo+taco-seed3"),
+        "--max_steps",
+        "5",
+        "--accelerate_config",
+        "zero3",
+    ]
     assert run_name("a/b c", 0) == "a_b_c-seed0"
 
 
 @pytest.mark.parametrize(
     "kwargs,message",
-    [({"methods": []}, "--methods needs at least one value"), ({"seeds": [0, 1, 0]}, "--seeds lists 0 more than once"),
-     ({"methods": ["taco", "taco"]}, "--methods lists taco more than once"), ({"eval_n": 0}, "must be >= 1")],
+    [
+        ({"methods": []}, "--methods needs at least one value"),
+        ({"seeds": [0, 1, 0]}, "--seeds lists 0 more than once"),
+        ({"methods": ["taco", "taco"]}, "--methods lists taco more than once"),
+        ({"eval_n": 0}, "must be >= 1"),
+    ],
 )
 def test_config_refuses_bad_values(kwargs, message):
     with pytest.raises(CompareUsageError, match=re.escape(message)):
         CompareConfig(**kwargs)
 
 
-@pytest.mark.parametrize("flag", ["--seed", "--method", "--output_dir=x", "--resume_from_checkpoint", "--resume-from-checkpoint"])
+@pytest.mark.parametrize(
+    "flag", ["--seed", "--method", "--output_dir=x", "--resume_from_checkpoint", "--resume-from-checkpoint"]
+)
 def test_flags_owned_by_compare_are_refused(flag):
     with pytest.raises(CompareUsageError, match="is set by compare"):
         check_passthrough(["--max_steps", "3", flag, "1"])
@@ -167,8 +195,18 @@ def _assert_usage_error(capsys, argv, message, output_dir):
 def test_bad_input_exits_2_before_any_training(tmp_path, capsys, tiny_model_dir):
     out = tmp_path / "out"
     train = _problems(tmp_path / "train.jsonl", range(8))
-    base = ["--output_dir", str(out), "--model_name_or_path", tiny_model_dir, "--dataset_name", train,
-            "--use_cpu", "true", "--bf16", "false"]
+    base = [
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        train,
+        "--use_cpu",
+        "true",
+        "--bf16",
+        "false",
+    ]
     _assert_usage_error(capsys, ["--methods", *base], "expected at least one argument", out)
     _assert_usage_error(capsys, ["--seeds", "0", "0", *base], "--seeds lists 0 more than once", out)
     _assert_usage_error(capsys, ["--eval_bogus", "1", *base], "unknown evaluation option --eval_bogus", out)
@@ -185,14 +223,46 @@ def test_dry_run_prints_plan_and_measured_cost(tmp_path, capsys, tiny_model_dir)
     # A finished run whose checkpoint logged 0.5 s steps: skipped, and the basis of the time estimate.
     finished = out / "runs" / "grpo-seed0"
     (finished / "checkpoint-4").mkdir(parents=True)
-    (finished / "checkpoint-4" / "trainer_state.json").write_text(json.dumps(
-        {"global_step": 4, "log_history": [{"step": s, "step_time": 0.5, "reward": 0.1} for s in (1, 2, 3, 4)]}
-    ))
+    (finished / "checkpoint-4" / "trainer_state.json").write_text(
+        json.dumps(
+            {"global_step": 4, "log_history": [{"step": s, "step_time": 0.5, "reward": 0.1} for s in (1, 2, 3, 4)]}
+        )
+    )
     (finished / ".done").write_text("{}")
-    argv = ["compare", "--methods", "grpo", "taco", "--seeds", "0", "1", "--output_dir", str(out), "--dry_run",
-            "--model_name_or_path", tiny_model_dir, "--dataset_name", "chain_sum", "--max_train_samples", "8",
-            "--max_steps", "4", "--per_device_train_batch_size", "4", "--num_generations", "4",
-            "--use_cpu", "true", "--bf16", "false", "--eval_num_problems", "3", "--eval_n", "2", "--save_strategy", "no"]
+    argv = [
+        "compare",
+        "--methods",
+        "grpo",
+        "taco",
+        "--seeds",
+        "0",
+        "1",
+        "--output_dir",
+        str(out),
+        "--dry_run",
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        "chain_sum",
+        "--max_train_samples",
+        "8",
+        "--max_steps",
+        "4",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "4",
+        "--use_cpu",
+        "true",
+        "--bf16",
+        "false",
+        "--eval_num_problems",
+        "3",
+        "--eval_n",
+        "2",
+        "--save_strategy",
+        "no",
+    ]
     assert cli_main(argv) == 0
     out_text = capsys.readouterr().out
     assert re.search(r"grpo-seed0\s+done, skipped", out_text)
@@ -200,7 +270,9 @@ def test_dry_run_prints_plan_and_measured_cost(tmp_path, capsys, tiny_model_dir)
     assert "optimizer steps: 4 per run x 4 runs = 16; 12 left" in out_text
     assert "evaluation: 6 sampled completions per run" in out_text
     assert "0.50 s/step x 12 steps" in out_text and "rough" in out_text
-    assert "warning: --save_strategy no: runs save no checkpoint, so an interrupted run restarts from scratch" in out_text
+    assert (
+        "warning: --save_strategy no: runs save no checkpoint, so an interrupted run restarts from scratch" in out_text
+    )
     assert "no learning curves" not in out_text  # `trl-credit grpo` saves trainer_state.json at the end anyway
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["grpo-seed0"]  # nothing was trained
 
@@ -217,8 +289,9 @@ def test_dry_run_of_the_default_comparison_uses_the_quickstart_measurement(tmp_p
 
 
 def _history(rewards, step_time=0.2, method="grpo"):
-    history = [{"step": i + 1, "reward": r, "entropy": 1.0 - 0.1 * i, "step_time": step_time}
-               for i, r in enumerate(rewards)]
+    history = [
+        {"step": i + 1, "reward": r, "entropy": 1.0 - 0.1 * i, "step_time": step_time} for i, r in enumerate(rewards)
+    ]
     if method == "taco":
         for entry in history:
             entry["taco/tail_fraction"] = 0.05
@@ -227,14 +300,26 @@ def _history(rewards, step_time=0.2, method="grpo"):
 
 
 FAKE = {  # (method, seed): (training rewards, avg@4)
-    ("grpo", 0): ([0.1, 0.2, 0.3], 0.30), ("grpo", 1): ([0.2, 0.2, 0.4], 0.40), ("grpo", 2): ([0.0, 0.1, 0.2], 0.20),
-    ("taco", 0): ([0.1, 0.3, 0.5], 0.45), ("taco", 1): ([0.2, 0.4, 0.4], 0.50), ("taco", 2): ([0.1, 0.2, 0.3], 0.40),
+    ("grpo", 0): ([0.1, 0.2, 0.3], 0.30),
+    ("grpo", 1): ([0.2, 0.2, 0.4], 0.40),
+    ("grpo", 2): ([0.0, 0.1, 0.2], 0.20),
+    ("taco", 0): ([0.1, 0.3, 0.5], 0.45),
+    ("taco", 1): ([0.2, 0.4, 0.4], 0.50),
+    ("taco", 2): ([0.1, 0.2, 0.3], 0.40),
 }
 
 
 def _fake_results():
-    return [RunResult(m, s, _history(r, method=m), {"avg@4": a, "pass@4": min(1.0, 2 * a)}, {"wall_seconds": 10.0,
-            "peak_rss_mib": 500.0 + s}) for (m, s), (r, a) in FAKE.items()]
+    return [
+        RunResult(
+            m,
+            s,
+            _history(r, method=m),
+            {"avg@4": a, "pass@4": min(1.0, 2 * a)},
+            {"wall_seconds": 10.0, "peak_rss_mib": 500.0 + s},
+        )
+        for (m, s), (r, a) in FAKE.items()
+    ]
 
 
 def test_tables_and_bands_by_hand():
@@ -245,7 +330,9 @@ def test_tables_and_bands_by_hand():
     assert finals["grpo"]["train reward (last 10 steps)"].mean == pytest.approx(statistics.fmean([0.2, 0.8 / 3, 0.1]))
     difference = paired_table(results, ["grpo", "taco"])["taco"]["avg@4"]
     assert difference.mean == pytest.approx(0.15) and difference.n == 3
-    assert difference.half_width == pytest.approx(4.302652729749464 * statistics.stdev([0.15, 0.1, 0.2]) / math.sqrt(3))
+    assert difference.half_width == pytest.approx(
+        4.302652729749464 * statistics.stdev([0.15, 0.1, 0.2]) / math.sqrt(3)
+    )
     steps, mean, low, high = mean_band(results, "taco", "reward")
     assert steps == [1, 2, 3] and mean[1] == pytest.approx(0.3) and (low[1], high[1]) == (0.2, 0.4)
     assert paired_table(results, ["taco"]) == {}  # no grpo baseline: no paired differences
@@ -269,7 +356,8 @@ def _write_state(path: Path, rewards: list[float]) -> None:
 
 def test_curves_come_from_the_run_folder_else_its_latest_checkpoint(tmp_path):
     finished_no_checkpoint, interrupted, finished = build_runs(
-        CompareConfig(methods=["grpo"], seeds=[0, 1, 2], output_dir=str(tmp_path)), [])
+        CompareConfig(methods=["grpo"], seeds=[0, 1, 2], output_dir=str(tmp_path)), []
+    )
     # `trl-credit grpo --save_strategy no` leaves only the run folder's trainer_state.json (`save_state`).
     _write_state(finished_no_checkpoint.output_dir / "trainer_state.json", [0.1, 0.2, 0.3])
     # An interrupted run has checkpoints only: the latest one, in numeric order.
@@ -292,7 +380,10 @@ def test_report_markdown_and_self_contained_html(tmp_path):
     assert "| taco − grpo | 3 | 0.15 ± 0.124 * |" in markdown
     assert "| grpo | 0.2 ± 0 | 10 ± 0 | 502 |" in markdown
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {
-        "reward.svg", "entropy.svg", "taco_tail_fraction.svg", "taco_mean_weight.svg"
+        "reward.svg",
+        "entropy.svg",
+        "taco_tail_fraction.svg",
+        "taco_mean_weight.svg",
     }
     page = html_path.read_text()
     assert page.count("<svg") == 4 and "<script" not in page and "<link" not in page
@@ -329,13 +420,46 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
     """2 methods x 2 seeds of 2 steps with the tiny model, evaluated on held-out problems, reported, then resumed."""
     out = tmp_path / "out"
     argv = [
-        "compare", "--methods", "grpo", "taco", "--seeds", "0", "1", "--output_dir", str(out),
-        "--model_name_or_path", tiny_model_dir, "--dataset_name", _problems(tmp_path / "train.jsonl", range(16)),
-        "--reward_funcs", "accuracy", "format", "--max_steps", "2", "--per_device_train_batch_size", "4",
-        "--num_generations", "4", "--max_completion_length", "6", "--learning_rate", "5e-2", "--use_cpu", "true",
-        "--bf16", "false", "--save_steps", "2",
-        "--eval_dataset_name", _problems(tmp_path / "heldout.jsonl", range(20, 24)), "--eval_num_problems", "2",
-        "--eval_n", "2", "--eval_max_new_tokens", "4",
+        "compare",
+        "--methods",
+        "grpo",
+        "taco",
+        "--seeds",
+        "0",
+        "1",
+        "--output_dir",
+        str(out),
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        _problems(tmp_path / "train.jsonl", range(16)),
+        "--reward_funcs",
+        "accuracy",
+        "format",
+        "--max_steps",
+        "2",
+        "--per_device_train_batch_size",
+        "4",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "6",
+        "--learning_rate",
+        "5e-2",
+        "--use_cpu",
+        "true",
+        "--bf16",
+        "false",
+        "--save_steps",
+        "2",
+        "--eval_dataset_name",
+        _problems(tmp_path / "heldout.jsonl", range(20, 24)),
+        "--eval_num_problems",
+        "2",
+        "--eval_n",
+        "2",
+        "--eval_max_new_tokens",
+        "4",
     ]
     assert cli_main(argv) == 0
     runs = out / "runs"

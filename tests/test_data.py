@@ -40,7 +40,10 @@ def _check_formatted(dataset, system_prompt=None):
 
 def test_extract_gold_formats():
     assert extract_gold("She makes 9 * 2 = $18.\n#### 1,018", "gsm8k") == "1018"
-    assert extract_gold(r"So $\boxed{\frac{1}{2}}$, not \boxed{3}? No: $\boxed{\dfrac{9}{7}}$.", "boxed") == r"\dfrac{9}{7}"
+    assert (
+        extract_gold(r"So $\boxed{\frac{1}{2}}$, not \boxed{3}? No: $\boxed{\dfrac{9}{7}}$.", "boxed")
+        == r"\dfrac{9}{7}"
+    )
     assert extract_gold(r"\boxed{\left( 3, \frac{\pi}{2} \right)}", "boxed") == r"\left( 3, \frac{\pi}{2} \right)"
     assert extract_gold(27.0, "plain") == "27"  # AMC 23 stores answers as floats
     assert extract_gold(["$3$", "$-1$"], "plain") == "3, -1"  # OlympiadBench final_answer is a list
@@ -118,8 +121,16 @@ HUB_ROWS = {
     ),
     "aime24": (
         ("HuggingFaceH4/aime_2024", None, "train"),
-        [{"id": 60, "problem": "Find $n$.", "solution": "... so $n = \\boxed{204}$.", "answer": "204",
-          "url": "https://artofproblemsolving.com/...", "year": "2024"}],
+        [
+            {
+                "id": 60,
+                "problem": "Find $n$.",
+                "solution": "... so $n = \\boxed{204}$.",
+                "answer": "204",
+                "url": "https://artofproblemsolving.com/...",
+                "year": "2024",
+            }
+        ],
         "Find $n$.",
         "204",
     ),
@@ -137,10 +148,26 @@ HUB_ROWS = {
     ),
     "olympiadbench": (
         ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train"),
-        [{"id": 1606, "question": "Compute $x$.", "solution": ["..."], "final_answer": ["$\\frac{1}{2}$"],
-          "context": None, "image_1": None, "modality": "Text-only", "difficulty": "Competition",
-          "is_multiple_answer": False, "unit": None, "answer_type": "Numerical", "error": None,
-          "question_type": "Open-ended", "subfield": "Algebra", "subject": "Math", "language": "English"}],
+        [
+            {
+                "id": 1606,
+                "question": "Compute $x$.",
+                "solution": ["..."],
+                "final_answer": ["$\\frac{1}{2}$"],
+                "context": None,
+                "image_1": None,
+                "modality": "Text-only",
+                "difficulty": "Competition",
+                "is_multiple_answer": False,
+                "unit": None,
+                "answer_type": "Numerical",
+                "error": None,
+                "question_type": "Open-ended",
+                "subfield": "Algebra",
+                "subject": "Math",
+                "language": "English",
+            }
+        ],
         "Compute $x$.",
         "\\frac{1}{2}",
     ),
@@ -199,7 +226,8 @@ def test_local_parquet_with_explicit_columns(tmp_path):
 
 def test_custom_hub_id_uses_load_dataset(monkeypatch):
     monkeypatch.setattr(
-        datasets, "load_dataset",
+        datasets,
+        "load_dataset",
         lambda path, name=None, split=None, **kw: datasets.Dataset.from_list([{"problem": "2+2", "answer": "4"}]),
     )
     assert load_math_dataset("someone/their-math", "validation")["solution"] == ["4"]

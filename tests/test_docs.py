@@ -124,9 +124,10 @@ def test_every_metric_the_docs_name_is_emitted():
     prefixes = "|".join(sorted({*CREDIT_METHODS, "credit", "rewards", "METHOD"}))
     named = re.compile(rf"`((?:{prefixes})/[a-z_]+)`")
     emitted = _emitted_metrics()
-    unknown = sorted({(name, metric) for name in DOCUMENTS for metric in named.findall(_text(name))} - {
-        (name, metric) for name in DOCUMENTS for metric in emitted
-    })
+    unknown = sorted(
+        {(name, metric) for name in DOCUMENTS for metric in named.findall(_text(name))}
+        - {(name, metric) for name in DOCUMENTS for metric in emitted}
+    )
     assert not unknown, f"metrics the docs name but nothing logs: {unknown}"
 
 

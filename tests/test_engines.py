@@ -136,10 +136,16 @@ class ISRecorder(CreditGRPOTrainer):
 def _train_through_vllm_path(monkeypatch, tmp_path, method, is_mode, check_advantages=True):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     tokenizer = make_tiny_tokenizer()
-    args = tiny_config(method, tmp_path / "out", vllm_importance_sampling_mode=is_mode, vllm_importance_sampling_clip_max=2.0)
+    args = tiny_config(
+        method, tmp_path / "out", vllm_importance_sampling_mode=is_mode, vllm_importance_sampling_clip_max=2.0
+    )
     trainer = ISRecorder(
-        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer, rollout_func=make_rollout_func(),
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+        rollout_func=make_rollout_func(),
     )
     # What `use_vllm=True` would set up, minus the engine: TRL's generation-batch and loss code take the vLLM branch.
     trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
@@ -195,12 +201,29 @@ def test_gpu_check_cpu_smoke_run():
     """Every part of the GPU check but the CUDA kernel branch, on the tiny model: kernels against float64, both
     regimes, a method that drops tokens, the controls."""
     gpu_check = _gpu_check()
-    report = gpu_check.main([
-        "--device", "cpu", "--tiny", "--steps", "2", "--prompts", "2", "--max_completion_length", "4",
-        "--methods", "grpo,stapo,tide,grpo_beta", "--vllm-methods", "grpo,eapo,tide", "--kernel-tokens", "64",
-    ])
+    report = gpu_check.main(
+        [
+            "--device",
+            "cpu",
+            "--tiny",
+            "--steps",
+            "2",
+            "--prompts",
+            "2",
+            "--max_completion_length",
+            "4",
+            "--methods",
+            "grpo,stapo,tide,grpo_beta",
+            "--vllm-methods",
+            "grpo,eapo,tide",
+            "--kernel-tokens",
+            "64",
+        ]
+    )
     runs = [(r["regime"], r["method"]) for r in report["runs"]]
-    assert runs == [("generate", m) for m in ("grpo", "stapo", "tide", "grpo_beta")] + [("vllm", m) for m in ("grpo", "eapo", "tide")]
+    assert runs == [("generate", m) for m in ("grpo", "stapo", "tide", "grpo_beta")] + [
+        ("vllm", m) for m in ("grpo", "eapo", "tide")
+    ]
     assert all(r["steps"] == 2 and r["step_s"] > 0 and r["finite_loss"] for r in report["runs"])
     assert report["kernels"]["ok"] and not report.get("failed") and not report["skipped"]
     assert report["kernels"]["softcap"]["max_abs_error"]["deviation"] < 1e-5  # float32 on CPU
@@ -224,8 +247,13 @@ def test_slurm_multinode_dry_run(tmp_path):
     server, train = [line for line in proc.stdout.splitlines() if line.startswith(("srun", "trl-credit"))]
     assert "--nodelist=n3 trl vllm-serve" in server
     assert train.startswith("trl-credit grpo --method eapo")
-    for flag in ("--use_vllm", "--vllm_mode server", "--vllm_server_host n3", "--max_steps 7",
-                 f"--accelerate_config {tmp_path}/accelerate_node0.yaml"):
+    for flag in (
+        "--use_vllm",
+        "--vllm_mode server",
+        "--vllm_server_host n3",
+        "--max_steps 7",
+        f"--accelerate_config {tmp_path}/accelerate_node0.yaml",
+    ):
         assert flag in train, flag
     config = load_config_from_file(str(tmp_path / "accelerate_node0.yaml"))
     assert (config.num_machines, config.num_processes, config.machine_rank) == (2, 16, 0)

@@ -90,8 +90,21 @@ def test_cli_with_a_controlled_generator(tmp_path, monkeypatch, capsys):
         return CountingBackend(golds, correct)
 
     monkeypatch.setattr(evaluation, "build_backend", fake_build_backend)
-    argv = ["--model_name_or_path", "some/model", "--dataset_name", "chain_sum", "--num_problems", "3", "--n", "4",
-            "--k", "1", "2", "--output_dir", str(tmp_path)]
+    argv = [
+        "--model_name_or_path",
+        "some/model",
+        "--dataset_name",
+        "chain_sum",
+        "--num_problems",
+        "3",
+        "--n",
+        "4",
+        "--k",
+        "1",
+        "2",
+        "--output_dir",
+        str(tmp_path),
+    ]
     assert dispatcher_main(["eval", *argv]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["pass@2"] == pytest.approx(sum(closed_form_pass_at_k(4, c, 2) for c in correct) / 3)
@@ -108,15 +121,39 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
     run_dir.mkdir()
     (run_dir / "config.json").write_text("{}")  # a model folder (never loaded: the backend is faked)
     model_card.generate_credit_model_card(
-        base_model=None, model_name="run", hub_model_id=None, dataset_name="chain_sum", method="taco",
-        hyperparameters={"taco_alpha": 0.01}, trainer_name="TACO", papers=[],
+        base_model=None,
+        model_name="run",
+        hub_model_id=None,
+        dataset_name="chain_sum",
+        method="taco",
+        hyperparameters={"taco_alpha": 0.01},
+        trainer_name="TACO",
+        papers=[],
         grpo_paper={"title": "DeepSeekMath", "id": "2402.03300", "citation": "@article{shao2024deepseekmath,\n}"},
     ).save(run_dir / "README.md")
     correct = [2, 0, 4]
-    monkeypatch.setattr(evaluation, "build_backend", lambda config, path: CountingBackend(
-        evaluation.prepare_eval_data(config).dataset["solution"], correct))
-    argv = ["--model_name_or_path", str(run_dir), "--dataset_name", "chain_sum", "--dataset_split", "test",
-            "--num_problems", "3", "--n", "4", "--k", "1", "2", "--output_dir", str(tmp_path / "eval")]
+    monkeypatch.setattr(
+        evaluation,
+        "build_backend",
+        lambda config, path: CountingBackend(evaluation.prepare_eval_data(config).dataset["solution"], correct),
+    )
+    argv = [
+        "--model_name_or_path",
+        str(run_dir),
+        "--dataset_name",
+        "chain_sum",
+        "--dataset_split",
+        "test",
+        "--num_problems",
+        "3",
+        "--n",
+        "4",
+        "--k",
+        "1",
+        "2",
+        "--output_dir",
+        str(tmp_path / "eval"),
+    ]
     assert eval_main(argv) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["model_card"] == str(run_dir / "README.md")
@@ -147,10 +184,23 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
 
 def test_cli_leaves_a_folder_without_a_trl_credit_card_alone(tiny_model_dir, tmp_path, monkeypatch, capsys):
     before = sorted(p.name for p in Path(tiny_model_dir).iterdir())
-    monkeypatch.setattr(evaluation, "build_backend", lambda config, path: CountingBackend(
-        evaluation.prepare_eval_data(config).dataset["solution"], [1]))
-    argv = ["--model_name_or_path", tiny_model_dir, "--dataset_name", "chain_sum", "--num_problems", "1", "--n", "2",
-            "--output_dir", str(tmp_path / "eval")]
+    monkeypatch.setattr(
+        evaluation,
+        "build_backend",
+        lambda config, path: CountingBackend(evaluation.prepare_eval_data(config).dataset["solution"], [1]),
+    )
+    argv = [
+        "--model_name_or_path",
+        tiny_model_dir,
+        "--dataset_name",
+        "chain_sum",
+        "--num_problems",
+        "1",
+        "--n",
+        "2",
+        "--output_dir",
+        str(tmp_path / "eval"),
+    ]
     assert eval_main(argv) == 0
     assert "model_card" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert sorted(p.name for p in Path(tiny_model_dir).iterdir()) == before
@@ -158,8 +208,21 @@ def test_cli_leaves_a_folder_without_a_trl_credit_card_alone(tiny_model_dir, tmp
 
 def test_cli_transformers_backend_on_a_tiny_model(tiny_model_dir, tmp_path, capsys):
     def run(name, *extra):
-        argv = ["--model_name_or_path", tiny_model_dir, "--dataset_name", "chain_sum", "--num_problems", "3",
-                "--max_new_tokens", "6", "--batch_size", "2", "--output_dir", str(tmp_path / name), *extra]
+        argv = [
+            "--model_name_or_path",
+            tiny_model_dir,
+            "--dataset_name",
+            "chain_sum",
+            "--num_problems",
+            "3",
+            "--max_new_tokens",
+            "6",
+            "--batch_size",
+            "2",
+            "--output_dir",
+            str(tmp_path / name),
+            *extra,
+        ]
         assert eval_main(argv) == 0
         return [json.loads(line) for line in (tmp_path / name / "completions.jsonl").read_text().splitlines()]
 
@@ -197,15 +260,31 @@ def _bad_inputs(tmp_path, tiny_dir):
         "missing arg": (["--dataset_name", "chain_sum"], "required: --model_name_or_path"),
         "unknown dataset": (base + ["--dataset_name", "gsm9k"], "unknown dataset 'gsm9k'"),
         "bad split": (base + ["--dataset_name", "gsm8k", "--dataset_split", "dev"], "bad split 'dev' for gsm8k"),
-        "missing column": (base + ["--dataset_name", str(data_file), "--answer_column", "gold"],
-                           "answer_column 'gold' is not a column"),
-        "missing model": (["--model_name_or_path", str(tmp_path / "nowhere"), "--dataset_name", "chain_sum"],
-                          "does not exist"),
+        "missing column": (
+            base + ["--dataset_name", str(data_file), "--answer_column", "gold"],
+            "answer_column 'gold' is not a column",
+        ),
+        "missing model": (
+            ["--model_name_or_path", str(tmp_path / "nowhere"), "--dataset_name", "chain_sum"],
+            "does not exist",
+        ),
     }
 
 
-@pytest.mark.parametrize("case", ["unknown flag", "k > n", "bad value", "negative", "missing arg", "unknown dataset",
-                                  "bad split", "missing column", "missing model"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown flag",
+        "k > n",
+        "bad value",
+        "negative",
+        "missing arg",
+        "unknown dataset",
+        "bad split",
+        "missing column",
+        "missing model",
+    ],
+)
 def test_cli_bad_input_exits_2_with_one_line_before_loading(case, tmp_path, capsys, no_model_loading):
     argv, expected = _bad_inputs(tmp_path, str(tmp_path))[case]
     (tmp_path / "config.json").write_text("{}")  # tmp_path stands for a model folder: it is never loaded

@@ -25,7 +25,9 @@ def test_a_stack_applies_in_order_each_method_seeing_the_previous_advantages():
     )
     eapo, taco = get_credit_method("eapo"), get_credit_method("taco")
     after_eapo = eapo(batch, eapo.hyperparameters()).advantages_BT
-    stacked = taco(CreditBatch(after_eapo, batch.sequence_advantages_B, batch.mask_BT, batch.statistics), taco.hyperparameters())
+    stacked = taco(
+        CreditBatch(after_eapo, batch.sequence_advantages_B, batch.mask_BT, batch.statistics), taco.hyperparameters()
+    )
     # By hand: EAPO's loop, then TACO's weight (its loop's output over A) on the rows with A > 0.
     eapo_BT = eapo_loop(adv, entropy, mask, math.log(4), (0.1, 0.9))
     safe = torch.where(adv != 0, adv, 1.0).unsqueeze(1)
@@ -47,7 +49,10 @@ def test_the_example_method_trains_with_its_hyperparameter_from_credit_kwargs(tm
     tokenizer = make_tiny_tokenizer()
     args = tiny_config(EXAMPLE, tmp_path, credit_kwargs='{"boost": 2.0}')
     trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(),
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
         processing_class=tokenizer,
     )
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
@@ -65,14 +70,31 @@ def test_the_example_method_trains_with_its_hyperparameter_from_credit_kwargs(tm
 def _recipe(tmp_path, tiny_model_dir, **settings):
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "problems.jsonl"
-    data.write_text("".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8)))
+    data.write_text(
+        "".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8))
+    )
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({
-        "model_name_or_path": tiny_model_dir, "dataset_name": str(data), "reward_funcs": ["format"],
-        "output_dir": str(tmp_path / "run"), "use_cpu": True, "bf16": False, "gradient_checkpointing": False,
-        "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 6, "max_steps": 1,
-        "logging_steps": 1, "report_to": "none", "save_strategy": "no", **settings,
-    }))
+    recipe.write_text(
+        yaml.safe_dump(
+            {
+                "model_name_or_path": tiny_model_dir,
+                "dataset_name": str(data),
+                "reward_funcs": ["format"],
+                "output_dir": str(tmp_path / "run"),
+                "use_cpu": True,
+                "bf16": False,
+                "gradient_checkpointing": False,
+                "per_device_train_batch_size": 4,
+                "num_generations": 4,
+                "max_completion_length": 6,
+                "max_steps": 1,
+                "logging_steps": 1,
+                "report_to": "none",
+                "save_strategy": "no",
+                **settings,
+            }
+        )
+    )
     return recipe
 
 
@@ -98,7 +120,10 @@ def test_a_method_registered_outside_the_package_reaches_plots_token_view_and_ca
     tokenizer = make_tiny_tokenizer()
     args = tiny_config(EXAMPLE, tmp_path, credit_kwargs={"boost": 2.0}, log_token_credit=True, max_steps=2)
     trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(),
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
         processing_class=tokenizer,
     )
     trainer.train()
@@ -126,5 +151,7 @@ def test_undeclared_metrics_and_reserved_names_are_refused():
     adv, _, _, _, mask = random_inputs(1)
     with pytest.raises(ValueError, match=r"'undeclared_metric' logged metrics \['secret'\] that its registration"):
         apply_credit_method("undeclared_metric", adv, mask, {})
-    with pytest.raises(ValueError, match="'undeclared_drop' returned a loss mask but is registered with drops_tokens=False"):
+    with pytest.raises(
+        ValueError, match="'undeclared_drop' returned a loss mask but is registered with drops_tokens=False"
+    ):
         apply_credit_method("undeclared_drop", adv, mask, {})

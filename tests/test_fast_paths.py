@@ -11,10 +11,18 @@ from trl_credit.methods import apply_credit_method, eapo_advantages, quantile_li
 from trl_credit.methods.registry import ROLLOUT_ENTROPY
 
 CALLS = {
-    "taco": (lambda a, lp, e, d, m: taco_advantages(a, lp, e, m), lambda a, lp, e, d, m: taco_loop(a, lp, e, m, 0.01, 0.9)),
-    "eapo": (lambda a, lp, e, d, m: eapo_advantages(a, e, m),
-             lambda a, lp, e, d, m: eapo_loop(a, e, m, math.log(4), (0.1, 0.9))),
-    "tide": (lambda a, lp, e, d, m: tide_advantages(a, d, e, m, V), lambda a, lp, e, d, m: tide_loop(a, d, e, m, V, 0.5, 1.0)),
+    "taco": (
+        lambda a, lp, e, d, m: taco_advantages(a, lp, e, m),
+        lambda a, lp, e, d, m: taco_loop(a, lp, e, m, 0.01, 0.9),
+    ),
+    "eapo": (
+        lambda a, lp, e, d, m: eapo_advantages(a, e, m),
+        lambda a, lp, e, d, m: eapo_loop(a, e, m, math.log(4), (0.1, 0.9)),
+    ),
+    "tide": (
+        lambda a, lp, e, d, m: tide_advantages(a, d, e, m, V),
+        lambda a, lp, e, d, m: tide_loop(a, d, e, m, V, 0.5, 1.0),
+    ),
 }
 
 

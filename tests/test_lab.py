@@ -42,8 +42,11 @@ def _flipping_positions(task, prompt, completion) -> set[int]:
     """Positions where replacing the token by some other word changes the reward."""
     words = [w for w in VOCABULARY if w not in ("<pad>", "<eos>", "<unk>")]
     base = task.reward(prompt, completion)
-    return {t for t, w in itertools.product(range(len(completion)), words)
-            if task.reward(prompt, completion[:t] + [w] + completion[t + 1 :]) != base}
+    return {
+        t
+        for t, w in itertools.product(range(len(completion)), words)
+        if task.reward(prompt, completion[:t] + [w] + completion[t + 1 :]) != base
+    }
 
 
 @pytest.mark.parametrize("name", ["needle", "rare"])
@@ -152,13 +155,16 @@ def test_mdp_right_choices_ignore_the_prompt_and_fork_ones_do_not():
     assert len({tuple(fork.right_choice(p.split(), j) for j in range(4)) for p in fork.prompts()}) == 2
 
 
-@pytest.mark.parametrize(("name", "horizon", "decisive", "message"), [
-    ("mdp", 0, 1, "horizon of mdp must be between 1 and 512"),
-    ("needle", 600, 1, "horizon of needle must be between 1 and 512"),
-    ("mdp", 32, 40, "decisive of mdp must be between 1 and the horizon \\(32\\)"),
-    ("mdp", 32, 0, "decisive of mdp must be between 1"),
-    ("needle", 32, 2, "decisive sets the number of forks of fork and mdp; needle takes 1"),
-])
+@pytest.mark.parametrize(
+    ("name", "horizon", "decisive", "message"),
+    [
+        ("mdp", 0, 1, "horizon of mdp must be between 1 and 512"),
+        ("needle", 600, 1, "horizon of needle must be between 1 and 512"),
+        ("mdp", 32, 40, "decisive of mdp must be between 1 and the horizon \\(32\\)"),
+        ("mdp", 32, 0, "decisive of mdp must be between 1"),
+        ("needle", 32, 2, "decisive sets the number of forks of fork and mdp; needle takes 1"),
+    ],
+)
 def test_task_knobs_are_checked(name, horizon, decisive, message):
     with pytest.raises(ValueError, match=message):
         get_task(name, horizon, decisive)
@@ -198,7 +204,9 @@ def test_oracle_credit_falls_exactly_on_the_decisive_positions():
     from trl_credit.methods import get_credit_method
 
     method = get_credit_method("oracle")
-    batch = CreditBatch.from_sequence_advantages(advantages_B, mask_BT, statistics={TASK_DECISIVE: decisive_BT.float()})
+    batch = CreditBatch.from_sequence_advantages(
+        advantages_B, mask_BT, statistics={TASK_DECISIVE: decisive_BT.float()}
+    )
     result = method(batch, method.hyperparameters())
     assert torch.equal(result.advantages_BT, oracle_advantages(advantages_B, decisive_BT, mask_BT))
     with pytest.raises(ValueError, match="'oracle' reads statistic 'task_decisive', which the batch does not have"):
@@ -219,8 +227,18 @@ def test_credit_mass_by_hand():
     sums = credit_mass(advantages_BT, mask_BT, labels_BT)
     # Row 0: |A| on valid tokens 4, on the label 2 (the masked label does not count); uniform 4 * 1/3.
     # Row 1: 5 in all, 2 on the label, uniform 5 * 1/4. Row 2 (zero advantage) and row 3 (no label) do not count.
-    assert sums == pytest.approx({"pos_labelled": 2.0, "pos_total": 4.0, "pos_uniform": 4 / 3, "pos_rows": 1,
-                                  "neg_labelled": 2.0, "neg_total": 5.0, "neg_uniform": 1.25, "neg_rows": 1})
+    assert sums == pytest.approx(
+        {
+            "pos_labelled": 2.0,
+            "pos_total": 4.0,
+            "pos_uniform": 4 / 3,
+            "pos_rows": 1,
+            "neg_labelled": 2.0,
+            "neg_total": 5.0,
+            "neg_uniform": 1.25,
+            "neg_rows": 1,
+        }
+    )
     assert precision(sums, "pos") == pytest.approx({"precision": 0.5, "uniform": 1 / 3, "lift": 1.5, "rows": 1})
     assert precision(sums, "neg") == pytest.approx({"precision": 0.4, "uniform": 0.25, "lift": 1.6, "rows": 1})
     total = add_sums(add_sums({}, sums), sums)
@@ -287,13 +305,17 @@ def test_warm_up_reaches_the_prior_tail_included():
 
 
 def test_lab_cli_bad_input_exits_2(capsys):
-    for argv, message in ((["--tasks", "maze"], "unknown lab task 'maze'"), (["--seeds", "0", "0"], "duplicates"),
-                          (["--pass_k", "64"], "pass_k"), (["--bogus", "1"], "unrecognized arguments"),
-                          (["--horizon", "0"], "horizon of needle must be between 1 and 512, got 0"),
-                          (["--horizon", "x"], "--horizon: invalid int value"),
-                          (["--tasks", "mdp", "--horizon", "8", "--decisive", "9"], "decisive of mdp must be between 1"),
-                          (["--decisive", "2"], "decisive sets the number of forks of fork and mdp; needle takes 1"),
-                          (["--num_generations", "1"], "num_generations must be >= 2")):
+    for argv, message in (
+        (["--tasks", "maze"], "unknown lab task 'maze'"),
+        (["--seeds", "0", "0"], "duplicates"),
+        (["--pass_k", "64"], "pass_k"),
+        (["--bogus", "1"], "unrecognized arguments"),
+        (["--horizon", "0"], "horizon of needle must be between 1 and 512, got 0"),
+        (["--horizon", "x"], "--horizon: invalid int value"),
+        (["--tasks", "mdp", "--horizon", "8", "--decisive", "9"], "decisive of mdp must be between 1"),
+        (["--decisive", "2"], "decisive sets the number of forks of fork and mdp; needle takes 1"),
+        (["--num_generations", "1"], "num_generations must be >= 2"),
+    ):
         assert cli_main(["lab", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("trl-credit lab: error:") and message in err[0], err
@@ -302,16 +324,41 @@ def test_lab_cli_bad_input_exits_2(capsys):
 def test_lab_help_describes_the_knobs(capsys):
     assert cli_main(["lab", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    for option, words in (("--horizon", "completion length in tokens"), ("--decisive", "number of decisive positions"),
-                          ("--num_generations", "Group size G"), ("--methods", "Credit methods")):
+    for option, words in (
+        ("--horizon", "completion length in tokens"),
+        ("--decisive", "number of decisive positions"),
+        ("--num_generations", "Group size G"),
+        ("--methods", "Credit methods"),
+    ):
         assert option in text and words in text, option
 
 
 def test_tiny_oracle_run_credits_only_the_forks(tmp_path):
     """The oracle through the real trainer: all the credit of every response lands on its forks, GRPO's on 1/H."""
-    argv = ["lab", "--methods", "grpo", "oracle", "--tasks", "mdp", "--horizon", "16", "--decisive", "2",
-            "--seeds", "0", "--max_steps", "3", "--warm_up_steps", "20", "--eval_samples", "2", "--pass_k", "1",
-            "--output_dir", str(tmp_path)]
+    argv = [
+        "lab",
+        "--methods",
+        "grpo",
+        "oracle",
+        "--tasks",
+        "mdp",
+        "--horizon",
+        "16",
+        "--decisive",
+        "2",
+        "--seeds",
+        "0",
+        "--max_steps",
+        "3",
+        "--warm_up_steps",
+        "20",
+        "--eval_samples",
+        "2",
+        "--pass_k",
+        "1",
+        "--output_dir",
+        str(tmp_path),
+    ]
     assert cli_main(argv) == 0
     grpo, oracle = (r["metrics"] for r in json.loads((tmp_path / "results.json").read_text())["runs"])
     for sign in ("pos", "neg"):
@@ -327,12 +374,33 @@ def test_tiny_oracle_run_credits_only_the_forks(tmp_path):
 
 def test_tiny_lab_run(tmp_path, capsys):
     """Two methods on the fork task, a few steps: records, GRPO's uniform spread, the report, no rerun of done runs."""
-    argv = ["lab", "--methods", "grpo", "taco", "--tasks", "fork", "--seeds", "0", "--max_steps", "4",
-            "--warm_up_steps", "50", "--eval_samples", "4", "--pass_k", "1", "2", "--output_dir", str(tmp_path)]
+    argv = [
+        "lab",
+        "--methods",
+        "grpo",
+        "taco",
+        "--tasks",
+        "fork",
+        "--seeds",
+        "0",
+        "--max_steps",
+        "4",
+        "--warm_up_steps",
+        "50",
+        "--eval_samples",
+        "4",
+        "--pass_k",
+        "1",
+        "2",
+        "--output_dir",
+        str(tmp_path),
+    ]
     assert cli_main(argv) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert [(r["task"], r["method"], r["seed"], r["steps"]) for r in results["runs"]] == [
-        ("fork", "grpo", 0, 4), ("fork", "taco", 0, 4)]
+        ("fork", "grpo", 0, 4),
+        ("fork", "taco", 0, 4),
+    ]
     grpo, taco = (r["metrics"] for r in results["runs"])
     # The fork is one of 8 completion tokens: GRPO puts exactly 1/8 of each response's credit there.
     for sign in ("pos", "neg"):
@@ -350,14 +418,19 @@ def test_tiny_lab_run(tmp_path, capsys):
 
 
 def test_a_trainer_without_the_ground_truth_refuses_the_oracle_at_init(tmp_path):
-    import trl_credit.lab.trainer  # noqa: F401  (registers the oracle)
     from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
 
+    import trl_credit.lab.trainer  # noqa: F401  (registers the oracle)
     from trl_credit import CreditGRPOTrainer
 
     tokenizer = make_tiny_tokenizer()
-    with pytest.raises(ValueError, match=r"'oracle' reads \['task_decisive'\], which CreditGRPOTrainer does not compute"):
+    with pytest.raises(
+        ValueError, match=r"'oracle' reads \['task_decisive'\], which CreditGRPOTrainer does not compute"
+    ):
         CreditGRPOTrainer(
-            model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=tiny_config("oracle", tmp_path),
-            train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
+            model=make_tiny_model(tokenizer),
+            reward_funcs=length_reward,
+            args=tiny_config("oracle", tmp_path),
+            train_dataset=tiny_prompt_dataset(),
+            processing_class=tokenizer,
         )

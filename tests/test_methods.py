@@ -216,16 +216,31 @@ def test_edge_cases_single_token_all_masked_ties_and_equal_quantiles():
         (lambda a, lp, e, d, m: taco_advantages(a, lp, e, m, alpha=0.0), r"taco_alpha must be in \(0, 1\], got 0.0"),
         (lambda a, lp, e, d, m: taco_advantages(a, lp, e, m, lam=1.5), r"taco_lambda must be in \[0, 1\], got 1.5"),
         (lambda a, lp, e, d, m: eapo_advantages(a, e, m, kappa=-1.0), "eapo_kappa must be finite and >= 0, got -1.0"),
-        (lambda a, lp, e, d, m: eapo_advantages(a, e, m, quantiles=(0.9, 0.1)), "eapo_quantiles must be two values lo, hi"),
+        (
+            lambda a, lp, e, d, m: eapo_advantages(a, e, m, quantiles=(0.9, 0.1)),
+            "eapo_quantiles must be two values lo, hi",
+        ),
         (lambda a, lp, e, d, m: tide_advantages(a, d, e, m, V, tau=0.0), "tide_tau must be finite and > 0, got 0.0"),
         (lambda a, lp, e, d, m: tide_advantages(a, d, e, m, 1), r"vocabulary size \|V\| >= 2"),
         (lambda a, lp, e, d, m: tide_advantages(a, d, e, m, V, distance="kl"), "tide_distance must be one of"),
-        (lambda a, lp, e, d, m: tide_advantages(a, d + 2, e, m, V), r"statistic 'reference_deviation' must lie in \[0, 1\]"),
-        (lambda a, lp, e, d, m: taco_advantages(a, lp[:, :3], e, m), "statistic 'policy_logps' must have the shape of the mask"),
-        (lambda a, lp, e, d, m: taco_advantages(a[:2], lp, e, m), r"advantages_B must have shape \(B,\) and mask_BT \(B, T\)"),
+        (
+            lambda a, lp, e, d, m: tide_advantages(a, d + 2, e, m, V),
+            r"statistic 'reference_deviation' must lie in \[0, 1\]",
+        ),
+        (
+            lambda a, lp, e, d, m: taco_advantages(a, lp[:, :3], e, m),
+            "statistic 'policy_logps' must have the shape of the mask",
+        ),
+        (
+            lambda a, lp, e, d, m: taco_advantages(a[:2], lp, e, m),
+            r"advantages_B must have shape \(B,\) and mask_BT \(B, T\)",
+        ),
         (lambda a, lp, e, d, m: eapo_advantages(a.unsqueeze(1), e, m), r"advantages_B must have shape \(B,\)"),
         (lambda a, lp, e, d, m: eapo_advantages(a * float("nan"), e, m), "sequence_advantages_B has NaN or inf"),
-        (lambda a, lp, e, d, m: eapo_advantages(a, torch.where(m, float("inf"), e), m), "statistic 'rollout_entropy' has NaN or inf at valid positions"),
+        (
+            lambda a, lp, e, d, m: eapo_advantages(a, torch.where(m, float("inf"), e), m),
+            "statistic 'rollout_entropy' has NaN or inf at valid positions",
+        ),
     ],
 )
 def test_bad_input_raises_clear_value_error(call, message):

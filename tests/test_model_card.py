@@ -26,10 +26,18 @@ TACO_HYPERPARAMETERS = {"credit_method": "taco", "taco_alpha": 0.01, "taco_lambd
 
 def make_card(**overrides) -> ModelCard:
     arguments = dict(
-        base_model="HuggingFaceTB/SmolLM2-135M-Instruct", model_name="smollm2-taco", hub_model_id="someone/smollm2-taco",
-        dataset_name="open-r1/DAPO-Math-17k-Processed", method="taco", hyperparameters=TACO_HYPERPARAMETERS,
-        tags=["math"], plots=["plots/reward.png", "plots/taco_diagnostics.png"], eval_summary=None,
-        trainer_name="TACO", papers=[{**TACO_PAPER, "name": "taco"}], grpo_paper=GRPO_PAPER,
+        base_model="HuggingFaceTB/SmolLM2-135M-Instruct",
+        model_name="smollm2-taco",
+        hub_model_id="someone/smollm2-taco",
+        dataset_name="open-r1/DAPO-Math-17k-Processed",
+        method="taco",
+        hyperparameters=TACO_HYPERPARAMETERS,
+        tags=["math"],
+        plots=["plots/reward.png", "plots/taco_diagnostics.png"],
+        eval_summary=None,
+        trainer_name="TACO",
+        papers=[{**TACO_PAPER, "name": "taco"}],
+        grpo_paper=GRPO_PAPER,
     )
     return model_card.generate_credit_model_card(**{**arguments, **overrides})
 
@@ -51,13 +59,25 @@ def test_metadata_validates_and_has_the_tags():
 
 
 def test_sections_follow_trl_and_add_the_credit_method():
-    trl_template = Path(importlib.util.find_spec("trl").submodule_search_locations[0]) / "templates" / "lm_model_card.md"
+    trl_template = (
+        Path(importlib.util.find_spec("trl").submodule_search_locations[0]) / "templates" / "lm_model_card.md"
+    )
     trl_headings = [h for h in _headings(trl_template.read_text()) if "{{" not in h]
-    headings = _headings(make_card(eval_summary={"dataset": "math500", "n": 500, "avg@n": 0.4, "pass@k": {"1": 0.4}}).content)
+    headings = _headings(
+        make_card(eval_summary={"dataset": "math500", "n": 500, "avg@n": 0.4, "pass@k": {"1": 0.4}}).content
+    )
     # TRL's sections appear in TRL's order, ours are inserted around them.
     assert [h for h in headings if h in trl_headings] == trl_headings
-    expected = ["## Quick start", "## Training procedure", "### Credit method: TACO", "### Training data",
-                "### Training curves", "### Framework versions", "## Evaluation", "## Citations"]
+    expected = [
+        "## Quick start",
+        "## Training procedure",
+        "### Credit method: TACO",
+        "### Training data",
+        "### Training curves",
+        "### Framework versions",
+        "## Evaluation",
+        "## Citations",
+    ]
     assert [h for h in headings if h in expected] == expected
 
 
@@ -81,11 +101,21 @@ def test_grpo_citation_defaults_to_trl_and_is_not_repeated():
 
 
 def test_evaluation_table_from_summaries(tmp_path):
-    (tmp_path / "eval_math500.json").write_text(json.dumps(
-        {"model": "m", "dataset": "math500", "n": 500, "avg@k": {"8": 0.41, "16": 0.43},
-         "pass@k": {"1": 0.4, "8": 0.7}, "mean_completion_length": 812.5}))
-    (tmp_path / "eval_gsm8k.json").write_text(json.dumps(
-        {"model": "m", "dataset": "gsm8k", "n": 1319, "avg@n": 0.62, "pass@k": {"1": 0.6}}))
+    (tmp_path / "eval_math500.json").write_text(
+        json.dumps(
+            {
+                "model": "m",
+                "dataset": "math500",
+                "n": 500,
+                "avg@k": {"8": 0.41, "16": 0.43},
+                "pass@k": {"1": 0.4, "8": 0.7},
+                "mean_completion_length": 812.5,
+            }
+        )
+    )
+    (tmp_path / "eval_gsm8k.json").write_text(
+        json.dumps({"model": "m", "dataset": "gsm8k", "n": 1319, "avg@n": 0.62, "pass@k": {"1": 0.6}})
+    )
     (tmp_path / "eval_notes.json").write_text("[1, 2]")  # not a summary: ignored
     summaries = model_card.load_eval_summaries(tmp_path)
     assert [s["dataset"] for s in summaries] == ["gsm8k", "math500"]
@@ -108,8 +138,13 @@ def test_no_token_in_card_or_upload(tmp_path, monkeypatch, tiny_model_dir):
     plots = save_training_plots(history, output_dir)
     card = make_card(
         plots=plots,
-        hyperparameters={**TACO_HYPERPARAMETERS, "hub_token": FAKE_TOKEN, "tide_token_chunk_size": 256,
-                         "note": f"pushed with {FAKE_TOKEN}", "tracker_key": "wandb-secret-0123456789"},
+        hyperparameters={
+            **TACO_HYPERPARAMETERS,
+            "hub_token": FAKE_TOKEN,
+            "tide_token_chunk_size": 256,
+            "note": f"pushed with {FAKE_TOKEN}",
+            "tracker_key": "wandb-secret-0123456789",
+        },
         wandb_url=f"https://wandb.ai/someone/run?token={FAKE_TOKEN}",
     )
     card.save(output_dir / "README.md")
@@ -126,7 +161,9 @@ def test_no_token_in_card_or_upload(tmp_path, monkeypatch, tiny_model_dir):
     (output_dir / ".git").mkdir()
     (output_dir / ".git" / "HEAD").write_text("ref")
     uploaded = model_card.collect_upload_folder(output_dir)
-    assert {"README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", *plots} <= set(uploaded)
+    assert {"README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", *plots} <= set(
+        uploaded
+    )
     assert not [path for path in uploaded if path.startswith(("checkpoint-", "_", ".git"))]
     assert model_card.CARD_INPUTS_NAME not in uploaded  # the card's record stays local
     for relative in uploaded:
@@ -159,8 +196,14 @@ def _summary(dataset="chain_sum", split="test", n=4, correct=(0, 1, 3, 4), ks=(1
     from trl_credit.evaluation import summarize
 
     metrics = summarize(list(correct), n, list(ks), [10] * (n * len(correct)))
-    return {"model": "m", "dataset": dataset, "split": split, "n": n, **metrics,
-            "config": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64, "n": n}}
+    return {
+        "model": "m",
+        "dataset": dataset,
+        "split": split,
+        "n": n,
+        **metrics,
+        "config": {"temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64, "n": n},
+    }
 
 
 def test_eval_results_round_trip_through_the_cards_yaml(tmp_path):
@@ -174,8 +217,12 @@ def test_eval_results_round_trip_through_the_cards_yaml(tmp_path):
     [index] = _front_matter((tmp_path / "README.md").read_text())["model-index"]
     assert index["name"] == "smollm2-taco"
     found = {(r["dataset"]["name"], m["type"]): m["value"] for r in index["results"] for m in r["metrics"]}
-    expected = {("chain_sum", "avg@4"): 8 / 16, ("chain_sum", "pass@1"): 8 / 16, ("gsm8k", "avg@2"): 0.5,
-                ("gsm8k", "pass@2"): (1 + 0 + 1) / 3}
+    expected = {
+        ("chain_sum", "avg@4"): 8 / 16,
+        ("chain_sum", "pass@1"): 8 / 16,
+        ("gsm8k", "avg@2"): 0.5,
+        ("gsm8k", "pass@2"): (1 + 0 + 1) / 3,
+    }
     # pass@2 of 4 samples: 1 - C(4 - c, 2) / C(4, 2) per problem, c = 0, 1, 3, 4.
     expected[("chain_sum", "pass@2")] = (0 + (1 - 3 / 6) + 1 + 1) / 4
     expected[("chain_sum", "pass@4")] = 3 / 4
@@ -196,7 +243,10 @@ def test_eval_results_round_trip_through_the_cards_yaml(tmp_path):
         assert result.metric_value == summary[result.metric_type] and result.metric_name == result.metric_type
         assert result.metric_args == {"n": summary["n"], "temperature": 0.6, "top_p": 0.95, "max_new_tokens": 64}
     table = (tmp_path / "README.md").read_text().split("## Evaluation")[1]
-    assert "| Dataset | Split | Problems | n | avg@2 | avg@4 | pass@1 | pass@2 | pass@4 | Mean completion length |" in table
+    assert (
+        "| Dataset | Split | Problems | n | avg@2 | avg@4 | pass@1 | pass@2 | pass@4 | Mean completion length |"
+        in table
+    )
     assert "| chain_sum | test | 4 | 4 | – | 0.5 | 0.5 | 0.625 | 0.75 | 10 |" in table
 
 
@@ -216,18 +266,20 @@ def _quick_start_prompt(text: str):
     import ast
 
     code = text.split("## Quick start")[1].split("```python\n")[1].split("```")[0]
-    [assignment] = [node for node in ast.parse(code).body if isinstance(node, ast.Assign)
-                    and node.targets[0].id == "prompt"]
+    [assignment] = [
+        node for node in ast.parse(code).body if isinstance(node, ast.Assign) and node.targets[0].id == "prompt"
+    ]
     return ast.literal_eval(assignment.value), code
 
 
 def test_quick_start_asks_the_given_training_prompt():
-    messages = [{"role": "system", "content": 'Say "hi" {{ not jinja }} ünïcode\t\\ and \u2028'},
-                {"role": "user", "content": "What is 3 + 4?\n\n\nPut the final answer in \\boxed{}."}]
+    messages = [
+        {"role": "system", "content": 'Say "hi" {{ not jinja }} ünïcode\t\\ and \u2028'},
+        {"role": "user", "content": "What is 3 + 4?\n\n\nPut the final answer in \\boxed{}."},
+    ]
     prompt, code = _quick_start_prompt(make_card(example_prompt=messages).content)
     assert prompt == messages and "# The first training prompt" in code
-    assert _quick_start_prompt(make_card(example_prompt="Compute 2 + 2.")
-                               .content)[0] == "Compute 2 + 2."
+    assert _quick_start_prompt(make_card(example_prompt="Compute 2 + 2.").content)[0] == "Compute 2 + 2."
     generic, code = _quick_start_prompt(make_card().content)
     assert generic == [{"role": "user", "content": model_card.DEFAULT_QUICK_START_QUESTION}]
     assert "# The first training prompt" not in code
@@ -265,7 +317,8 @@ def test_regenerate_model_card_with_new_results_keeps_everything_else(tmp_path):
     after = (tmp_path / "README.md").read_text()
     [index] = _front_matter(after)["model-index"]
     assert {m["type"]: m["value"] for m in index["results"][0]["metrics"]} == {
-        key: summary[key] for key in ("avg@4", "pass@1", "pass@2", "pass@4")}
+        key: summary[key] for key in ("avg@4", "pass@1", "pass@2", "pass@4")
+    }
     assert "## Evaluation" in after and _quick_start_prompt(after)[0] == messages
     assert before.split("## Quick start")[1].split("### Framework versions")[0] in after  # the rest is unchanged
 

@@ -55,6 +55,7 @@ def test_smollm2_conversion_is_cached_and_loads(tmp_path, monkeypatch, capsys):
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
     assert tokenizer.eos_token == "<|im_end|>"
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith("<|im_start|>assistant\n")

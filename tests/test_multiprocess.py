@@ -71,23 +71,40 @@ def _deepspeed_config(stage: int) -> dict:
 def _accelerate_config(engine: str, directory: Path) -> dict:
     """An accelerate config for 2 CPU processes (`use_cpu: true`)."""
     config = {
-        "compute_environment": "LOCAL_MACHINE", "num_machines": 1, "num_processes": 2, "machine_rank": 0,
-        "use_cpu": True, "rdzv_backend": "static", "same_network": True,
+        "compute_environment": "LOCAL_MACHINE",
+        "num_machines": 1,
+        "num_processes": 2,
+        "machine_rank": 0,
+        "use_cpu": True,
+        "rdzv_backend": "static",
+        "same_network": True,
     }
     if engine in ("zero2", "zero3"):
         stage = int(engine[-1])
         ds_config = directory / f"ds_zero{stage}.json"
         ds_config.write_text(json.dumps(_deepspeed_config(stage), indent=2))
         # With a DeepSpeed JSON, accelerate refuses inline ZeRO keys and `mixed_precision` in the YAML.
-        config.update(distributed_type="DEEPSPEED", deepspeed_config={
-            "deepspeed_config_file": str(ds_config), "zero3_init_flag": stage == 3,
-        })
+        config.update(
+            distributed_type="DEEPSPEED",
+            deepspeed_config={
+                "deepspeed_config_file": str(ds_config),
+                "zero3_init_flag": stage == 3,
+            },
+        )
     elif engine == "fsdp2":
-        config.update(distributed_type="FSDP", mixed_precision="no", fsdp_config={
-            "fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": True,
-            "fsdp_state_dict_type": "FULL_STATE_DICT", "fsdp_cpu_ram_efficient_loading": False,
-            "fsdp_offload_params": False, "fsdp_activation_checkpointing": False,
-        })
+        config.update(
+            distributed_type="FSDP",
+            mixed_precision="no",
+            fsdp_config={
+                "fsdp_version": 2,
+                "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                "fsdp_reshard_after_forward": True,
+                "fsdp_state_dict_type": "FULL_STATE_DICT",
+                "fsdp_cpu_ram_efficient_loading": False,
+                "fsdp_offload_params": False,
+                "fsdp_activation_checkpointing": False,
+            },
+        )
     else:
         raise ValueError(engine)
     return config
@@ -114,16 +131,31 @@ def launch(engine: str, out: Path) -> None:
     """`accelerate launch` the worker with 2 processes under `engine`; fail on error or after LAUNCH_TIMEOUT_S."""
     command = [sys.executable, "-m", "accelerate.commands.launch"]
     if engine == "ddp":
-        command += ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                    "--dynamo_backend", "no"]
+        command += [
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+        ]
     else:
         config_file = out / "accelerate.yaml"
         config_file.write_text(yaml.safe_dump(_accelerate_config(engine, out)))
         command += ["--config_file", str(config_file), "--num_processes", "2"]
     command += ["--main_process_port", str(_free_port()), str(WORKER), str(out / "runs"), engine]
     env = dict(
-        os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-        CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu", TRL_CREDIT_EXPECTED_ROOT=str(ROOT),
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        CUDA_VISIBLE_DEVICES="",
+        DS_ACCELERATOR="cpu",
+        TRL_CREDIT_EXPECTED_ROOT=str(ROOT),
         # This checkout's trl_credit and the test helpers, ahead of any editable install of another checkout.
         PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
     )
@@ -138,7 +170,9 @@ def launch(engine: str, out: Path) -> None:
             except ProcessLookupError:
                 pass
         stdout, stderr = proc.communicate()
-        pytest.fail(f"{engine}: the 2-process launch hung for {LAUNCH_TIMEOUT_S} s:\n{stdout[-3000:]}\n{stderr[-6000:]}")
+        pytest.fail(
+            f"{engine}: the 2-process launch hung for {LAUNCH_TIMEOUT_S} s:\n{stdout[-3000:]}\n{stderr[-6000:]}"
+        )
     assert proc.returncode == 0, f"{engine} worker failed:\n{stdout[-4000:]}\n{stderr[-8000:]}"
     print(f"{engine}: 2-process launch took {time.perf_counter() - start:.1f} s")
 

@@ -35,11 +35,16 @@ def test_notebook_trains_grpo_and_taco_on_smollm2_offline(tmp_path):
         notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
     # The kernel runs in tmp_path (outputs land there) and must import this checkout, installed or not.
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "TRL_CREDIT_NOTEBOOK_STEPS": str(STEPS),
-           # One torch thread: on 2 cores shared with other processes, two threads run several times slower.
-           "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "TRL_CREDIT_NOTEBOOK_STEPS": str(STEPS),
+        # One torch thread: on 2 cores shared with other processes, two threads run several times slower.
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
     client.execute(env=env)
 
     outputs = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]

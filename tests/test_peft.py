@@ -20,7 +20,9 @@ METHODS = ["grpo", "taco", "eapo", "tide"]
 
 
 def _lora_config():
-    return peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM")
+    return peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0, task_type="CAUSAL_LM"
+    )
 
 
 class DeviationRecorder(CreditGRPOTrainer):
@@ -50,8 +52,12 @@ def test_every_method_trains_lora_and_the_adapter_reloads(tmp_path, method):
     trainer_cls = DeviationRecorder if method == "tide" else CreditGRPOTrainer
     DeviationRecorder.checked = 0
     trainer = trainer_cls(
-        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer, peft_config=_lora_config(),
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+        peft_config=_lora_config(),
     )
     policy = trainer.accelerator.unwrap_model(trainer.model)
     assert isinstance(policy, peft.PeftModel)

@@ -29,8 +29,13 @@ def test_find_trainer_state_prefers_most_advanced(tmp_path):
 
 
 def test_metric_series_skips_summary_and_missing_values():
-    history = [{"step": 1, "reward": 0.5}, {"step": 2, "loss": 0.1}, {"step": 3, "reward": float("nan")},
-               {"step": 3, "reward": 0.7}, {"train_runtime": 1.0, "reward": 9.0}]
+    history = [
+        {"step": 1, "reward": 0.5},
+        {"step": 2, "loss": 0.1},
+        {"step": 3, "reward": float("nan")},
+        {"step": 3, "reward": 0.7},
+        {"train_runtime": 1.0, "reward": 9.0},
+    ]
     assert plots.metric_series(history, "reward") == ([1, 3], [0.5, 0.7])
     assert plots.infer_method(history) == "grpo"
 
@@ -39,14 +44,22 @@ def test_diagnostics_grouped_by_prefix(tmp_path):
     history = json.loads(write_fake_trainer_state(tmp_path / "s.json", method="eapo").read_text())["log_history"]
     history[0]["eapo/new_metric"] = 1.0  # a diagnostic added later shows up without code changes
     groups = plots.diagnostic_metrics(history)
-    assert groups == {"credit": ["credit/adv_abs_mean"], "eapo": ["eapo/kappa", "eapo/mean_weight", "eapo/new_metric", "eapo/q_hi", "eapo/q_lo"]}
+    assert groups == {
+        "credit": ["credit/adv_abs_mean"],
+        "eapo": ["eapo/kappa", "eapo/mean_weight", "eapo/new_metric", "eapo/q_hi", "eapo/q_lo"],
+    }
 
 
 def test_save_training_plots_returns_card_relative_paths(tmp_path):
     history = json.loads(write_fake_trainer_state(tmp_path / "s.json", method="taco").read_text())["log_history"]
     written = plots.save_training_plots(history, tmp_path / "out")
-    assert written == ["plots/reward.png", "plots/entropy.png", "plots/completion_length.png",
-                       "plots/credit_diagnostics.png", "plots/taco_diagnostics.png"]
+    assert written == [
+        "plots/reward.png",
+        "plots/entropy.png",
+        "plots/completion_length.png",
+        "plots/credit_diagnostics.png",
+        "plots/taco_diagnostics.png",
+    ]
     for relative in written:
         _assert_png(tmp_path / "out" / relative)
 
@@ -55,11 +68,24 @@ def test_plot_cli_overlays_runs(tmp_path, capsys):
     for seed, (name, method) in enumerate([("taco-run", "taco"), ("eapo-run", "eapo"), ("grpo-run", "grpo")]):
         write_fake_trainer_state(tmp_path / name / "checkpoint-10" / "trainer_state.json", method=method, seed=seed)
     out = tmp_path / "figures"
-    argv = [str(tmp_path / "taco-run"), "--compare", str(tmp_path / "eapo-run"), str(tmp_path / "grpo-run"), "--output", str(out)]
+    argv = [
+        str(tmp_path / "taco-run"),
+        "--compare",
+        str(tmp_path / "eapo-run"),
+        str(tmp_path / "grpo-run"),
+        "--output",
+        str(out),
+    ]
     assert plot_main(argv) == 0
     names = sorted(path.name for path in out.glob("*.png"))
-    assert names == ["completion_length.png", "credit_diagnostics.png", "eapo_diagnostics.png", "entropy.png",
-                     "reward.png", "taco_diagnostics.png"]
+    assert names == [
+        "completion_length.png",
+        "credit_diagnostics.png",
+        "eapo_diagnostics.png",
+        "entropy.png",
+        "reward.png",
+        "taco_diagnostics.png",
+    ]
     for path in out.glob("*.png"):
         _assert_png(path)
     assert capsys.readouterr().out.count("wrote ") == 6

@@ -45,16 +45,24 @@ def test_no_module_outside_the_methods_names_a_method():
     assert not found, "\n".join(found)
 
 
-BUILT_IN = sorted(name for name, m in CREDIT_METHODS.items() if m.function.__module__.startswith("trl_credit.methods."))
+BUILT_IN = sorted(
+    name for name, m in CREDIT_METHODS.items() if m.function.__module__.startswith("trl_credit.methods.")
+)
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_every_registration_is_complete(name):
     method = CREDIT_METHODS[name]
     assert method.display_name and method.summary and method.diagnostics and method.token_statistic
-    assert method.paper and {"title", "id", "citation"} <= set(method.paper) and method.paper["id"] in method.paper["citation"]
+    assert (
+        method.paper
+        and {"title", "id", "citation"} <= set(method.paper)
+        and method.paper["id"] in method.paper["citation"]
+    )
     assert not set(method.diagnostics) & set(COMMON_DIAGNOSTICS)
     for field in method.argument_fields():
         assert field.metadata.get("help"), f"{name}.{field.name} has no help"
-    statistics = method.statistics if not callable(method.statistics) else method.statistics_for(method.hyperparameters())
+    statistics = (
+        method.statistics if not callable(method.statistics) else method.statistics_for(method.hyperparameters())
+    )
     assert set(statistics) <= set(STATISTICS)

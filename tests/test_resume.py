@@ -27,8 +27,11 @@ def _trainer(method, output_dir, **overrides):
     settings = dict(max_steps=4, save_strategy="steps", save_steps=2) | overrides
     args = tiny_config(method, output_dir, **settings)
     return CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
-        train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
     )
 
 

@@ -64,7 +64,11 @@ def test_accuracy_correct_wrong_and_equivalent():
     golds = ["0.5", "1000", r"\frac{9}{7}", r"\left( 3, \frac{\pi}{2} \right)", "4.5e33", "4", "12"]
     assert accuracy_reward(conversational(completions), golds) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
     assert accuracy_reward(completions, golds) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]  # plain completions
-    assert REWARD_STATS.snapshot_and_reset() == {"rewards/timeouts": 0, "rewards/parse_failures": 0, "rewards/no_answer": 0}
+    assert REWARD_STATS.snapshot_and_reset() == {
+        "rewards/timeouts": 0,
+        "rewards/parse_failures": 0,
+        "rewards/no_answer": 0,
+    }
 
 
 def test_accuracy_malformed_answers_score_zero_and_are_counted():
@@ -151,7 +155,8 @@ def test_get_reward_funcs_by_name_and_path():
     assert (overlong.max_completion_len, overlong.soft_punish_cache) == (48, 9)  # buffer capped at a fifth
     assert get_reward_funcs(["overlong"], max_completion_length=30000)[0].soft_punish_cache == 4096
     assert get_reward_funcs(["trl_credit.rewards:format_reward", "trl_credit.rewards.format_reward"]) == [
-        format_reward, format_reward
+        format_reward,
+        format_reward,
     ]
     with pytest.raises(ValueError, match="unknown reward 'acc'; choose from accuracy, format, overlong"):
         get_reward_funcs(["acc"])

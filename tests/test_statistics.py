@@ -77,12 +77,25 @@ def test_streamed_matches_float64():
 def test_sampled_logprob_entropy_and_max_logprob_match_float64(token_chunk, vocab_chunk):
     g = torch.Generator().manual_seed(3)
     n, h, v = 60, 16, 1000
-    hidden, weight, bias = torch.randn(n, h, generator=g) * 2, torch.randn(v, h, generator=g), torch.randn(v, generator=g)
+    hidden, weight, bias = (
+        torch.randn(n, h, generator=g) * 2,
+        torch.randn(v, h, generator=g),
+        torch.randn(v, generator=g),
+    )
     # Tokens at both ends of the vocabulary and of every chunk, and random ones.
-    token_ids = torch.cat([torch.tensor([0, v - 1, min(vocab_chunk - 1, v - 1), min(vocab_chunk, v - 1)]), torch.randint(0, v, (n - 4,), generator=g)])
+    token_ids = torch.cat(
+        [
+            torch.tensor([0, v - 1, min(vocab_chunk - 1, v - 1), min(vocab_chunk, v - 1)]),
+            torch.randint(0, v, (n - 4,), generator=g),
+        ]
+    )
     transform = LogitTransform(scale=0.5, softcap=3.0)
-    logps, entropy, max_logprob = token_statistics(hidden, weight, bias, token_ids, 0.7, token_chunk, vocab_chunk, transform)
+    logps, entropy, max_logprob = token_statistics(
+        hidden, weight, bias, token_ids, 0.7, token_chunk, vocab_chunk, transform
+    )
     logp_NV = torch.log_softmax(transform(hidden.double() @ weight.double().T + bias.double(), 0.7), dim=-1)
-    torch.testing.assert_close(logps.double(), logp_NV.gather(1, token_ids.unsqueeze(1)).squeeze(1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        logps.double(), logp_NV.gather(1, token_ids.unsqueeze(1)).squeeze(1), atol=1e-5, rtol=1e-5
+    )
     torch.testing.assert_close(entropy.double(), -(logp_NV.exp() * logp_NV).sum(-1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(max_logprob.double(), logp_NV.max(-1).values, atol=1e-5, rtol=1e-5)

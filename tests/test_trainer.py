@@ -21,11 +21,19 @@ from conftest import (
     tiny_config,
     tiny_prompt_dataset,
 )
+from test_methods import eapo_loop, taco_loop, tide_loop
 from trl import GRPOTrainer
 
-from trl_credit import CreditGRPOConfig, CreditGRPOTrainer, EAPOConfig, EAPOTrainer, TACOConfig, TACOTrainer, TIDEConfig, TIDETrainer
-from test_methods import eapo_loop, taco_loop, tide_loop
-
+from trl_credit import (
+    CreditGRPOConfig,
+    CreditGRPOTrainer,
+    EAPOConfig,
+    EAPOTrainer,
+    TACOConfig,
+    TACOTrainer,
+    TIDEConfig,
+    TIDETrainer,
+)
 from trl_credit.methods import CREDIT_METHODS, eapo_kappa_schedule
 
 METHODS = ["grpo", "taco", "eapo", "tide"]
@@ -93,7 +101,9 @@ class AdvantageRecorder:
             logp_ref = naive_logprobs(reference, batch, trainer.temperature)
             deviation = (1 - torch.exp(0.5 * (logp_policy + logp_ref)).sum(-1)).clamp(0, 1)
             vocab = logp_policy.size(-1)
-            expected = tide_loop(batch["advantages"], deviation, entropy, mask, vocab, hp["tide_tau"], hp["tide_kappa"])
+            expected = tide_loop(
+                batch["advantages"], deviation, entropy, mask, vocab, hp["tide_tau"], hp["tide_kappa"]
+            )
         for i in range(mask.size(0)):
             self.expected[_row_key(batch["prompt_ids"][i], batch["completion_ids"][i])] = expected[i]
 
@@ -129,7 +139,11 @@ def run_training(monkeypatch, tmp_path, method, model=None, trainer_cls=CreditGR
     model = make_tiny_model(tokenizer) if model is None else model
     args = tiny_config(method, tmp_path / "out", **overrides) if args is None else args
     trainer = trainer_cls(
-        model=model, reward_funcs=length_reward, args=args, train_dataset=tiny_prompt_dataset(), processing_class=tokenizer
+        model=model,
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
     )
     recorder = AdvantageRecorder(monkeypatch, trainer)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
@@ -197,7 +211,12 @@ def test_mask_truncated_completions(monkeypatch, tmp_path, method):
 
 @pytest.mark.parametrize(
     "method,neutral",
-    [("grpo", {}), ("taco", {"taco_lambda": 0.0}), ("eapo", {"eapo_kappa": 0.0}), ("tide", {"tide_kappa": 0.0, "tide_tau": 1e6})],
+    [
+        ("grpo", {}),
+        ("taco", {"taco_lambda": 0.0}),
+        ("eapo", {"eapo_kappa": 0.0}),
+        ("tide", {"tide_kappa": 0.0, "tide_tau": 1e6}),
+    ],
 )
 def test_parity_with_grpo_trainer(tmp_path, method, neutral):
     """A neutral setting of each method gives GRPOTrainer's losses, gradient norms and final weights."""
@@ -206,14 +225,20 @@ def test_parity_with_grpo_trainer(tmp_path, method, neutral):
     common = dict(max_steps=2, num_iterations=2, learning_rate=1e-2)
 
     credit = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
-        args=tiny_config(method, tmp_path / "credit", **common, **neutral), train_dataset=dataset,
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        processing_class=tokenizer,
+        args=tiny_config(method, tmp_path / "credit", **common, **neutral),
+        train_dataset=dataset,
     )
     credit.train()
     plain_args = tiny_config("grpo", tmp_path / "plain", **common)
     plain = GRPOTrainer(
-        model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
-        args=plain_args, train_dataset=dataset,
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        processing_class=tokenizer,
+        args=plain_args,
+        train_dataset=dataset,
     )
     plain.train()
     for got, want in zip(credit.state.log_history[:-1], plain.state.log_history[:-1]):
@@ -226,23 +251,37 @@ def test_parity_with_grpo_trainer(tmp_path, method, neutral):
 def test_single_method_trainers_use_their_configs_and_paper_metadata(tmp_path):
     tokenizer = make_tiny_tokenizer()
     for trainer_cls, config_cls, method in [
-        (TACOTrainer, TACOConfig, "taco"), (EAPOTrainer, EAPOConfig, "eapo"), (TIDETrainer, TIDEConfig, "tide"),
+        (TACOTrainer, TACOConfig, "taco"),
+        (EAPOTrainer, EAPOConfig, "eapo"),
+        (TIDETrainer, TIDEConfig, "tide"),
     ]:
         args = config_cls(
-            output_dir=str(tmp_path / method), use_cpu=True, bf16=False, gradient_checkpointing=False,
-            per_device_train_batch_size=4, num_generations=4, max_completion_length=4, report_to="none",
+            output_dir=str(tmp_path / method),
+            use_cpu=True,
+            bf16=False,
+            gradient_checkpointing=False,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=4,
+            report_to="none",
         )
         assert args.credit_method == method and args.epsilon_high == 0.28
         trainer = trainer_cls(
-            model=make_tiny_model(tokenizer), reward_funcs=length_reward, args=args,
-            train_dataset=tiny_prompt_dataset(), processing_class=tokenizer,
+            model=make_tiny_model(tokenizer),
+            reward_funcs=length_reward,
+            args=args,
+            train_dataset=tiny_prompt_dataset(),
+            processing_class=tokenizer,
         )
         assert method in trainer._tag_names and trainer._paper["id"]
         with pytest.raises(ValueError, match=f"trains with credit_method='{method}'"):
             other = "taco" if method != "taco" else "eapo"
             trainer_cls(
-                model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
-                args=tiny_config(other, tmp_path / "x"), train_dataset=tiny_prompt_dataset(),
+                model=make_tiny_model(tokenizer),
+                reward_funcs=length_reward,
+                processing_class=tokenizer,
+                args=tiny_config(other, tmp_path / "x"),
+                train_dataset=tiny_prompt_dataset(),
             )
 
 
@@ -252,8 +291,11 @@ def test_plain_grpo_config_is_refused(tmp_path):
     tokenizer = make_tiny_tokenizer()
     with pytest.raises(TypeError, match="needs a CreditGRPOConfig"):
         CreditGRPOTrainer(
-            model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
-            args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False), train_dataset=tiny_prompt_dataset(),
+            model=make_tiny_model(tokenizer),
+            reward_funcs=length_reward,
+            processing_class=tokenizer,
+            args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False),
+            train_dataset=tiny_prompt_dataset(),
         )
 
 
@@ -273,7 +315,11 @@ def test_plain_grpo_config_is_refused(tmp_path):
         ("grpo", {"statistics_vocab_chunk_size": 0}, "statistics_vocab_chunk_size must be >= 1"),
         ("grpo", {"credit_kwargs": "{boost: 2}"}, "credit_kwargs must be a JSON object"),
         ("grpo", {"credit_kwargs": "[2.0]"}, "credit_kwargs must be a mapping"),
-        ("grpo", {"credit_kwargs": {"boost": 2.0}}, r"credit_kwargs names \['boost'\], which no method of 'grpo' reads"),
+        (
+            "grpo",
+            {"credit_kwargs": {"boost": 2.0}},
+            r"credit_kwargs names \['boost'\], which no method of 'grpo' reads",
+        ),
         ("eapo", {"taco_alpha": 0.5}, r"credit_kwargs names \['taco_alpha'\], which no method of 'eapo' reads"),
     ],
 )
@@ -298,8 +344,11 @@ def test_a_method_dropping_tokens_under_a_generation_normaliser_warns_once(tmp_p
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             CreditGRPOTrainer(
-                model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
-                args=tiny_config("stapo", tmp_path / loss_type, loss_type=loss_type), train_dataset=tiny_prompt_dataset(),
+                model=make_tiny_model(tokenizer),
+                reward_funcs=length_reward,
+                processing_class=tokenizer,
+                args=tiny_config("stapo", tmp_path / loss_type, loss_type=loss_type),
+                train_dataset=tiny_prompt_dataset(),
             )
         return [str(w.message) for w in caught if "still count in the normaliser" in str(w.message)]
 
@@ -317,14 +366,17 @@ def test_eapo_kappa_decays_linearly(monkeypatch, tmp_path):
 
 def test_tide_old_reference_tracks_previous_policy(monkeypatch, tmp_path):
     trainer, recorder, before, after = run_training(monkeypatch, tmp_path, "tide", tide_reference="old")
-    deviations = [entry["tide/mean_deviation"] for entry in trainer.state.log_history if "tide/mean_deviation" in entry]
+    deviations = [
+        entry["tide/mean_deviation"] for entry in trainer.state.log_history if "tide/mean_deviation" in entry
+    ]
     assert deviations[0] == pytest.approx(0.0, abs=1e-6)  # nothing has moved before the first batch
     assert deviations[1] > 0
     assert_all_params_changed(before, after)
 
 
 @pytest.mark.parametrize(
-    "method", sorted(name for name, m in CREDIT_METHODS.items() if m.function.__module__.startswith("trl_credit.methods."))
+    "method",
+    sorted(name for name, m in CREDIT_METHODS.items() if m.function.__module__.startswith("trl_credit.methods.")),
 )
 def test_a_non_finite_statistic_at_a_valid_position_raises_for_every_method(monkeypatch, tmp_path, method):
     """One LM-head row set to NaN once the batch is generated: every statistic computed from then on is NaN."""
@@ -339,8 +391,13 @@ def test_a_non_finite_statistic_at_a_valid_position_raises_for_every_method(monk
     monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate_then_break_the_head)
     tokenizer = make_tiny_tokenizer()
     trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer), reward_funcs=length_reward, processing_class=tokenizer,
-        args=tiny_config(method, tmp_path, max_steps=1), train_dataset=tiny_prompt_dataset(),
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        processing_class=tokenizer,
+        args=tiny_config(method, tmp_path, max_steps=1),
+        train_dataset=tiny_prompt_dataset(),
     )
-    with pytest.raises(ValueError, match=rf"credit method '{method}': statistic '\w+' has NaN or inf at valid positions"):
+    with pytest.raises(
+        ValueError, match=rf"credit method '{method}': statistic '\w+' has NaN or inf at valid positions"
+    ):
         trainer.train()

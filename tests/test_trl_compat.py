@@ -42,8 +42,18 @@ def _fails_naming_the_range(match):
 def test_a_new_multimodal_keyword_of_the_scoring_forward_is_caught(monkeypatch):
     original = GRPOTrainer._get_per_token_logps_and_entropies
 
-    def scoring(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
-                compute_aux_loss=False, pixel_values=None, video_grid_thw=None):
+    def scoring(
+        self,
+        model,
+        input_ids,
+        attention_mask,
+        logits_to_keep,
+        batch_size=None,
+        compute_entropy=False,
+        compute_aux_loss=False,
+        pixel_values=None,
+        video_grid_thw=None,
+    ):
         return original(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy)
 
     monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", scoring)

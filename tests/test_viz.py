@@ -24,9 +24,17 @@ def record_with_weights(weights, *, step=1, advantage=0.5, tokens=None, statisti
     n = len(weights)
     tokens = tokens or [f" tok{i}" for i in range(n)]
     return viz.token_credit_record(
-        step=step, method="eapo", prompt="Compute 3 + 4.", completion="".join(tokens), reward=1.0,
-        advantage=advantage, token_ids=list(range(n)), token_advantages=[advantage * w for w in weights],
-        logps=[-1.0] * n, entropies=[0.5] * n, tokens=tokens,
+        step=step,
+        method="eapo",
+        prompt="Compute 3 + 4.",
+        completion="".join(tokens),
+        reward=1.0,
+        advantage=advantage,
+        token_ids=list(range(n)),
+        token_advantages=[advantage * w for w in weights],
+        logps=[-1.0] * n,
+        entropies=[0.5] * n,
+        tokens=tokens,
         statistic=statistic if statistic is not None else [0.1] * n,
     )
 
@@ -37,10 +45,19 @@ def record_with_weights(weights, *, step=1, advantage=0.5, tokens=None, statisti
 def test_record_drops_masked_positions_and_computes_weights(tiny_tokenizer):
     ids = tiny_tokenizer.convert_tokens_to_ids(["the", "sum", "is", "7", "<pad>"])
     record = viz.token_credit_record(
-        step=2, method="taco", prompt="p", completion="the sum is 7", reward=1.0, advantage=torch.tensor(0.8),
-        token_ids=torch.tensor(ids), token_advantages=torch.tensor([0.8, 0.4, 0.8, 0.8, 0.0]),
-        logps=torch.tensor([-0.1, -9.0, -0.2, float("nan"), 0.0]), entropies=torch.zeros(5),
-        mask=torch.tensor([1, 1, 1, 1, 0]), tokenizer=tiny_tokenizer, statistic=torch.tensor([-1.0, 2.0, -1.0, -1.0, 0.0]),
+        step=2,
+        method="taco",
+        prompt="p",
+        completion="the sum is 7",
+        reward=1.0,
+        advantage=torch.tensor(0.8),
+        token_ids=torch.tensor(ids),
+        token_advantages=torch.tensor([0.8, 0.4, 0.8, 0.8, 0.0]),
+        logps=torch.tensor([-0.1, -9.0, -0.2, float("nan"), 0.0]),
+        entropies=torch.zeros(5),
+        mask=torch.tensor([1, 1, 1, 1, 0]),
+        tokenizer=tiny_tokenizer,
+        statistic=torch.tensor([-1.0, 2.0, -1.0, -1.0, 0.0]),
     )
     assert record["tokens"] == ["the", "sum", "is", "7"]
     assert record["token_ids"] == ids[:4]
@@ -52,23 +69,46 @@ def test_record_drops_masked_positions_and_computes_weights(tiny_tokenizer):
 
 def test_record_zero_advantage_has_unit_weights_and_no_statistic():
     record = viz.token_credit_record(
-        step=0, method="grpo", prompt="p", completion="ab", reward=0.0, advantage=0.0, token_ids=[5, 6],
-        token_advantages=[0.0, 0.0], logps=[-1.0, -2.0], entropies=[1.0, 1.0], tokens=["a", "b"],
+        step=0,
+        method="grpo",
+        prompt="p",
+        completion="ab",
+        reward=0.0,
+        advantage=0.0,
+        token_ids=[5, 6],
+        token_advantages=[0.0, 0.0],
+        logps=[-1.0, -2.0],
+        entropies=[1.0, 1.0],
+        tokens=["a", "b"],
     )
     assert record["weights"] == [1.0, 1.0]
     assert record["statistic"] is None and record["statistic_name"] is None
 
 
 def test_records_from_batch(tiny_tokenizer):
-    ids_BT = torch.tensor([tiny_tokenizer.convert_tokens_to_ids(["so", "7", "<pad>"]),
-                           tiny_tokenizer.convert_tokens_to_ids(["the", "answer", "is"])])
+    ids_BT = torch.tensor(
+        [
+            tiny_tokenizer.convert_tokens_to_ids(["so", "7", "<pad>"]),
+            tiny_tokenizer.convert_tokens_to_ids(["the", "answer", "is"]),
+        ]
+    )
     mask_BT = ids_BT != tiny_tokenizer.pad_token_id
     advantages_B = torch.tensor([1.0, -1.0])
     records = viz.token_credit_records_from_batch(
-        step=5, method="tide", prompts=["p0", "p1"], completions=["so 7", "the answer is"], rewards_B=torch.tensor([1.0, 0.0]),
-        advantages_B=advantages_B, completion_ids_BT=ids_BT, token_advantages_BT=advantages_B[:, None] * torch.full((2, 3), 1.5),
-        logps_BT=torch.zeros(2, 3), entropies_BT=torch.ones(2, 3), mask_BT=mask_BT, tokenizer=tiny_tokenizer,
-        statistic_BT=torch.rand(2, 3), max_records=2,
+        step=5,
+        method="tide",
+        prompts=["p0", "p1"],
+        completions=["so 7", "the answer is"],
+        rewards_B=torch.tensor([1.0, 0.0]),
+        advantages_B=advantages_B,
+        completion_ids_BT=ids_BT,
+        token_advantages_BT=advantages_B[:, None] * torch.full((2, 3), 1.5),
+        logps_BT=torch.zeros(2, 3),
+        entropies_BT=torch.ones(2, 3),
+        mask_BT=mask_BT,
+        tokenizer=tiny_tokenizer,
+        statistic_BT=torch.rand(2, 3),
+        max_records=2,
     )
     assert [r["tokens"] for r in records] == [["so", "7"], ["the", "answer", "is"]]
     assert records[1]["weights"] == [1.5, 1.5, 1.5] and records[1]["statistic_name"] == "deviation"
@@ -77,8 +117,17 @@ def test_records_from_batch(tiny_tokenizer):
 def test_record_rejects_misaligned_inputs():
     with pytest.raises(viz.TokenCreditError, match="positions"):
         viz.token_credit_record(
-            step=0, method="taco", prompt="", completion="", reward=0.0, advantage=1.0, token_ids=[1, 2, 3],
-            token_advantages=[1.0, 1.0], logps=[0.0] * 3, entropies=[0.0] * 3, tokens=["a", "b", "c"],
+            step=0,
+            method="taco",
+            prompt="",
+            completion="",
+            reward=0.0,
+            advantage=1.0,
+            token_ids=[1, 2, 3],
+            token_advantages=[1.0, 1.0],
+            logps=[0.0] * 3,
+            entropies=[0.0] * 3,
+            tokens=["a", "b", "c"],
         )
 
 
@@ -178,7 +227,9 @@ def test_dispatcher_runs_inspect(tmp_path, capsys):
 def test_inspect_writes_html_and_png(tmp_path):
     viz.append_token_credit(tmp_path, fake_token_credit_records("eapo", steps=3, per_step=4))
     out = tmp_path / "view" / "page.html"
-    assert inspect_main([str(tmp_path), "--step", "last", "--max-completions", "3", "--output", str(out), "--png"]) == 0
+    assert (
+        inspect_main([str(tmp_path), "--step", "last", "--max-completions", "3", "--output", str(out), "--png"]) == 0
+    )
     page = out.read_text()
     assert page.count('class="completion"') == 3 and 'data-step="3"' in page and 'data-step="1"' not in page
     image = _read_png(out.with_suffix(".png"))
@@ -204,10 +255,20 @@ def _has_colour(image, rgb, tol=3, min_pixels=50):
 
 def _chromium(tmp_path, url, *mode):
     command = [
-        CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-        "--force-color-profile=srgb", f"--user-data-dir={tmp_path / 'chromium-profile'}", "--window-size=1000,700",
-        *mode, url,
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+        "--force-color-profile=srgb",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+        "--window-size=1000,700",
+        *mode,
+        url,
     ]
     return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
 
@@ -215,9 +276,15 @@ def _chromium(tmp_path, url, *mode):
 @pytest.fixture
 def page_path(tmp_path):
     records = [
-        record_with_weights([0.25, 1.0, 4.0], step=1, tokens=[" penalised" * 2, " neutral" * 2, " boosted" * 2],
-                            statistic=[0.9, 0.1, 0.2]),
-        record_with_weights([1.0, 1.0], step=2, advantage=-0.5, tokens=[INJECTION, "line\nbreak"], statistic=[0.1, 0.2]),
+        record_with_weights(
+            [0.25, 1.0, 4.0],
+            step=1,
+            tokens=[" penalised" * 2, " neutral" * 2, " boosted" * 2],
+            statistic=[0.9, 0.1, 0.2],
+        ),
+        record_with_weights(
+            [1.0, 1.0], step=2, advantage=-0.5, tokens=[INJECTION, "line\nbreak"], statistic=[0.1, 0.2]
+        ),
     ]
     return viz.write_token_credit_html(records, tmp_path / "token_credit.html")
 

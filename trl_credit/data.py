@@ -94,7 +94,13 @@ SOURCES: dict[str, SourceSpec] = {
     "aime25": SourceSpec("hub", "math-ai/aime25", "problem", "answer", "plain", ("test",)),
     "amc23": SourceSpec("hub", "math-ai/amc23", "question", "answer", "plain", ("test",)),
     "olympiadbench": SourceSpec(
-        "hub", "Hothan/OlympiadBench", "question", "final_answer", "plain", ("train",), hub_config="OE_TO_maths_en_COMP"
+        "hub",
+        "Hothan/OlympiadBench",
+        "question",
+        "final_answer",
+        "plain",
+        ("train",),
+        hub_config="OE_TO_maths_en_COMP",
     ),
     # One-step arithmetic: "reason step by step" only makes a small model ramble past its token budget.
     "chain_sum": SourceSpec(
@@ -382,8 +388,14 @@ def load_math_dataset(
             a bad split, or no usable row.
     """
     return prepare_math_dataset(
-        source, split, prompt_column=prompt_column, answer_column=answer_column, system_prompt=system_prompt,
-        num_samples=num_samples, seed=seed, task_options=task_options,
+        source,
+        split,
+        prompt_column=prompt_column,
+        answer_column=answer_column,
+        system_prompt=system_prompt,
+        num_samples=num_samples,
+        seed=seed,
+        task_options=task_options,
     ).dataset
 
 

@@ -192,8 +192,10 @@ def baseline_citations() -> str:
 
 
 GENERATORS: dict[str, Callable[[], str]] = {
-    **{f"{command}_options": functools.partial(cli_options, command) for command in ("grpo", "eval", "inspect", "plot",
-                                                                                      "compare", "lab")},
+    **{
+        f"{command}_options": functools.partial(cli_options, command)
+        for command in ("grpo", "eval", "inspect", "plot", "compare", "lab")
+    },
     "citations": citations,
     "extending_example": extending_example,
     "baseline_citations": baseline_citations,

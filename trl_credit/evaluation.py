@@ -106,10 +106,14 @@ class EvalConfig:
             model card, copy the summary there as `eval_<dataset>_<split>.json` and render the card again with it.
     """
 
-    model_name_or_path: str = field(metadata={"help": "Local model folder, Hub id, or `smollm2-135m-instruct` (offline)."})
+    model_name_or_path: str = field(
+        metadata={"help": "Local model folder, Hub id, or `smollm2-135m-instruct` (offline)."}
+    )
     dataset_name: str = field(
-        metadata={"help": "Named source (gsm8k, math, math500, minerva, dapo-math-17k, aime24, aime25, amc23, "
-                          "olympiadbench, chain_sum), local .jsonl/.json/.parquet file, or Hub id."}
+        metadata={
+            "help": "Named source (gsm8k, math, math500, minerva, dapo-math-17k, aime24, aime25, amc23, "
+            "olympiadbench, chain_sum), local .jsonl/.json/.parquet file, or Hub id."
+        }
     )
     dataset_split: str | None = field(default=None, metadata={"help": "Split; defaults to the source's first."})
     prompt_column: str | None = field(default=None, metadata={"help": "Problem column of a file or Hub data set."})
@@ -117,7 +121,9 @@ class EvalConfig:
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system message."})
     num_problems: int | None = field(default=None, metadata={"help": "Evaluate a seeded random subset of this size."})
     n: int = field(default=4, metadata={"help": "Samples per problem."})
-    k: list[int] | None = field(default=None, metadata={"help": "k values of pass@k (each <= n); default 1, 2, 4, ..., n."})
+    k: list[int] | None = field(
+        default=None, metadata={"help": "k values of pass@k (each <= n); default 1, 2, 4, ..., n."}
+    )
     temperature: float = field(default=0.6, metadata={"help": "Sampling temperature; 0 for greedy decoding."})
     top_p: float = field(default=0.95, metadata={"help": "Nucleus sampling probability mass, in (0, 1]."})
     max_new_tokens: int = field(default=512, metadata={"help": "Maximum generated tokens per completion."})
@@ -129,7 +135,9 @@ class EvalConfig:
     )
     vllm_gpu_memory_utilization: float = field(default=0.9, metadata={"help": "vLLM GPU memory fraction."})
     verify_timeout: float = field(default=DEFAULT_VERIFY_TIMEOUT_S, metadata={"help": "Seconds per answer check."})
-    output_dir: str | None = field(default=None, metadata={"help": "Output folder; default eval_results/<model>__<dataset>."})
+    output_dir: str | None = field(
+        default=None, metadata={"help": "Output folder; default eval_results/<model>__<dataset>."}
+    )
     update_model_card: bool = field(
         default=True,
         metadata={"help": "Copy the summary into a trl-credit model folder and render its model card again with it."},
@@ -155,7 +163,9 @@ class EvalConfig:
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
         if self.output_dir is None:
-            self.output_dir = str(Path("eval_results") / f"{_slug(self.model_name_or_path)}__{_slug(self.dataset_name)}")
+            self.output_dir = str(
+                Path("eval_results") / f"{_slug(self.model_name_or_path)}__{_slug(self.dataset_name)}"
+            )
 
 
 def _slug(name: str) -> str:
@@ -219,8 +229,17 @@ class TransformersBackend:
         dtype: `"auto"` (bfloat16 on GPU, float32 on CPU) or a torch dtype name.
     """
 
-    def __init__(self, model_name_or_path: str, *, temperature: float, top_p: float, max_new_tokens: int,
-                 seed: int, batch_size: int, dtype: str = "auto") -> None:
+    def __init__(
+        self,
+        model_name_or_path: str,
+        *,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int,
+        batch_size: int,
+        dtype: str = "auto",
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -248,10 +267,17 @@ class TransformersBackend:
 
         set_seed(self.seed)
         greedy = self.temperature == 0
-        sampling = {"do_sample": False} if greedy else {
-            "do_sample": True, "temperature": self.temperature, "top_p": self.top_p, "top_k": 0,
-            "num_return_sequences": n,
-        }
+        sampling = (
+            {"do_sample": False}
+            if greedy
+            else {
+                "do_sample": True,
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "top_k": 0,
+                "num_return_sequences": n,
+            }
+        )
         results: list[list[Completion]] = []
         for start in range(0, len(prompts), self.batch_size):
             texts = [
@@ -278,8 +304,17 @@ class TransformersBackend:
 class VLLMBackend:
     """Sampling with vLLM (`LLM.chat`), imported only when this backend is chosen."""
 
-    def __init__(self, model_name_or_path: str, *, temperature: float, top_p: float, max_new_tokens: int,
-                 seed: int, dtype: str = "auto", gpu_memory_utilization: float = 0.9) -> None:
+    def __init__(
+        self,
+        model_name_or_path: str,
+        *,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int,
+        dtype: str = "auto",
+        gpu_memory_utilization: float = 0.9,
+    ) -> None:
         check_backend_available("vllm")
         from vllm import LLM, SamplingParams
 
@@ -295,8 +330,13 @@ class VLLMBackend:
 
 def build_backend(config: EvalConfig, model_path: str) -> GenerationBackend:
     """Load the model into the configured backend."""
-    common = dict(temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
-                  seed=config.seed, dtype=config.dtype)
+    common = dict(
+        temperature=config.temperature,
+        top_p=config.top_p,
+        max_new_tokens=config.max_new_tokens,
+        seed=config.seed,
+        dtype=config.dtype,
+    )
     if config.backend == "vllm":
         return VLLMBackend(model_path, gpu_memory_utilization=config.vllm_gpu_memory_utilization, **common)
     return TransformersBackend(model_path, batch_size=config.batch_size, **common)
@@ -310,8 +350,12 @@ def build_backend(config: EvalConfig, model_path: str) -> GenerationBackend:
 def prepare_eval_data(config: EvalConfig) -> PreparedDataset:
     """The evaluation problems (raises `ValueError` on an unknown source, bad split or missing column)."""
     return prepare_math_dataset(
-        config.dataset_name, config.dataset_split, prompt_column=config.prompt_column,
-        answer_column=config.answer_column, system_prompt=config.system_prompt, num_samples=config.num_problems,
+        config.dataset_name,
+        config.dataset_split,
+        prompt_column=config.prompt_column,
+        answer_column=config.answer_column,
+        system_prompt=config.system_prompt,
+        num_samples=config.num_problems,
         seed=config.seed,
     )
 
@@ -341,7 +385,9 @@ def run_evaluation(
     completions = backend.generate(list(problems["prompt"]), config.n)
     generation_s = time.monotonic() - started
     if len(completions) != len(problems) or any(len(group) != config.n for group in completions):
-        raise RuntimeError(f"the backend returned {[len(g) for g in completions]} completions, expected {config.n} each")
+        raise RuntimeError(
+            f"the backend returned {[len(g) for g in completions]} completions, expected {config.n} each"
+        )
 
     texts = [c.text for group in completions for c in group]
     golds = [gold for gold in problems["solution"] for _ in range(config.n)]

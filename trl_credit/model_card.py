@@ -65,7 +65,11 @@ def _summary(method: str | None) -> str:
     if method is None:
         return GRPO_SUMMARY
     registered = CREDIT_METHODS[method]
-    return f"{registered.display_name}: {registered.summary}" if registered.summary else f"`{method}`: a registered credit method."
+    return (
+        f"{registered.display_name}: {registered.summary}"
+        if registered.summary
+        else f"`{method}`: a registered credit method."
+    )
 
 
 def template_path() -> Path:
@@ -116,8 +120,13 @@ def _framework_versions() -> list[tuple[str, str]]:
     from trl_credit import __version__ as trl_credit_version
 
     versions = [("trl-credit", trl_credit_version)]
-    for label, distribution in [("TRL", "trl"), ("Transformers", "transformers"), ("Pytorch", "torch"),
-                                ("Datasets", "datasets"), ("Tokenizers", "tokenizers")]:
+    for label, distribution in [
+        ("TRL", "trl"),
+        ("Transformers", "transformers"),
+        ("Pytorch", "torch"),
+        ("Datasets", "datasets"),
+        ("Tokenizers", "tokenizers"),
+    ]:
         versions.append((label, installed(distribution)))
     return versions
 
@@ -144,8 +153,11 @@ def eval_metrics(summary: Mapping[str, Any]) -> dict[str, float]:
     Reads the flat keys `trl-credit eval` writes (`avg@4`, `pass@1`, ...) and the nested form
     `{"avg@k": {k: value}, "pass@k": {k: value}}`; `avg@n` is the accuracy averaged over the `n` samples per problem.
     """
-    metrics = {key: float(value) for key, value in summary.items()
-               if _METRIC_KEY.fullmatch(key) and isinstance(value, (int, float)) and not isinstance(value, bool)}
+    metrics = {
+        key: float(value)
+        for key, value in summary.items()
+        if _METRIC_KEY.fullmatch(key) and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
     for kind in ("avg", "pass"):
         for k, value in (summary.get(f"{kind}@k") or {}).items():
             metrics[f"{kind}@{k}"] = float(value)
@@ -180,8 +192,14 @@ def eval_table(summaries: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[
     names = list(eval_metrics({key: 0.0 for m in metrics for key in m}))  # every metric, in eval_metrics' order
     has_split = any(s.get("split") for s in summaries)
     has_problems = any("num_problems" in s for s in summaries)
-    columns = ["Dataset", *(["Split"] if has_split else []), *(["Problems"] if has_problems else []), "n", *names,
-               "Mean completion length"]
+    columns = [
+        "Dataset",
+        *(["Split"] if has_split else []),
+        *(["Problems"] if has_problems else []),
+        "n",
+        *names,
+        "Mean completion length",
+    ]
 
     def cell(value) -> str:
         if value is None:
@@ -191,8 +209,14 @@ def eval_table(summaries: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[
     rows = []
     for s, values in zip(summaries, metrics):
         dataset = _dataset_reference(str(s["dataset"]))[0] if s.get("dataset") else None
-        row = [dataset, *([s.get("split")] if has_split else []), *([s.get("num_problems")] if has_problems else []),
-               s.get("n"), *(values.get(name) for name in names), s.get("mean_completion_length")]
+        row = [
+            dataset,
+            *([s.get("split")] if has_split else []),
+            *([s.get("num_problems")] if has_problems else []),
+            s.get("n"),
+            *(values.get(name) for name in names),
+            s.get("mean_completion_length"),
+        ]
         rows.append([cell(value) for value in row])
     return columns, rows
 
@@ -213,11 +237,19 @@ def eval_results(summaries: Sequence[Mapping[str, Any]]) -> list[EvalResult]:
         settings = {"n": summary.get("n"), **{key: config.get(key) for key in SAMPLING_SETTINGS}}
         settings = {key: value for key, value in settings.items() if value is not None}
         for metric, value in eval_metrics(summary).items():
-            results.append(EvalResult(
-                task_type=EVAL_TASK_TYPE, dataset_type=dataset_type, dataset_name=name, dataset_config=dataset_config,
-                dataset_split=summary.get("split"), metric_type=metric, metric_name=metric, metric_value=value,
-                metric_args=settings or None,
-            ))
+            results.append(
+                EvalResult(
+                    task_type=EVAL_TASK_TYPE,
+                    dataset_type=dataset_type,
+                    dataset_name=name,
+                    dataset_config=dataset_config,
+                    dataset_split=summary.get("split"),
+                    metric_type=metric,
+                    metric_name=metric,
+                    metric_value=value,
+                    metric_args=settings or None,
+                )
+            )
     return results
 
 
@@ -238,8 +270,13 @@ def first_training_prompt(dataset) -> str | list[dict[str, str]] | None:
     prompt = row.get("prompt") if isinstance(row, Mapping) else None
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and prompt and all(
-        isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(
+            isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in prompt
+        )
     ):
         return [{"role": m["role"], "content": m["content"]} for m in prompt]
     return None
@@ -252,8 +289,10 @@ def _python_literal(prompt: str | Sequence[Mapping[str, str]]) -> str:
     """
     if isinstance(prompt, str):
         return json.dumps(prompt, ensure_ascii=False)
-    lines = [f'    {{"role": {json.dumps(m["role"])}, "content": {json.dumps(m["content"], ensure_ascii=False)}}},'
-             for m in prompt]
+    lines = [
+        f'    {{"role": {json.dumps(m["role"])}, "content": {json.dumps(m["content"], ensure_ascii=False)}}},'
+        for m in prompt
+    ]
     return "\n".join(["[", *lines, "]"])
 
 
@@ -312,14 +351,26 @@ def generate_credit_model_card(
     names = [get_credit_method(name).name for name in parse_credit_methods(method)] or [None]
     grpo_paper = dict(grpo_paper) if grpo_paper is not None else _grpo_paper()
     inputs = _recordable_inputs(
-        base_model=base_model, model_name=model_name, hub_model_id=hub_model_id, dataset_name=dataset_name,
-        method=method, hyperparameters=hyperparameters, tags=tags, plots=plots, wandb_url=wandb_url,
-        trackio_url=trackio_url, comet_url=comet_url, trainer_name=trainer_name, papers=papers, grpo_paper=grpo_paper,
+        base_model=base_model,
+        model_name=model_name,
+        hub_model_id=hub_model_id,
+        dataset_name=dataset_name,
+        method=method,
+        hyperparameters=hyperparameters,
+        tags=tags,
+        plots=plots,
+        wandb_url=wandb_url,
+        trackio_url=trackio_url,
+        comet_url=comet_url,
+        trainer_name=trainer_name,
+        papers=papers,
+        grpo_paper=grpo_paper,
         example_prompt=example_prompt,
     )
     papers = [
         {**paper, "name": _display_name(paper["name"]) if paper.get("name") else paper["title"]}
-        for paper in papers if paper.get("id") != grpo_paper.get("id")
+        for paper in papers
+        if paper.get("id") != grpo_paper.get("id")
     ]
     all_tags = list(dict.fromkeys(["generated_from_trainer", *BASE_TAGS, *filter(None, names), *tags]))
     if isinstance(eval_summary, Mapping):
@@ -332,9 +383,12 @@ def generate_credit_model_card(
 
     on_hub = dataset_name is not None and hub_dataset_id(dataset_name) == dataset_name
     card_data = ModelCardData(
-        base_model=base_model, library_name="transformers",
+        base_model=base_model,
+        library_name="transformers",
         datasets=[dataset_name] if on_hub else None,
-        model_name=model_name, tags=all_tags, eval_results=eval_results(eval_summary or []) or None,
+        model_name=model_name,
+        tags=all_tags,
+        eval_results=eval_results(eval_summary or []) or None,
     )
     card = ModelCard.from_template(
         card_data,
@@ -387,8 +441,9 @@ class CreditModelCard(ModelCard):
             record.write_text(json.dumps(self.inputs, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def _recordable_inputs(*, hyperparameters: Mapping[str, Any], wandb_url, trackio_url, comet_url, tags, plots, papers,
-                       **inputs) -> dict[str, Any]:
+def _recordable_inputs(
+    *, hyperparameters: Mapping[str, Any], wandb_url, trackio_url, comet_url, tags, plots, papers, **inputs
+) -> dict[str, Any]:
     """The card's inputs as JSON: secret-looking hyperparameters redacted, other non-JSON values as text."""
 
     def plain(name: str, value):
@@ -399,10 +454,15 @@ def _recordable_inputs(*, hyperparameters: Mapping[str, Any], wandb_url, trackio
         return value if value is None or isinstance(value, (bool, int, float)) else scrub_secrets(str(value))
 
     return {
-        **inputs, "hyperparameters": {name: plain(name, value) for name, value in hyperparameters.items()},
-        "tags": list(tags), "plots": list(plots), "papers": [dict(paper) for paper in papers],
-        **{name: plain(name, url) for name, url in
-           (("wandb_url", wandb_url), ("trackio_url", trackio_url), ("comet_url", comet_url))},
+        **inputs,
+        "hyperparameters": {name: plain(name, value) for name, value in hyperparameters.items()},
+        "tags": list(tags),
+        "plots": list(plots),
+        "papers": [dict(paper) for paper in papers],
+        **{
+            name: plain(name, url)
+            for name, url in (("wandb_url", wandb_url), ("trackio_url", trackio_url), ("comet_url", comet_url))
+        },
     }
 
 

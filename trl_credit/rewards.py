@@ -236,8 +236,13 @@ class RewardStats:
 
 
 REWARD_STATS = RewardStats()
-_STATUS_COUNTER = {"timeout": "timeouts", "pred_unparseable": "parse_failures", "gold_unparseable": "parse_failures",
-                   "error": "parse_failures", "no_answer": "no_answer"}
+_STATUS_COUNTER = {
+    "timeout": "timeouts",
+    "pred_unparseable": "parse_failures",
+    "gold_unparseable": "parse_failures",
+    "error": "parse_failures",
+    "no_answer": "no_answer",
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -392,7 +397,9 @@ def get_reward_funcs(
         if name == "overlong":
             if max_completion_length is None:
                 raise ValueError("the 'overlong' reward needs max_completion_length")
-            buffer = min(DAPO_OVERLONG_BUFFER, max_completion_length // 5) if overlong_buffer is None else overlong_buffer
+            buffer = (
+                min(DAPO_OVERLONG_BUFFER, max_completion_length // 5) if overlong_buffer is None else overlong_buffer
+            )
             funcs.append(soft_overlong_punishment(max_completion_length, buffer))
         elif name in REWARD_FUNCS:
             funcs.append(REWARD_FUNCS[name])

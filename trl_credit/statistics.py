@@ -130,7 +130,9 @@ def hellinger_and_entropy(
         geo = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)  # sum e^((z - m) / 2 + (z' - m') / 2)
         for v0 in range(0, vocab_size, vocab_chunk_size):
             v1 = min(v0 + vocab_chunk_size, vocab_size)
-            centred_p, rescale_p = policy.add(_logits(hidden_NH[rows], weight_VH, bias_V, v0, v1, transform, temperature))
+            centred_p, rescale_p = policy.add(
+                _logits(hidden_NH[rows], weight_VH, bias_V, v0, v1, transform, temperature)
+            )
             centred_q, rescale_q = reference.add(
                 _logits(ref_hidden_NH[rows], ref_weight_VH, ref_bias_V, v0, v1, ref_transform, temperature)
             )
@@ -190,8 +192,15 @@ def token_statistics(
 
 @torch.no_grad()
 def hellinger_and_entropy_naive(
-    hidden_NH, ref_hidden_NH, weight_VH, ref_weight_VH=None, bias_V=None, ref_bias_V=None, temperature=1.0,
-    transform: LogitTransform = LogitTransform(), ref_transform: LogitTransform | None = None,
+    hidden_NH,
+    ref_hidden_NH,
+    weight_VH,
+    ref_weight_VH=None,
+    bias_V=None,
+    ref_bias_V=None,
+    temperature=1.0,
+    transform: LogitTransform = LogitTransform(),
+    ref_transform: LogitTransform | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference implementation that materialises both `(N, V)` logit matrices (tests and benchmarks)."""
     ref_weight_VH = weight_VH if ref_weight_VH is None else ref_weight_VH

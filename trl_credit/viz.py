@@ -22,7 +22,6 @@ from typing import Any
 TOKEN_CREDIT_FILENAME = "token_credit.jsonl"
 
 
-
 def method_statistic_name(method: str) -> str | None:
     """The name of the per-token statistic the token view shows for `method` (a name or a stack): that of the last
     method of the stack whose registration declares one (the trainer records the last statistic returned), or None
@@ -39,9 +38,21 @@ def method_statistic_name(method: str) -> str | None:
             return registered.token_statistic[0]
     return None
 
+
 RECORD_KEYS = (
-    "step", "method", "prompt", "completion", "reward", "advantage", "tokens", "token_ids", "weights",
-    "logps", "entropies", "statistic_name", "statistic",
+    "step",
+    "method",
+    "prompt",
+    "completion",
+    "reward",
+    "advantage",
+    "tokens",
+    "token_ids",
+    "weights",
+    "logps",
+    "entropies",
+    "statistic_name",
+    "statistic",
 )
 _PER_TOKEN_KEYS = ("token_ids", "weights", "logps", "entropies")
 
@@ -126,7 +137,9 @@ def token_credit_record(
     def kept(values) -> list[float]:
         values_T = torch.as_tensor(values).detach().reshape(-1).float().cpu()
         if values_T.shape != ids_T.shape:
-            raise TokenCreditError(f"per-token input has {values_T.numel()} positions but token_ids has {ids_T.numel()}")
+            raise TokenCreditError(
+                f"per-token input has {values_T.numel()} positions but token_ids has {ids_T.numel()}"
+            )
         return values_T[keep_T.cpu()].tolist()
 
     kept_ids = ids_T.cpu()[keep_T.cpu()].tolist()
@@ -192,10 +205,20 @@ def token_credit_records_from_batch(
     rows = range(len(completions) if max_records is None else min(max_records, len(completions)))
     return [
         token_credit_record(
-            step=step, method=method, prompt=prompts[row], completion=completions[row], reward=float(rewards_B[row]),
-            advantage=float(advantages_B[row]), token_ids=completion_ids_BT[row], token_advantages=token_advantages_BT[row],
-            logps=logps_BT[row], entropies=entropies_BT[row], mask=mask_BT[row], tokenizer=tokenizer,
-            statistic=None if statistic_BT is None else statistic_BT[row], statistic_name=statistic_name,
+            step=step,
+            method=method,
+            prompt=prompts[row],
+            completion=completions[row],
+            reward=float(rewards_B[row]),
+            advantage=float(advantages_B[row]),
+            token_ids=completion_ids_BT[row],
+            token_advantages=token_advantages_BT[row],
+            logps=logps_BT[row],
+            entropies=entropies_BT[row],
+            mask=mask_BT[row],
+            tokenizer=tokenizer,
+            statistic=None if statistic_BT is None else statistic_BT[row],
+            statistic_name=statistic_name,
         )
         for row in rows
     ]
@@ -439,7 +462,7 @@ def render_token_credit_html(
     statistic_names = sorted({record["statistic_name"] for record in records if record["statistic_name"]})
     step_options = "".join(f'<option value="{step}">{step}</option>' for step in steps)
     threshold = (
-        f'<label>{html.escape(" / ".join(statistic_names))} ≥ '
+        f"<label>{html.escape(' / '.join(statistic_names))} ≥ "
         f'<input id="f-threshold" type="number" step="any" size="6"></label>'
         if statistic_names
         else ""
@@ -457,12 +480,12 @@ def render_token_credit_html(
     )
     blocks = "\n".join(_completion_block(record, log2_range) for record in records)
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
         f"<h1>{html.escape(title)}</h1>\n"
         f"<p>{len(records)} completions. Background: per-token weight Â/A of the credit method "
         "(red: less credit than GRPO, blue: more). Hover a token for its log-prob, entropy and statistic.</p>\n"
-        f'{controls}\n{blocks}\n<script>{_JS}</script>\n</body>\n</html>\n'
+        f"{controls}\n{blocks}\n<script>{_JS}</script>\n</body>\n</html>\n"
     )
 
 

@@ -42,7 +42,9 @@ def _one_line(error: BaseException) -> str:
 def parse(argv: list[str]) -> tuple[CompareConfig, list[str]]:
     """Compare's own options and the flags passed through to every run."""
     parser = _Parser(
-        CompareConfig, prog=PROG, allow_abbrev=False,  # `--seed` must not abbreviate `--seeds`
+        CompareConfig,
+        prog=PROG,
+        allow_abbrev=False,  # `--seed` must not abbreviate `--seeds`
         description=__doc__.split("\n\n")[0],
         epilog="Any other flag is passed to every `trl-credit grpo` run (see `trl-credit grpo --method NAME --help`).",
     )
@@ -82,13 +84,20 @@ def evaluation_settings(config: CompareConfig, script_args, training_args) -> di
                 "pass --eval_dataset_name and/or --eval_split, or --skip_eval"
             )
     return {
-        "dataset_name": dataset, "dataset_split": split,
+        "dataset_name": dataset,
+        "dataset_split": split,
         "prompt_column": script_args.prompt_column if same_data else None,
         "answer_column": script_args.answer_column if same_data else None,
-        "system_prompt": script_args.system_prompt, "num_problems": config.eval_num_problems, "n": config.eval_n,
-        "k": config.eval_k, "temperature": config.eval_temperature, "top_p": config.eval_top_p,
+        "system_prompt": script_args.system_prompt,
+        "num_problems": config.eval_num_problems,
+        "n": config.eval_n,
+        "k": config.eval_k,
+        "temperature": config.eval_temperature,
+        "top_p": config.eval_top_p,
         "max_new_tokens": config.eval_max_new_tokens or training_args.max_completion_length,
-        "seed": config.eval_seed, "batch_size": config.eval_batch_size, "backend": config.eval_backend,
+        "seed": config.eval_seed,
+        "batch_size": config.eval_batch_size,
+        "backend": config.eval_backend,
     }
 
 
@@ -158,11 +167,17 @@ def execute(config: CompareConfig, runs, eval_settings: dict | None, script_args
         if eval_settings is None:
             continue
         if spec.seed not in train_problems:  # what the run trained on, as `trl-credit grpo` loads it
-            train_problems[spec.seed] = set(load_math_dataset(
-                script_args.dataset_name, script_args.dataset_train_split, prompt_column=script_args.prompt_column,
-                answer_column=script_args.answer_column, system_prompt=script_args.system_prompt,
-                num_samples=script_args.max_train_samples, seed=spec.seed,
-            )["problem"])
+            train_problems[spec.seed] = set(
+                load_math_dataset(
+                    script_args.dataset_name,
+                    script_args.dataset_train_split,
+                    prompt_column=script_args.prompt_column,
+                    answer_column=script_args.answer_column,
+                    system_prompt=script_args.system_prompt,
+                    num_samples=script_args.max_train_samples,
+                    seed=spec.seed,
+                )["problem"]
+            )
         summary = evaluate_run(spec, eval_settings, train_problems[spec.seed])
         overlaps.append((summary.get("train_overlap"), summary["num_problems"]))
         metrics = {k: round(v, 4) for k, v in summary.items() if k.startswith(("avg@", "pass@"))}
@@ -186,8 +201,10 @@ def execute(config: CompareConfig, runs, eval_settings: dict | None, script_args
     md_path, html_path = write_report(config.output_dir, runs, config.methods, notes, command)
     print(f"{PROG}: report written to {md_path} and {html_path}")
     if failures:
-        print(f"{PROG}: {len(failures)} run(s) failed: {', '.join(failures)}; run the same command to retry them",
-              file=sys.stderr)
+        print(
+            f"{PROG}: {len(failures)} run(s) failed: {', '.join(failures)}; run the same command to retry them",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -73,9 +73,17 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: warning: model card not updated: {_one_line(error)}", file=sys.stderr)
         card = None
     metrics = {key: value for key, value in summary.items() if key.startswith(("avg@", "pass@"))}
-    print(json.dumps({**metrics, "mean_completion_length": summary["mean_completion_length"],
-                      "num_problems": summary["num_problems"], "output_dir": config.output_dir,
-                      **({"model_card": str(card)} if card is not None else {})}))
+    print(
+        json.dumps(
+            {
+                **metrics,
+                "mean_completion_length": summary["mean_completion_length"],
+                "num_problems": summary["num_problems"],
+                "output_dir": config.output_dir,
+                **({"model_card": str(card)} if card is not None else {}),
+            }
+        )
+    )
     return 0
 
 

@@ -120,9 +120,7 @@ def _stack(method: str):
 def _method_argument_classes(method: str, config_class) -> list[type]:
     """The hyperparameter dataclasses of the stack's methods that `config_class` does not declare as fields."""
     declared = set(config_class.__dataclass_fields__)
-    return [
-        m.arguments for m in _stack(method) if m.arguments is not None and not set(m.argument_names) <= declared
-    ]
+    return [m.arguments for m in _stack(method) if m.arguments is not None and not set(m.argument_names) <= declared]
 
 
 def _check_other_methods_fields(method: str, config: dict, argv: list[str]) -> None:
@@ -144,9 +142,17 @@ def build_parser(method: str):
     from ..trainer import trainer_pair
 
     config_class = trainer_pair(method)[0]
-    dataclass_types = (CreditScriptArguments, config_class, ModelConfig, *_method_argument_classes(method, config_class))
+    dataclass_types = (
+        CreditScriptArguments,
+        config_class,
+        ModelConfig,
+        *_method_argument_classes(method, config_class),
+    )
     parser = TrlParser(
-        dataclass_types, prog=f"trl-credit grpo --method {method}", epilog=_methods_epilog(), formatter_class=_HelpFormatter
+        dataclass_types,
+        prog=f"trl-credit grpo --method {method}",
+        epilog=_methods_epilog(),
+        formatter_class=_HelpFormatter,
     )
 
     def one_line_error(message: str):
@@ -176,7 +182,9 @@ def _merge_method_arguments(training_args, method_args: list, config: dict, argv
             if name not in config and not {f"--{name}", f"--no_{name}"} & {arg.split("=")[0] for arg in argv}:
                 continue  # not given: the method's default applies
             if name in kwargs and kwargs[name] != value:
-                raise UsageError(f"{name} is given both as an option ({value!r}) and in credit_kwargs ({kwargs[name]!r})")
+                raise UsageError(
+                    f"{name} is given both as an option ({value!r}) and in credit_kwargs ({kwargs[name]!r})"
+                )
             kwargs[name] = value
     training_args.credit_kwargs = kwargs or None
     try:
@@ -227,8 +235,16 @@ def launch_with_accelerate(accelerate_config: str, argv: list[str]) -> int:
         config_file = accelerate_config_path(accelerate_config)
     except ValueError as error:
         raise UsageError(str(error)) from error
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
-               "-m", "trl_credit.cli.grpo", *argv]
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config_file),
+        "-m",
+        "trl_credit.cli.grpo",
+        *argv,
+    ]
     print(f"trl-credit: launching {' '.join(command)}", flush=True)
     return subprocess.call(command, env={**os.environ, _LAUNCHED_ENV: "1"})
 
@@ -238,9 +254,12 @@ def load_training_data(script_args, training_args):
 
     try:
         return load_math_dataset(
-            script_args.dataset_name, script_args.dataset_train_split,
-            prompt_column=script_args.prompt_column, answer_column=script_args.answer_column,
-            system_prompt=script_args.system_prompt, num_samples=script_args.max_train_samples,
+            script_args.dataset_name,
+            script_args.dataset_train_split,
+            prompt_column=script_args.prompt_column,
+            answer_column=script_args.answer_column,
+            system_prompt=script_args.system_prompt,
+            num_samples=script_args.max_train_samples,
             seed=training_args.seed,
         )
     except (ValueError, FileNotFoundError) as error:

@@ -136,8 +136,16 @@ class RunSpec:
     def grpo_argv(self) -> list[str]:
         """The `trl-credit grpo` arguments of this run (without any resume flag)."""
         recipe = ["--config", self.config] if self.config else []
-        return [*recipe, "--method", self.method, "--seed", str(self.seed), "--output_dir", str(self.output_dir),
-                *self.passthrough]
+        return [
+            *recipe,
+            "--method",
+            self.method,
+            "--seed",
+            str(self.seed),
+            "--output_dir",
+            str(self.output_dir),
+            *self.passthrough,
+        ]
 
     def command(self, resume_from: Path | None = None) -> list[str]:
         """The subprocess command line; `resume_from` adds `--resume_from_checkpoint`."""
@@ -150,7 +158,8 @@ def build_runs(config: CompareConfig, passthrough: list[str]) -> list[RunSpec]:
     runs_dir = Path(config.output_dir) / "runs"
     return [
         RunSpec(method, seed, runs_dir / run_name(method, seed), config.config, tuple(passthrough))
-        for seed in config.seeds for method in config.methods
+        for seed in config.seeds
+        for method in config.methods
     ]
 
 
@@ -220,8 +229,13 @@ def measured_step_seconds(runs_dir: Path) -> tuple[float | None, int]:
     return (sum(times) / len(times), len(times)) if times else (None, 0)
 
 
-def estimate_cost(runs: list[RunSpec], states: dict[str, tuple[str, Path | None]], training_args, model_name: str,
-                  num_eval_samples: int | None) -> list[str]:
+def estimate_cost(
+    runs: list[RunSpec],
+    states: dict[str, tuple[str, Path | None]],
+    training_args,
+    model_name: str,
+    num_eval_samples: int | None,
+) -> list[str]:
     """Lines describing the plan's cost: steps, completions, evaluation samples and a rough time, with its basis."""
     max_steps = training_args.max_steps
     completions_per_step = training_args.per_device_train_batch_size * training_args.gradient_accumulation_steps

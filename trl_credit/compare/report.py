@@ -99,8 +99,11 @@ def paired_table(results: Sequence[RunResult], methods: Sequence[str]) -> dict[s
     if BASELINE not in methods:
         return {}
     return {
-        m: {k: paired_difference(by_seed(results, m, k), by_seed(results, BASELINE, k)) for k in final_metrics(results)}
-        for m in methods if m != BASELINE
+        m: {
+            k: paired_difference(by_seed(results, m, k), by_seed(results, BASELINE, k)) for k in final_metrics(results)
+        }
+        for m in methods
+        if m != BASELINE
     }
 
 
@@ -128,8 +131,12 @@ def mean_band(results: Sequence[RunResult], method: str, metric: str):
             for step, value in zip(*r.series(metric)):
                 values_by_step.setdefault(step, []).append(value)
     steps = sorted(values_by_step)
-    return (steps, [statistics.fmean(values_by_step[s]) for s in steps], [min(values_by_step[s]) for s in steps],
-            [max(values_by_step[s]) for s in steps])
+    return (
+        steps,
+        [statistics.fmean(values_by_step[s]) for s in steps],
+        [min(values_by_step[s]) for s in steps],
+        [max(values_by_step[s]) for s in steps],
+    )
 
 
 def curve_metrics(results: Sequence[RunResult]) -> list[tuple[str, str]]:
@@ -160,8 +167,14 @@ def curve_svg(results: Sequence[RunResult], methods: Sequence[str], metric: str,
                 continue
             color = plt.get_cmap("tab10")(index % 10)
             seeds = len({r.seed for r in results if r.method == method and r.series(metric)[0]})
-            ax.plot(steps, mean, color=color, label=f"{method} ({seeds} seed{'s' if seeds != 1 else ''})",
-                    marker="o" if len(steps) < 20 else None, markersize=3)
+            ax.plot(
+                steps,
+                mean,
+                color=color,
+                label=f"{method} ({seeds} seed{'s' if seeds != 1 else ''})",
+                marker="o" if len(steps) < 20 else None,
+                markersize=3,
+            )
             ax.fill_between(steps, low, high, color=color, alpha=0.18, linewidth=0)
             drawn = True
         if not drawn:
@@ -199,11 +212,13 @@ def build_tables(results: Sequence[RunResult], methods: Sequence[str]) -> Report
     metrics = final_metrics(results)
     seeds = {m: sorted(r.seed for r in results if r.method == m) for m in methods}
     finals = final_table(results, methods)
-    tables = [(
-        "Final results: mean ± half-width of the 95 % t interval over seeds (CI n/a with one seed)",
-        ["method", "seeds", *metrics],
-        [[m, ", ".join(map(str, seeds[m])) or "–", *(finals[m][k].format() for k in metrics)] for m in methods],
-    )]
+    tables = [
+        (
+            "Final results: mean ± half-width of the 95 % t interval over seeds (CI n/a with one seed)",
+            ["method", "seeds", *metrics],
+            [[m, ", ".join(map(str, seeds[m])) or "–", *(finals[m][k].format() for k in metrics)] for m in methods],
+        )
+    ]
     paired = paired_table(results, methods)
     if paired:
         rows = []
@@ -213,25 +228,35 @@ def build_tables(results: Sequence[RunResult], methods: Sequence[str]) -> Report
                 interval = row[k]
                 cells.append(interval.format() + (" *" if interval.excludes_zero() else ""))
             rows.append([f"{method} − {BASELINE}", str(max((row[k].n for k in metrics), default=0)), *cells])
-        tables.append((
-            f"Paired difference to {BASELINE} on the same seed: mean ± 95 % t interval over seeds "
-            "(* the interval excludes 0)", ["difference", "pairs", *metrics], rows,
-        ))
+        tables.append(
+            (
+                f"Paired difference to {BASELINE} on the same seed: mean ± 95 % t interval over seeds "
+                "(* the interval excludes 0)",
+                ["difference", "pairs", *metrics],
+                rows,
+            )
+        )
     costs = cost_table(results, methods)
     columns = list(next(iter(costs.values())).keys()) if costs else []
-    tables.append((
-        "Cost: TRL's step_time (median per run, then mean ± 95 % CI over seeds), wall time of the training "
-        "subprocess, and peak resident memory of its largest process (CPU RSS via os.wait4; GPU memory is not "
-        "measured)",
-        ["method", *columns], [[m, *costs[m].values()] for m in methods],
-    ))
+    tables.append(
+        (
+            "Cost: TRL's step_time (median per run, then mean ± 95 % CI over seeds), wall time of the training "
+            "subprocess, and peak resident memory of its largest process (CPU RSS via os.wait4; GPU memory is not "
+            "measured)",
+            ["method", *columns],
+            [[m, *costs[m].values()] for m in methods],
+        )
+    )
     return ReportTables(tables)
 
 
 def _markdown_table(header: list[str], rows: list[list[str]]) -> list[str]:
     escape = lambda cell: str(cell).replace("|", "\\|")  # noqa: E731
-    return ["| " + " | ".join(map(escape, header)) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(map(escape, row)) + " |" for row in rows)]
+    return [
+        "| " + " | ".join(map(escape, header)) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(map(escape, row)) + " |" for row in rows),
+    ]
 
 
 def _html_table(header: list[str], rows: list[list[str]]) -> str:
@@ -251,8 +276,9 @@ code { background: #f3f3f3; padding: 0 0.2em; }
 """
 
 
-def write_report(output_dir: str | Path, runs: Sequence[RunSpec], methods: Sequence[str], notes: Sequence[str],
-                 command: str) -> tuple[Path, Path]:
+def write_report(
+    output_dir: str | Path, runs: Sequence[RunSpec], methods: Sequence[str], notes: Sequence[str], command: str
+) -> tuple[Path, Path]:
     """Write `report.md` (SVG figures in `plots/`) and the self-contained `report.html`; return both paths."""
     output_dir = Path(output_dir)
     results = collect_results(runs)
@@ -268,9 +294,13 @@ def write_report(output_dir: str | Path, runs: Sequence[RunSpec], methods: Seque
         (plots_dir / f"{_slug(metric)}.svg").write_text(svg)
 
     finished = sum(r.done is not None for r in results)
-    summary = [f"Command: `{command}`", "",
-               f"{finished} of {len(runs)} runs finished ({', '.join(methods)} × seeds "
-               f"{', '.join(sorted({str(r.seed) for r in runs}, key=int))}).", *notes]
+    summary = [
+        f"Command: `{command}`",
+        "",
+        f"{finished} of {len(runs)} runs finished ({', '.join(methods)} × seeds "
+        f"{', '.join(sorted({str(r.seed) for r in runs}, key=int))}).",
+        *notes,
+    ]
     markdown = ["# trl-credit compare", "", *summary, "", "## Learning curves", ""]
     markdown += [f"![{title}](plots/{_slug(metric)}.svg)" for metric, title, _ in figures] or ["No logged steps yet."]
     for caption, header, rows in tables.tables:
@@ -280,14 +310,17 @@ def write_report(output_dir: str | Path, runs: Sequence[RunSpec], methods: Seque
 
     body = ["<h1>trl-credit compare</h1>"]
     body += [f"<p>{_inline_code(line)}</p>" for line in summary if line]
-    body.append("<h2>Learning curves</h2><div class=\"curves\">")
+    body.append('<h2>Learning curves</h2><div class="curves">')
     body += [f'<figure class="curve" data-metric="{html.escape(metric)}">{svg}</figure>' for metric, _, svg in figures]
     body.append("</div>")
     for caption, header, rows in tables.tables:
-        body += [f"<h2>{html.escape(caption.split(':')[0])}</h2>", f"<p>{html.escape(caption)}.</p>",
-                 _html_table(header, rows)]
+        body += [
+            f"<h2>{html.escape(caption.split(':')[0])}</h2>",
+            f"<p>{html.escape(caption)}.</p>",
+            _html_table(header, rows),
+        ]
     page = (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>trl-credit compare</title>"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>trl-credit compare</title>'
         f"<style>{_CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
     html_path = output_dir / "report.html"

@@ -53,15 +53,21 @@ def execute_run(spec: RunSpec, echo: bool = True) -> dict:
         return json.loads((spec.output_dir / DONE_MARKER).read_text())
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     record_path = spec.output_dir / RUN_RECORD
-    record = json.loads(record_path.read_text()) if record_path.is_file() else {
-        "method": spec.method, "seed": spec.seed, "grpo_argv": spec.grpo_argv(), "attempts": [],
-    }
+    record = (
+        json.loads(record_path.read_text())
+        if record_path.is_file()
+        else {
+            "method": spec.method,
+            "seed": spec.seed,
+            "grpo_argv": spec.grpo_argv(),
+            "attempts": [],
+        }
+    )
     command = spec.command(resume_from=checkpoint)
     started = time.monotonic()
     with open(spec.output_dir / "train.log", "ab") as log:
         log.write(f"$ {shlex.join(command)}\n".encode())
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   env=_child_environment())
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_child_environment())
         try:
             with process.stdout:
                 for line in process.stdout:
@@ -76,15 +82,18 @@ def execute_run(spec: RunSpec, echo: bool = True) -> dict:
         _, status, rusage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     attempt = {
-        "resumed_from": checkpoint.name if checkpoint else None, "returncode": process.returncode,
-        "wall_seconds": round(time.monotonic() - started, 2), "peak_rss_mib": round(_peak_rss_mib(rusage), 1),
+        "resumed_from": checkpoint.name if checkpoint else None,
+        "returncode": process.returncode,
+        "wall_seconds": round(time.monotonic() - started, 2),
+        "peak_rss_mib": round(_peak_rss_mib(rusage), 1),
     }
     record["attempts"].append(attempt)
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     if process.returncode != 0:
         raise RunFailed(f"{spec.name} exited with status {process.returncode}; see {spec.output_dir / 'train.log'}")
     done = {
-        "method": spec.method, "seed": spec.seed,
+        "method": spec.method,
+        "seed": spec.seed,
         "wall_seconds": round(sum(a["wall_seconds"] for a in record["attempts"]), 2),
         "peak_rss_mib": max(a["peak_rss_mib"] for a in record["attempts"]),
         "peak_rss_note": "ru_maxrss of the run's largest process (os.wait4): CPU resident memory, not GPU memory",

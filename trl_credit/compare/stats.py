@@ -105,10 +105,13 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
     return Interval(mean, len(values), quantile * statistics.stdev(values) / math.sqrt(len(values)), confidence)
 
 
-def paired_difference(values: Mapping[int, float], baseline: Mapping[int, float], confidence: float = 0.95) -> Interval:
+def paired_difference(
+    values: Mapping[int, float], baseline: Mapping[int, float], confidence: float = 0.95
+) -> Interval:
     """t interval of `values[s] - baseline[s]` over the seeds `s` present (and not NaN) in both."""
     differences = [
-        values[seed] - baseline[seed] for seed in sorted(set(values) & set(baseline))
+        values[seed] - baseline[seed]
+        for seed in sorted(set(values) & set(baseline))
         if not (math.isnan(values[seed]) or math.isnan(baseline[seed]))
     ]
     return t_interval(differences, confidence)

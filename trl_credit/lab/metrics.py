@@ -77,8 +77,12 @@ def precision(sums: dict[str, float], sign: str) -> dict[str, float]:
         return {"precision": math.nan, "uniform": math.nan, "lift": math.nan, "rows": 0}
     share = sums[f"{sign}_labelled"] / total
     uniform = sums[f"{sign}_uniform"] / total
-    return {"precision": share, "uniform": uniform, "lift": share / uniform if uniform > 0 else math.nan,
-            "rows": int(sums[f"{sign}_rows"])}
+    return {
+        "precision": share,
+        "uniform": uniform,
+        "lift": share / uniform if uniform > 0 else math.nan,
+        "rows": int(sums[f"{sign}_rows"]),
+    }
 
 
 def steps_until_solved(rewards: Sequence[float], threshold: float = 0.9, window: int = 5) -> int | None:
@@ -108,8 +112,11 @@ def within_step_spread(norms_by_step: Sequence[Sequence[float]]) -> dict[str, fl
             cvs.append(math.sqrt(variance) / mean)
     if not variances:
         return {"grad_norm_var": math.nan, "grad_norm_cv": math.nan, "steps": 0}
-    return {"grad_norm_var": statistics.fmean(variances), "grad_norm_cv": statistics.fmean(cvs) if cvs else math.nan,
-            "steps": len(variances)}
+    return {
+        "grad_norm_var": statistics.fmean(variances),
+        "grad_norm_cv": statistics.fmean(cvs) if cvs else math.nan,
+        "steps": len(variances),
+    }
 
 
 def mean_of_edges(values: Sequence[float], count: int = 5) -> tuple[float, float]:

@@ -34,10 +34,17 @@ def make_model(tokenizer, seed: int, hidden_size: int = 32, num_layers: int = 2,
 
     torch.manual_seed(seed)
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=max(32, max_length), pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max(32, max_length),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
     )
     return Qwen2ForCausalLM(config)
 
@@ -72,8 +79,9 @@ def sample_prior(task: LabTask, prompt: str, rng: random.Random) -> list[str]:
     return completion
 
 
-def warm_up(model, tokenizer, task: LabTask, seed: int, steps: int = 300, batch_size: int = 64,
-            learning_rate: float = 1e-2) -> float:
+def warm_up(
+    model, tokenizer, task: LabTask, seed: int, steps: int = 300, batch_size: int = 64, learning_rate: float = 1e-2
+) -> float:
     """Distil `model` into the task's prior; return the final mean KL(prior || model) per position, in nats.
 
     Contexts are completions sampled from the prior; the targets are the prior's full distributions (soft labels),
@@ -110,14 +118,21 @@ def warm_up(model, tokenizer, task: LabTask, seed: int, steps: int = 300, batch_
 
 
 @torch.no_grad()
-def token_probability(model, tokenizer, sequences: Sequence[Sequence[str]], prompt_length: int, word: str,
-                      positions: Sequence[Sequence[bool]] | None = None) -> float:
+def token_probability(
+    model,
+    tokenizer,
+    sequences: Sequence[Sequence[str]],
+    prompt_length: int,
+    word: str,
+    positions: Sequence[Sequence[bool]] | None = None,
+) -> float:
     """Mean probability the model gives to `word` at the completion positions of `sequences` (prompt + completion).
 
     `positions`: per sequence and completion position, whether it counts (default: every position).
     """
-    input_ids = torch.tensor([tokenizer.convert_tokens_to_ids(list(words)) for words in sequences],
-                             device=model.device)
+    input_ids = torch.tensor(
+        [tokenizer.convert_tokens_to_ids(list(words)) for words in sequences], device=model.device
+    )
     logits_BTV = model(input_ids=input_ids).logits[:, prompt_length - 1 : -1]
     probs_BT = torch.softmax(logits_BTV.float(), dim=-1)[..., tokenizer.convert_tokens_to_ids(word)]
     if positions is None:
@@ -132,8 +147,14 @@ def sample_completions(model, tokenizer, prompt: str, n: int, seed: int, length:
     torch.manual_seed(seed)
     input_ids = torch.tensor([tokenizer.convert_tokens_to_ids(prompt.split())], device=model.device).repeat(n, 1)
     output = model.generate(
-        input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=1.0, top_k=0,
-        top_p=1.0, max_new_tokens=length, pad_token_id=tokenizer.pad_token_id,
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=length,
+        pad_token_id=tokenizer.pad_token_id,
     )
     completions = []
     for ids in output[:, input_ids.size(1) :].tolist():

@@ -19,7 +19,6 @@ import torch
 from ..methods._checks import in_range
 from ..methods.registry import TASK_DECISIVE, CreditBatch, CreditResult, register_credit_method
 
-
 CEILING = "oracle"  # the name the lab's reports compare every method with
 
 
@@ -32,8 +31,9 @@ class OracleArguments:
 
 
 @torch.no_grad()
-def oracle_advantages(advantages_B: torch.Tensor, decisive_BT: torch.Tensor, mask_BT: torch.Tensor,
-                      floor: float = 0.0) -> torch.Tensor:
+def oracle_advantages(
+    advantages_B: torch.Tensor, decisive_BT: torch.Tensor, mask_BT: torch.Tensor, floor: float = 0.0
+) -> torch.Tensor:
     """`(B, T)` token advantages: `A_i` on decisive valid tokens, `floor * A_i` on the others, 0 where masked.
 
     A response with no decisive valid token keeps `A_i` on every valid token.

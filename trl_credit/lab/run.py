@@ -19,8 +19,8 @@ from pathlib import Path
 
 from ..compare.stats import paired_difference, t_interval
 from ..methods import DEFAULT_COMPARISON
-from .oracle import CEILING
 from .metrics import gap_fraction, mean_of_edges, precision, steps_until_solved, within_step_spread
+from .oracle import CEILING
 from .tasks import COMPLETION_LENGTH, RARE_TOKEN, TASKS, get_task
 
 BROADCAST = "grpo"  # the floor of the gap; the ceiling is the lab's oracle method (`CEILING`)
@@ -61,8 +61,10 @@ class LabConfig:
 
     methods: list[str] = field(
         default_factory=lambda: list(DEFAULT_COMPARISON),
-        metadata={"help": "Credit methods to compare: CreditGRPOConfig.credit_method values, and the lab's "
-                          f"{CEILING!r} (the task's ground truth, the ceiling)."},
+        metadata={
+            "help": "Credit methods to compare: CreditGRPOConfig.credit_method values, and the lab's "
+            f"{CEILING!r} (the task's ground truth, the ceiling)."
+        },
     )
     tasks: list[str] = field(
         default_factory=lambda: ["needle", "fork", "rare"], metadata={"help": f"Lab tasks: {', '.join(TASKS)}."}
@@ -74,7 +76,9 @@ class LabConfig:
     )
     decisive: int = field(
         default=1,
-        metadata={"help": "Sparsity: number of decisive positions (forks) of fork and mdp, 1 to H; other tasks take 1."},
+        metadata={
+            "help": "Sparsity: number of decisive positions (forks) of fork and mdp, 1 to H; other tasks take 1."
+        },
     )
     max_steps: int = field(default=300, metadata={"help": "Optimizer steps per run."})
     learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the RL phase."})
@@ -98,8 +102,14 @@ class LabConfig:
                 raise ValueError(f"{name} has duplicates: {duplicates}")
         for task in self.tasks:
             get_task(task, self.horizon, self.decisive)
-        for name in ("max_steps", "num_generations", "prompts_per_step", "micro_batches", "eval_samples",
-                     "solved_window"):
+        for name in (
+            "max_steps",
+            "num_generations",
+            "prompts_per_step",
+            "micro_batches",
+            "eval_samples",
+            "solved_window",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_generations < 2:
@@ -160,7 +170,9 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
     tokenizer = make_tokenizer()
     prompt_length = len(task.prompts()[0].split())
     model = make_model(tokenizer, seed, max_length=prompt_length + task.completion_length)
-    warm_up_kl = warm_up(model, tokenizer, task, seed, steps=config.warm_up_steps) if config.warm_up_steps else math.nan
+    warm_up_kl = (
+        warm_up(model, tokenizer, task, seed, steps=config.warm_up_steps) if config.warm_up_steps else math.nan
+    )
     probe = _probe_sequences(task, seed)
     probed = [task.tail_positions(words[:prompt_length], words[prompt_length:]) for words in probe]
 
@@ -176,12 +188,25 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
 
     completions_per_step = config.prompts_per_step * config.num_generations
     args = CreditGRPOConfig(
-        output_dir=str(work_dir), credit_method=method, seed=seed, use_cpu=True, bf16=False,
-        gradient_checkpointing=False, per_device_train_batch_size=completions_per_step // config.micro_batches,
-        gradient_accumulation_steps=config.micro_batches, num_generations=config.num_generations,
-        max_completion_length=task.completion_length, max_steps=config.max_steps, learning_rate=config.learning_rate,
-        lr_scheduler_type="constant", temperature=1.0, logging_steps=1, report_to="none", save_strategy="no",
-        dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=str(work_dir),
+        credit_method=method,
+        seed=seed,
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=completions_per_step // config.micro_batches,
+        gradient_accumulation_steps=config.micro_batches,
+        num_generations=config.num_generations,
+        max_completion_length=task.completion_length,
+        max_steps=config.max_steps,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="constant",
+        temperature=1.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
     )
 
     def reward(prompts, completions, **kwargs):
@@ -189,8 +214,13 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
 
     dataset = Dataset.from_dict({"prompt": task.prompts() * 64})
     trainer = LabTrainer(
-        model=model, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tokenizer,
-        callbacks=[RareTokenProbe()], lab_task=task,
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[RareTokenProbe()],
+        lab_task=task,
     )
     trainer.remove_callback(PrinterCallback)  # one line per step on stdout: the lab prints its own summary
     trainer.train()
@@ -216,9 +246,13 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
     solved_at = steps_until_solved(rewards, config.solved_threshold, config.solved_window)
     del trainer, policy, model
     return {
-        "task": task_name, "method": method, "seed": seed, "steps": len(rewards),
+        "task": task_name,
+        "method": method,
+        "seed": seed,
+        "steps": len(rewards),
         "warm_up_kl": warm_up_kl,
-        "rewards": [round(r, 4) for r in rewards], "entropies": [round(h, 4) for h in entropies],
+        "rewards": [round(r, 4) for r in rewards],
+        "entropies": [round(h, 4) for h in entropies],
         "mean_step_time": statistics.fmean(step_times) if step_times else None,
         "rare_probability": rare_probability,
         "metrics": {
@@ -227,17 +261,23 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
             "steps_until_solved": solved_at,
             # An unsolved run counts as solved one step after the budget: a lower bound, so gaps can be taken.
             "steps_until_solved_censored": solved_at if solved_at is not None else len(rewards) + 1,
-            "decisive_precision_pos": decisive_pos["precision"], "decisive_lift_pos": decisive_pos["lift"],
+            "decisive_precision_pos": decisive_pos["precision"],
+            "decisive_lift_pos": decisive_pos["lift"],
             "decisive_uniform_pos": decisive_pos["uniform"],
-            "decisive_precision_neg": decisive_neg["precision"], "decisive_lift_neg": decisive_neg["lift"],
+            "decisive_precision_neg": decisive_neg["precision"],
+            "decisive_lift_neg": decisive_neg["lift"],
             "decisive_uniform_neg": decisive_neg["uniform"],
-            "implausible_lift_pos": implausible_pos["lift"], "implausible_rows_pos": implausible_pos["rows"],
-            "rare_prob_start": rare_start, "rare_prob_end": rare_end,
+            "implausible_lift_pos": implausible_pos["lift"],
+            "implausible_rows_pos": implausible_pos["rows"],
+            "rare_prob_start": rare_start,
+            "rare_prob_end": rare_end,
             "rare_prob_growth": rare_end / rare_start if rare_start > 0 else math.nan,
-            "entropy_start": entropy_start, "entropy_end": entropy_end,
+            "entropy_start": entropy_start,
+            "entropy_end": entropy_end,
             f"avg@{n}": statistics.fmean(c / n for c in counts),
             **{f"pass@{k}": statistics.fmean(pass_at_k(n, c, k) for c in counts) for k in config.pass_k},
-            "grad_norm_var": spread["grad_norm_var"], "grad_norm_cv": spread["grad_norm_cv"],
+            "grad_norm_var": spread["grad_norm_var"],
+            "grad_norm_cv": spread["grad_norm_cv"],
         },
         "wall_seconds": round(time.monotonic() - started, 2),
     }
@@ -300,29 +340,47 @@ def summarize(records: list[dict], config: LabConfig) -> dict:
             for method in config.methods:
                 values = {r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == method}
                 interval = t_interval(list(values.values()))
-                entry = {"mean": interval.mean, "half_width": interval.half_width, "n": interval.n,
-                         "text": interval.format()}
+                entry = {
+                    "mean": interval.mean,
+                    "half_width": interval.half_width,
+                    "n": interval.n,
+                    "text": interval.format(),
+                }
                 if key == "steps_until_solved":
                     entry["solved"] = f"{sum(not math.isnan(v) for v in values.values())}/{len(values)}"
-                baseline = {r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == BROADCAST}
+                baseline = {
+                    r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == BROADCAST
+                }
                 if method != BROADCAST and baseline:
                     difference = paired_difference(values, baseline)
-                    entry["vs_grpo"] = {"mean": difference.mean, "half_width": difference.half_width,
-                                        "n": difference.n, "text": difference.format(),
-                                        "excludes_zero": difference.excludes_zero()}
+                    entry["vs_grpo"] = {
+                        "mean": difference.mean,
+                        "half_width": difference.half_width,
+                        "n": difference.n,
+                        "text": difference.format(),
+                        "excludes_zero": difference.excludes_zero(),
+                    }
                 by_method[method] = entry
             summary.setdefault(task, {})[key] = {"label": label, "methods": by_method}
         if {BROADCAST, CEILING} <= set(config.methods):
             for key, label in _gap_keys(config):
                 by_method = {}
-                per_method = {m: {r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == m}
-                              for m in config.methods}
+                per_method = {
+                    m: {r["seed"]: _value(r, key) for r in records if r["task"] == task and r["method"] == m}
+                    for m in config.methods
+                }
                 for method in config.methods:
                     interval = gap_fraction(per_method[method], per_method[BROADCAST], per_method[CEILING])
-                    by_method[method] = {"mean": interval.mean, "half_width": interval.half_width, "n": interval.n,
-                                         "text": interval.format()}
-                summary[task][f"gap_closed:{key}"] = {"label": f"fraction of the grpo→{CEILING} gap closed: {label}",
-                                                      "methods": by_method}
+                    by_method[method] = {
+                        "mean": interval.mean,
+                        "half_width": interval.half_width,
+                        "n": interval.n,
+                        "text": interval.format(),
+                    }
+                summary[task][f"gap_closed:{key}"] = {
+                    "label": f"fraction of the grpo→{CEILING} gap closed: {label}",
+                    "methods": by_method,
+                }
     return summary
 
 
@@ -336,8 +394,10 @@ def render_report(summary: dict, config: LabConfig, records: list[dict], command
     """`report.md`: one table per task, metrics as rows, methods as columns (mean ± 95 % CI; Δ vs grpo, paired)."""
     total = sum(r["wall_seconds"] for r in records)
     lines = [
-        "# Credit lab results", "",
-        f"Command: `{command}`", "",
+        "# Credit lab results",
+        "",
+        f"Command: `{command}`",
+        "",
         f"{len(records)} runs ({', '.join(config.methods)} × {', '.join(config.tasks)} × seeds "
         f"{', '.join(map(str, config.seeds))}), completions of {config.horizon} tokens"
         f"{f' with {config.decisive} decisive forks' if config.decisive != 1 else ''}, {config.max_steps} optimizer steps each, "
@@ -346,11 +406,16 @@ def render_report(summary: dict, config: LabConfig, records: list[dict], command
         "Cells: mean ± half-width of the 95 % t interval over seeds; `Δ` is the paired difference to `grpo` on the "
         "same seed with its 95 % t interval (`*` when the interval excludes 0). `steps until solved` averages the "
         "solved runs only; the count of solved runs is shown beside it. The fraction of the gap closed is, per seed, "
-        f"(method − grpo) / ({CEILING} − grpo) (seeds where the two are equal left out); 0 is GRPO, 1 the {CEILING}.", "",
+        f"(method − grpo) / ({CEILING} − grpo) (seeds where the two are equal left out); 0 is GRPO, 1 the {CEILING}.",
+        "",
     ]
     for task, metrics in summary.items():
-        lines += [f"## {task}", "", "| metric | " + " | ".join(config.methods) + " |",
-                  "|---|" + "---|" * len(config.methods)]
+        lines += [
+            f"## {task}",
+            "",
+            "| metric | " + " | ".join(config.methods) + " |",
+            "|---|" + "---|" * len(config.methods),
+        ]
         for row in metrics.values():
             cells = []
             for method in config.methods:
@@ -379,7 +444,10 @@ def run_lab(config: LabConfig, command: str = "trl-credit lab", log=None) -> dic
     settings = {k: v for k, v in asdict(config).items() if k not in ("methods", "tasks", "seeds", "output_dir")}
     previous = json.loads(results_path.read_text()) if results_path.is_file() else {}
     # Settings added after a results.json was written count at their defaults.
-    previous_settings = {**{k: v for k, v in asdict(LabConfig()).items() if k in settings}, **previous.get("settings", {})}
+    previous_settings = {
+        **{k: v for k, v in asdict(LabConfig()).items() if k in settings},
+        **previous.get("settings", {}),
+    }
     records = [r for r in previous.get("runs", []) if previous_settings == settings]
     done = {(r["task"], r["method"], r["seed"]) for r in records}
     for task in config.tasks:
@@ -392,11 +460,14 @@ def run_lab(config: LabConfig, command: str = "trl-credit lab", log=None) -> dic
                 records.append(record)
                 results_path.write_text(json.dumps({"settings": settings, "runs": records}, indent=1) + "\n")
                 m = record["metrics"]
-                log(f"lab: {task} {method} seed {seed}: reward {m['final_reward']:.3f}, solved at "
+                log(
+                    f"lab: {task} {method} seed {seed}: reward {m['final_reward']:.3f}, solved at "
                     f"{m['steps_until_solved']}, precision+ {m['decisive_precision_pos']:.3f} "
-                    f"(lift {m['decisive_lift_pos']:.2f}), {record['wall_seconds']:.0f} s")
-    wanted = [r for r in records if r["task"] in config.tasks and r["method"] in config.methods
-              and r["seed"] in config.seeds]
+                    f"(lift {m['decisive_lift_pos']:.2f}), {record['wall_seconds']:.0f} s"
+                )
+    wanted = [
+        r for r in records if r["task"] in config.tasks and r["method"] in config.methods and r["seed"] in config.seeds
+    ]
     summary = summarize(wanted, config)
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     (output_dir / "report.md").write_text(render_report(summary, config, wanted, command) + "\n")

@@ -97,7 +97,9 @@ class LabTask:
 
     def __init__(self, horizon: int = COMPLETION_LENGTH, decisive: int = 1):
         if not self.min_horizon <= horizon <= MAX_HORIZON:
-            raise ValueError(f"horizon of {self.name} must be between {self.min_horizon} and {MAX_HORIZON}, got {horizon}")
+            raise ValueError(
+                f"horizon of {self.name} must be between {self.min_horizon} and {MAX_HORIZON}, got {horizon}"
+            )
         if self.max_decisive == 1 and decisive != 1:
             raise ValueError(f"decisive sets the number of forks of fork and mdp; {self.name} takes 1, got {decisive}")
         if not 1 <= decisive <= min(self.max_decisive, horizon):
@@ -134,7 +136,10 @@ class NeedleTask(LabTask):
     KEY_PROBABILITY = 0.04  # per key and position in the prior; 8 positions give a success rate of 1 - 0.96^8 ~ 0.28
 
     def prior(self, prompt, position, previous=None):
-        return {**_spread(1.0 - len(KEYS) * self.KEY_PROBABILITY, FILLERS), **dict.fromkeys(KEYS, self.KEY_PROBABILITY)}
+        return {
+            **_spread(1.0 - len(KEYS) * self.KEY_PROBABILITY, FILLERS),
+            **dict.fromkeys(KEYS, self.KEY_PROBABILITY),
+        }
 
     def reward(self, prompt, completion):
         return float(_key_of(prompt) in completion)
@@ -183,10 +188,14 @@ class ForkTask(LabTask):
     def decisive(self, prompt, completion):
         # A success needs every fork; a failure is caused by its wrong forks only, not by the right ones.
         success = self.reward(prompt, completion) > 0
-        wrong = {p for j, p in enumerate(self.fork_positions)
-                 if p < len(completion) and completion[p] != self.right_choice(prompt, j)}
-        return [position in self.fork_positions and (success or position in wrong)
-                for position in range(len(completion))]
+        wrong = {
+            p
+            for j, p in enumerate(self.fork_positions)
+            if p < len(completion) and completion[p] != self.right_choice(prompt, j)
+        }
+        return [
+            position in self.fork_positions and (success or position in wrong) for position in range(len(completion))
+        ]
 
 
 class MDPTask(ForkTask):
@@ -211,8 +220,10 @@ class RareTokenTask(LabTask):
         others = [filler for filler in FILLERS if filler != template]  # ~0.0099 each: not in TACO's tail
         rest = 1.0 - self.TEMPLATE_PROBABILITY - len(KEYS) * self.KEY_PROBABILITY - self.RARE_PROBABILITY
         return {
-            **_spread(rest, others), template: self.TEMPLATE_PROBABILITY,
-            **dict.fromkeys(KEYS, self.KEY_PROBABILITY), RARE_TOKEN: self.RARE_PROBABILITY,
+            **_spread(rest, others),
+            template: self.TEMPLATE_PROBABILITY,
+            **dict.fromkeys(KEYS, self.KEY_PROBABILITY),
+            RARE_TOKEN: self.RARE_PROBABILITY,
         }
 
     def reward(self, prompt, completion):
@@ -237,11 +248,16 @@ class HitchTask(RareTokenTask):
         template = _template(position)
         others = [filler for filler in FILLERS if filler != template]
         rest = 1.0 - self.KEY_AFTER_RARE - self.TEMPLATE_PROBABILITY * (1.0 - self.KEY_AFTER_RARE)
-        return {**_spread(rest, others), template: self.TEMPLATE_PROBABILITY * (1.0 - self.KEY_AFTER_RARE),
-                _key_of(prompt): self.KEY_AFTER_RARE}
+        return {
+            **_spread(rest, others),
+            template: self.TEMPLATE_PROBABILITY * (1.0 - self.KEY_AFTER_RARE),
+            _key_of(prompt): self.KEY_AFTER_RARE,
+        }
 
 
-TASKS: dict[str, type[LabTask]] = {task.name: task for task in (NeedleTask, ForkTask, MDPTask, RareTokenTask, HitchTask)}
+TASKS: dict[str, type[LabTask]] = {
+    task.name: task for task in (NeedleTask, ForkTask, MDPTask, RareTokenTask, HitchTask)
+}
 
 
 def get_task(name: str, horizon: int = COMPLETION_LENGTH, decisive: int = 1) -> LabTask:

@@ -28,7 +28,9 @@ def _check_per_token(mask_BT: torch.Tensor, per_token_BT: dict[str, torch.Tensor
     cleaned = []
     for name, tensor_BT in per_token_BT.items():
         if tensor_BT.shape != mask_BT.shape:
-            raise ValueError(f"{name} must have the shape of mask_BT {tuple(mask_BT.shape)}, got {tuple(tensor_BT.shape)}")
+            raise ValueError(
+                f"{name} must have the shape of mask_BT {tuple(mask_BT.shape)}, got {tuple(tensor_BT.shape)}"
+            )
         if not torch.isfinite(tensor_BT[valid_BT]).all():
             raise ValueError(f"{name} contains NaN or inf at valid (unmasked) positions")
         cleaned.append(torch.where(valid_BT, tensor_BT.detach().float(), 0.0))
@@ -45,7 +47,9 @@ def _contains(value: float, low: float, high: float, low_open: bool, high_open: 
     return above and below
 
 
-def check_range(name: str, value: float, low: float, high: float, low_open: bool = False, high_open: bool = False) -> None:
+def check_range(
+    name: str, value: float, low: float, high: float, low_open: bool = False, high_open: bool = False
+) -> None:
     """Raise `ValueError` unless `value` lies in the interval; the message spells out the interval."""
     if not _contains(value, low, high, low_open, high_open):
         raise ValueError(f"{name} must be in {_interval(low, high, low_open, high_open)}, got {value}")

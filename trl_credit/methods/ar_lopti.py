@@ -67,7 +67,9 @@ def ar_lopti_advantages(
         `(B, T)` float32 token advantages, 0 on masked positions.
     """
     check_range("alpha", alpha, 0.0, 1.0)
-    _, (advantages_BT, rollout_logps_BT) = check_token_inputs(advantages_BT, mask_BT, rollout_logps_BT=rollout_logps_BT)
+    _, (advantages_BT, rollout_logps_BT) = check_token_inputs(
+        advantages_BT, mask_BT, rollout_logps_BT=rollout_logps_BT
+    )
     return advantages_BT * ar_lopti_weights(rollout_logps_BT, alpha)
 
 

@@ -51,7 +51,9 @@ class ClipCovArguments:
 
     clip_cov_ratio: float = field(
         default=0.0002,
-        metadata={"help": "Clip-Cov: fraction of a micro-batch's valid tokens whose gradient is detached (at least 1). In (0, 1]."},
+        metadata={
+            "help": "Clip-Cov: fraction of a micro-batch's valid tokens whose gradient is detached (at least 1). In (0, 1]."
+        },
     )
     clip_cov_lb: float = field(
         default=1.0, metadata={"help": "Clip-Cov: lower bound (exclusive) of the covariance of a candidate token."}
@@ -118,7 +120,9 @@ def clip_cov_advantages(
     epsilon_low, epsilon_high = clip_range
     ratio_BT = torch.exp(logps_BT - old_logps_BT)
     # verl: -A * clip(r) > -A * r, i.e. the clipped term is the one PPO's max keeps.
-    clipped_BT = valid_BT & (-advantages_BT * ratio_BT.clamp(1 - epsilon_low, 1 + epsilon_high) > -advantages_BT * ratio_BT)
+    clipped_BT = valid_BT & (
+        -advantages_BT * ratio_BT.clamp(1 - epsilon_low, 1 + epsilon_high) > -advantages_BT * ratio_BT
+    )
     covariance_BT = clip_cov_covariance(advantages_BT, logps_BT, valid_BT)
     candidates_BT = valid_BT & ~clipped_BT & (covariance_BT > lb) & (covariance_BT < ub)
     count = max(int(ratio * float(valid_BT.sum())), 1)
@@ -149,16 +153,28 @@ def clip_cov_advantages(
     },
     token_statistic=("covariance", "centred covariance (A - mean A)(log p - mean log p) over the micro-batch"),
 )
-def clip_cov(batch: CreditBatch, clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float, clip_cov_seed: int) -> CreditResult:
+def clip_cov(
+    batch: CreditBatch, clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float, clip_cov_seed: int
+) -> CreditResult:
     if not clip_cov_lb < clip_cov_ub:
         raise ValueError(f"clip_cov_lb must be < clip_cov_ub, got {clip_cov_lb} and {clip_cov_ub}")
     logps_BT = batch[POLICY_LOGPS]
     advantages_BT, detached_BT, candidates_BT = clip_cov_advantages(
-        batch.advantages_BT, logps_BT, batch[ROLLOUT_LOGPS], batch.mask_BT, batch.clip_range, clip_cov_ratio,
-        clip_cov_lb, clip_cov_ub, clip_cov_generator(clip_cov_seed, batch.step, batch.mask_BT),
+        batch.advantages_BT,
+        logps_BT,
+        batch[ROLLOUT_LOGPS],
+        batch.mask_BT,
+        batch.clip_range,
+        clip_cov_ratio,
+        clip_cov_lb,
+        clip_cov_ub,
+        clip_cov_generator(clip_cov_seed, batch.step, batch.mask_BT),
     )
     return CreditResult(
         advantages_BT=advantages_BT,
-        metrics={"detached_fraction": (detached_BT, batch.mask_BT), "candidate_fraction": (candidates_BT, batch.mask_BT)},
+        metrics={
+            "detached_fraction": (detached_BT, batch.mask_BT),
+            "candidate_fraction": (candidates_BT, batch.mask_BT),
+        },
         statistic_BT=clip_cov_covariance(batch.advantages_BT, logps_BT, batch.mask_BT),
     )

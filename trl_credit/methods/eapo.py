@@ -107,7 +107,9 @@ def eapo(batch: CreditBatch, eapo_kappa: float, eapo_kappa_decay_steps: int, eap
     q_lo, q_hi = [quantile_linear(entropy_N, q).item() for q in eapo_quantiles] if entropy_N.numel() else [0.0, 0.0]
     kappa = eapo_kappa_schedule(eapo_kappa, batch.step, eapo_kappa_decay_steps)
     h_BT = eapo_normalized_entropy(entropy_BT, q_lo, q_hi)
-    exponent_BT = (kappa * torch.sign(batch.sequence_advantages_B).unsqueeze(1) * h_BT).masked_fill(~valid_BT, -math.inf)
+    exponent_BT = (kappa * torch.sign(batch.sequence_advantages_B).unsqueeze(1) * h_BT).masked_fill(
+        ~valid_BT, -math.inf
+    )
     # r = exp(exponent), w = r / mean_valid(r). Shifting by each row's largest *valid* exponent leaves w unchanged and
     # keeps exp finite at any kappa. (The official code shifts by the maximum over all positions, padding included,
     # and floors the mean at 1e-8: from kappa ~ 18.4 on a padded row with A < 0 its weights stop averaging 1.)

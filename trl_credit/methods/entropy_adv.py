@@ -40,7 +40,9 @@ class EntropyAdvArguments:
 
     entropy_adv_alpha: float = field(
         default=0.4,
-        metadata={"help": "EntropyAdv: entropy coefficient alpha (>= 0; 0 is GRPO). The paper uses 0.4 with GRPO, 0.1 with PPO."},
+        metadata={
+            "help": "EntropyAdv: entropy coefficient alpha (>= 0; 0 is GRPO). The paper uses 0.4 with GRPO, 0.1 with PPO."
+        },
     )
     entropy_adv_kappa: float = field(
         default=2.0,
@@ -48,14 +50,20 @@ class EntropyAdvArguments:
     )
 
 
-def entropy_adv_bonus(advantages_BT: torch.Tensor, entropy_BT: torch.Tensor, alpha: float, kappa: float) -> torch.Tensor:
+def entropy_adv_bonus(
+    advantages_BT: torch.Tensor, entropy_BT: torch.Tensor, alpha: float, kappa: float
+) -> torch.Tensor:
     """`psi = min(alpha * H, |A| / kappa)`."""
     return torch.minimum(alpha * entropy_BT, advantages_BT.abs() / kappa)
 
 
 @torch.no_grad()
 def entropy_adv_advantages(
-    advantages_BT: torch.Tensor, entropy_BT: torch.Tensor, mask_BT: torch.Tensor, alpha: float = 0.4, kappa: float = 2.0
+    advantages_BT: torch.Tensor,
+    entropy_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    alpha: float = 0.4,
+    kappa: float = 2.0,
 ) -> torch.Tensor:
     """Add the bounded entropy bonus to every valid token's advantage.
 
@@ -97,7 +105,9 @@ def entropy_adv(batch: CreditBatch, entropy_adv_alpha: float, entropy_adv_kappa:
     bonus_BT = entropy_adv_bonus(batch.advantages_BT, entropy_BT, entropy_adv_alpha, entropy_adv_kappa)
     bounded_BT = batch.mask_BT & (batch.advantages_BT.abs() / entropy_adv_kappa < entropy_adv_alpha * entropy_BT)
     return CreditResult(
-        advantages_BT=entropy_adv_advantages(batch.advantages_BT, entropy_BT, batch.mask_BT, entropy_adv_alpha, entropy_adv_kappa),
+        advantages_BT=entropy_adv_advantages(
+            batch.advantages_BT, entropy_BT, batch.mask_BT, entropy_adv_alpha, entropy_adv_kappa
+        ),
         metrics={"mean_bonus": bonus_BT, "bounded_fraction": (bounded_BT, batch.mask_BT)},
         statistic_BT=bonus_BT,
     )

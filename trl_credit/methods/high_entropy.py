@@ -101,7 +101,9 @@ def high_entropy_advantages(
 )
 def high_entropy(batch: CreditBatch, high_entropy_top_ratio: float) -> CreditResult:
     entropy_BT = batch[POLICY_ENTROPY]
-    advantages_BT, loss_mask_BT = high_entropy_advantages(batch.advantages_BT, entropy_BT, batch.mask_BT, high_entropy_top_ratio)
+    advantages_BT, loss_mask_BT = high_entropy_advantages(
+        batch.advantages_BT, entropy_BT, batch.mask_BT, high_entropy_top_ratio
+    )
     kept_BT = loss_mask_BT.bool()
     lowest_kept = entropy_BT[kept_BT].min() if kept_BT.any() else entropy_BT.new_tensor(0.0)
     return CreditResult(

@@ -128,8 +128,14 @@ def minp_support(
 ) -> CreditResult:
     logps_BT, max_logprob_BT = batch[POLICY_LOGPS], batch[POLICY_MAX_LOGPROB]
     weights_BT = minp_support_weights(
-        batch.advantages_BT, logps_BT, max_logprob_BT, batch.mask_BT, minp_support_min_p, minp_support_tau,
-        minp_support_min_weight, minp_support_only_positive_advantage,
+        batch.advantages_BT,
+        logps_BT,
+        max_logprob_BT,
+        batch.mask_BT,
+        minp_support_min_p,
+        minp_support_tau,
+        minp_support_min_weight,
+        minp_support_only_positive_advantage,
     )
     margin_BT = minp_support_margin(logps_BT, max_logprob_BT, minp_support_min_p)
     positive_BT = batch.mask_BT & (batch.advantages_BT > 0)

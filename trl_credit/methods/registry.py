@@ -190,18 +190,24 @@ class CreditMethod:
         at masked positions, where whatever padding holds (even NaN) is ignored."""
         mask_BT = batch.mask_BT
         if mask_BT.dim() != 2 or mask_BT.dtype != torch.bool:
-            raise ValueError(f"credit method {self.name!r}: mask_BT must be a (B, T) bool tensor, got {_describe(mask_BT)}")
+            raise ValueError(
+                f"credit method {self.name!r}: mask_BT must be a (B, T) bool tensor, got {_describe(mask_BT)}"
+            )
         if batch.sequence_advantages_B.shape != mask_BT.shape[:1]:
             raise ValueError(
                 f"credit method {self.name!r}: sequence_advantages_B must have shape ({mask_BT.size(0)},), got "
                 f"{tuple(batch.sequence_advantages_B.shape)}"
             )
         _check_finite(self.name, "sequence_advantages_B", batch.sequence_advantages_B, None)
-        _check_finite(self.name, "advantages_BT", _same_shape(self.name, "advantages_BT", batch.advantages_BT, mask_BT), mask_BT)
+        _check_finite(
+            self.name, "advantages_BT", _same_shape(self.name, "advantages_BT", batch.advantages_BT, mask_BT), mask_BT
+        )
         statistics = dict(batch.statistics)
         for name in self.statistics_for(hyperparameters):
             if name not in statistics:
-                raise ValueError(f"credit method {self.name!r} reads statistic {name!r}, which the batch does not have")
+                raise ValueError(
+                    f"credit method {self.name!r} reads statistic {name!r}, which the batch does not have"
+                )
             values_BT = _same_shape(self.name, f"statistic {name!r}", statistics[name], mask_BT).detach().float()
             _check_finite(self.name, f"statistic {name!r}", values_BT, mask_BT)
             if name in STATISTIC_RANGES and mask_BT.any():
@@ -213,7 +219,9 @@ class CreditMethod:
                         f"positions, got values in [{valid_N.min().item():g}, {valid_N.max().item():g}]"
                     )
             statistics[name] = torch.where(mask_BT, values_BT, 0.0)
-        return dataclasses.replace(batch, advantages_BT=torch.where(mask_BT, batch.advantages_BT.float(), 0.0), statistics=statistics)
+        return dataclasses.replace(
+            batch, advantages_BT=torch.where(mask_BT, batch.advantages_BT.float(), 0.0), statistics=statistics
+        )
 
     def _check_result(self, batch: CreditBatch, result: CreditResult) -> None:
         mask_BT = batch.mask_BT
@@ -225,7 +233,9 @@ class CreditMethod:
         _check_finite(self.name, "the returned advantages_BT", result.advantages_BT, mask_BT)
         if result.loss_mask_BT is not None:
             if not self.drops_tokens:
-                raise ValueError(f"credit method {self.name!r} returned a loss mask but is registered with drops_tokens=False")
+                raise ValueError(
+                    f"credit method {self.name!r} returned a loss mask but is registered with drops_tokens=False"
+                )
             loss_mask_BT = _same_shape(self.name, "returned loss mask", result.loss_mask_BT, mask_BT)
             valid_N = loss_mask_BT[mask_BT].float()
             if not (torch.isfinite(valid_N).all() and (valid_N >= 0).all() and (valid_N <= 1).all()):
@@ -244,7 +254,9 @@ def _describe(tensor: torch.Tensor) -> str:
 
 def _same_shape(method: str, what: str, tensor: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
     if tensor.shape != mask_BT.shape:
-        raise ValueError(f"credit method {method!r}: {what} must have the shape of the mask {tuple(mask_BT.shape)}, got {tuple(tensor.shape)}")
+        raise ValueError(
+            f"credit method {method!r}: {what} must have the shape of the mask {tuple(mask_BT.shape)}, got {tuple(tensor.shape)}"
+        )
     return tensor
 
 
@@ -316,12 +328,22 @@ def register_credit_method(
 
     reserved = sorted(set(diagnostics or {}) & set(COMMON_DIAGNOSTICS))
     if reserved:
-        raise ValueError(f"credit method {name!r}: the trainer logs {reserved} for every method; name its metrics otherwise")
+        raise ValueError(
+            f"credit method {name!r}: the trainer logs {reserved} for every method; name its metrics otherwise"
+        )
 
     def decorator(function):
         method = CreditMethod(
-            name, function, statistics if callable(statistics) else tuple(statistics), arguments,
-            dict(checks or {}), paper, drops_tokens, display_name or name, summary, dict(diagnostics or {}),
+            name,
+            function,
+            statistics if callable(statistics) else tuple(statistics),
+            arguments,
+            dict(checks or {}),
+            paper,
+            drops_tokens,
+            display_name or name,
+            summary,
+            dict(diagnostics or {}),
             token_statistic,
         )
         existing = CREDIT_METHODS.get(name)
@@ -359,7 +381,9 @@ def apply_credit_method(
     method = get_credit_method(name)
     unknown = sorted(set(hyperparameters) - set(method.argument_names))
     if unknown:
-        raise ValueError(f"credit method {name!r} has no hyperparameters {unknown}; it has {list(method.argument_names)}")
+        raise ValueError(
+            f"credit method {name!r} has no hyperparameters {unknown}; it has {list(method.argument_names)}"
+        )
     values = method.hyperparameters(None, hyperparameters)
     method.check(values)
     if advantages_B.dim() != 1 or mask_BT.dim() != 2 or mask_BT.size(0) != advantages_B.size(0):

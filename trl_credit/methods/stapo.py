@@ -38,7 +38,9 @@ class STAPOArguments:
 
     stapo_prob_threshold: float = field(
         default=0.002,
-        metadata={"help": "STAPO: a candidate token is spurious when its current-policy probability is below this. In (0, 1)."},
+        metadata={
+            "help": "STAPO: a candidate token is spurious when its current-policy probability is below this. In (0, 1)."
+        },
     )
     stapo_entropy_quantile: float = field(
         default=0.1,
@@ -117,8 +119,13 @@ def stapo(
 ) -> CreditResult:
     entropy_BT = batch[POLICY_ENTROPY]
     advantages_BT, loss_mask_BT, threshold = stapo_advantages(
-        batch.advantages_BT, batch[POLICY_LOGPS], entropy_BT, batch.mask_BT,
-        stapo_prob_threshold, stapo_entropy_quantile, stapo_only_positive_advantage,
+        batch.advantages_BT,
+        batch[POLICY_LOGPS],
+        entropy_BT,
+        batch.mask_BT,
+        stapo_prob_threshold,
+        stapo_entropy_quantile,
+        stapo_only_positive_advantage,
     )
     dropped_BT = batch.mask_BT & (loss_mask_BT == 0)
     positive_BT = batch.mask_BT & (batch.advantages_BT > 0)
@@ -129,7 +136,10 @@ def stapo(
             "dropped_fraction": (dropped_BT, batch.mask_BT),
             "dropped_fraction_pos": (dropped_BT & positive_BT, positive_BT),
             # A per-micro-batch threshold: averaged over micro-batches and processes.
-            "entropy_threshold": (batch.mask_BT.new_tensor(threshold, dtype=torch.float32), batch.mask_BT.new_tensor(1.0)),
+            "entropy_threshold": (
+                batch.mask_BT.new_tensor(threshold, dtype=torch.float32),
+                batch.mask_BT.new_tensor(1.0),
+            ),
         },
         statistic_BT=entropy_BT,
     )

@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 import torch
 
 from ._checks import in_range, paper
-from .registry import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult, apply_credit_method, register_credit_method
+from .registry import (
+    POLICY_ENTROPY,
+    POLICY_LOGPS,
+    CreditBatch,
+    CreditResult,
+    apply_credit_method,
+    register_credit_method,
+)
 
 TACO_PAPER = paper(
     "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
@@ -101,4 +108,6 @@ def taco_advantages(
         lam: maximal shrinkage, in `[0, 1]`; `lam = 0` is GRPO.
     """
     statistics = {POLICY_LOGPS: logps_BT, POLICY_ENTROPY: entropy_BT}
-    return apply_credit_method("taco", advantages_B, mask_BT, statistics, taco_alpha=alpha, taco_lambda=lam).advantages_BT
+    return apply_credit_method(
+        "taco", advantages_B, mask_BT, statistics, taco_alpha=alpha, taco_lambda=lam
+    ).advantages_BT

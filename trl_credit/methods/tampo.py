@@ -29,7 +29,9 @@ class TAMPOArguments:
 
     tampo_prob_threshold: float = field(
         default=0.002,
-        metadata={"help": "TAMPO: truncate positive-advantage tokens whose current-policy probability is <= this. In (0, 1]."},
+        metadata={
+            "help": "TAMPO: truncate positive-advantage tokens whose current-policy probability is <= this. In (0, 1]."
+        },
     )
     tampo_entropy_threshold: float = field(
         default=0.5,
@@ -65,7 +67,9 @@ def tampo_advantages(
     valid_BT, (advantages_BT, logps_BT, entropy_BT) = check_token_inputs(
         advantages_BT, mask_BT, logps_BT=logps_BT, entropy_BT=entropy_BT
     )
-    truncated_BT = valid_BT & (advantages_BT > 0) & (logps_BT.exp() <= prob_threshold) & (entropy_BT <= entropy_threshold)
+    truncated_BT = (
+        valid_BT & (advantages_BT > 0) & (logps_BT.exp() <= prob_threshold) & (entropy_BT <= entropy_threshold)
+    )
     return advantages_BT.masked_fill(truncated_BT, 0.0), (~truncated_BT).float()
 
 
@@ -90,13 +94,21 @@ def tampo_advantages(
 def tampo(batch: CreditBatch, tampo_prob_threshold: float, tampo_entropy_threshold: float) -> CreditResult:
     entropy_BT = batch[POLICY_ENTROPY]
     advantages_BT, loss_mask_BT = tampo_advantages(
-        batch.advantages_BT, batch[POLICY_LOGPS], entropy_BT, batch.mask_BT, tampo_prob_threshold, tampo_entropy_threshold
+        batch.advantages_BT,
+        batch[POLICY_LOGPS],
+        entropy_BT,
+        batch.mask_BT,
+        tampo_prob_threshold,
+        tampo_entropy_threshold,
     )
     dropped_BT = batch.mask_BT & (loss_mask_BT == 0)
     positive_BT = batch.mask_BT & (batch.advantages_BT > 0)
     return CreditResult(
         advantages_BT=advantages_BT,
         loss_mask_BT=loss_mask_BT,
-        metrics={"dropped_fraction": (dropped_BT, batch.mask_BT), "dropped_fraction_pos": (dropped_BT & positive_BT, positive_BT)},
+        metrics={
+            "dropped_fraction": (dropped_BT, batch.mask_BT),
+            "dropped_fraction_pos": (dropped_BT & positive_BT, positive_BT),
+        },
         statistic_BT=entropy_BT,
     )

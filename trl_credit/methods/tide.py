@@ -160,6 +160,12 @@ def tide_advantages(
     """
     statistics = {REFERENCE_DEVIATION: deviation_BT, ROLLOUT_ENTROPY: entropy_BT}
     return apply_credit_method(
-        "tide", advantages_B, mask_BT, statistics, vocab_size=vocab_size, tide_tau=tau, tide_kappa=kappa,
+        "tide",
+        advantages_B,
+        mask_BT,
+        statistics,
+        vocab_size=vocab_size,
+        tide_tau=tau,
+        tide_kappa=kappa,
         tide_distance=distance,
     ).advantages_BT

@@ -1,10 +1,6 @@
 """The credit-assignment GRPO trainer, its config, and the single-method pairs (re-exported by `trl_credit`)."""
 
 from . import trl_compat
-
-trl_compat.install()  # TRL 1.15 on devices without Triton: see trl_compat
-trl_compat.check_trl_surfaces()  # at import, so an unsupported TRL fails before anything else (cached)
-
 from .config import CreditGRPOConfig  # noqa: F401
 from .credit_trainer import CreditGRPOTrainer  # noqa: F401
 from .methods import (  # noqa: F401
@@ -17,3 +13,6 @@ from .methods import (  # noqa: F401
     TIDETrainer,
     trainer_pair,
 )
+
+trl_compat.install()  # TRL 1.15 on devices without Triton: see trl_compat
+trl_compat.check_trl_surfaces()  # at import, before any trainer is built (cached)

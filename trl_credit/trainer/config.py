@@ -59,17 +59,22 @@ class CreditGRPOConfig(GRPOConfig):
     )
     credit_kwargs: dict[str, Any] | str | None = field(
         default=None,
-        metadata={"help": "Hyperparameters of the methods of the stack, e.g. '{\"taco_alpha\": 0.05}' (a JSON object)."},
+        metadata={
+            "help": "Hyperparameters of the methods of the stack, e.g. '{\"taco_alpha\": 0.05}' (a JSON object)."
+        },
     )
     statistics_token_chunk_size: int = field(
-        default=1024, metadata={"help": "Token positions per block when streaming the LM heads (deviation statistics)."}
+        default=1024,
+        metadata={"help": "Token positions per block when streaming the LM heads (deviation statistics)."},
     )
     statistics_vocab_chunk_size: int = field(
         default=16384, metadata={"help": "Vocabulary rows per block when streaming the LM heads."}
     )
     log_token_credit: bool = field(
         default=False,
-        metadata={"help": "Write per-token credit of a few completions to output_dir/token_credit.jsonl when logging."},
+        metadata={
+            "help": "Write per-token credit of a few completions to output_dir/token_credit.jsonl when logging."
+        },
     )
     token_credit_samples: int = field(
         default=4, metadata={"help": "Completions recorded per logging step when log_token_credit is on."}
@@ -83,9 +88,13 @@ class CreditGRPOConfig(GRPOConfig):
             try:
                 self.credit_kwargs = json.loads(self.credit_kwargs)
             except json.JSONDecodeError as error:
-                raise ValueError(f"credit_kwargs must be a JSON object, got {self.credit_kwargs!r} ({error})") from None
+                raise ValueError(
+                    f"credit_kwargs must be a JSON object, got {self.credit_kwargs!r} ({error})"
+                ) from None
         if self.credit_kwargs is not None and not isinstance(self.credit_kwargs, dict):
-            raise ValueError(f"credit_kwargs must be a mapping of hyperparameter names to values, got {self.credit_kwargs!r}")
+            raise ValueError(
+                f"credit_kwargs must be a mapping of hyperparameter names to values, got {self.credit_kwargs!r}"
+            )
         self.validate_credit_fields()
         super().__post_init__()
 
@@ -120,9 +129,11 @@ class CreditGRPOConfig(GRPOConfig):
         if in_forward != sorted(in_forward):
             raise ValueError(
                 f"credit_method {self.credit_method!r}: methods that read the generation batch must come before "
-                "methods that read the training forward (" + ", ".join(
+                "methods that read the training forward ("
+                + ", ".join(
                     f"{m.name}: {'training forward' if f else 'generation batch'}" for m, f in zip(stack, in_forward)
-                ) + ")"
+                )
+                + ")"
             )
         for name in ("statistics_token_chunk_size", "statistics_vocab_chunk_size", "token_credit_samples"):
             if getattr(self, name) < 1:

@@ -166,7 +166,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self._generation_methods:
             updates, statistic_BT = self._apply_credit(batch, self._generation_methods, self._batch_statistics(batch))
             batch.update(updates)
-        if self.args.log_token_credit and self.model.training and self.state.global_step % self.state.logging_steps == 0:
+        if (
+            self.args.log_token_credit
+            and self.model.training
+            and self.state.global_step % self.state.logging_steps == 0
+        ):
             self._log_token_credit(batch, statistic_BT)
         return batch
 
@@ -197,13 +201,21 @@ class CreditGRPOTrainer(GRPOTrainer):
         num_vocab = vocab_size(self.accelerator.unwrap_model(self.model))
         for method, hyperparameters in methods:
             credit_batch = CreditBatch(
-                advantages_BT, sequence_B, mask_BT, statistics=statistics, vocab_size=num_vocab,
-                step=self.state.global_step, gather=self._gather_all, clip_range=(self.epsilon_low, self.epsilon_high),
+                advantages_BT,
+                sequence_B,
+                mask_BT,
+                statistics=statistics,
+                vocab_size=num_vocab,
+                step=self.state.global_step,
+                gather=self._gather_all,
+                clip_range=(self.epsilon_low, self.epsilon_high),
             )
             result: CreditResult = method(credit_batch, hyperparameters)  # validates its inputs and its result
             result.advantages_BT = torch.where(mask_BT, result.advantages_BT.float(), 0.0)
             if record_metrics:
-                for name, value in credit_metrics(self.accelerator, method.name, advantages_BT, result, mask_BT).items():
+                for name, value in credit_metrics(
+                    self.accelerator, method.name, advantages_BT, result, mask_BT
+                ).items():
                     self._metrics[mode][name].append(value)
             if result.loss_mask_BT is not None:
                 loss_mask_BT = result.loss_mask_BT if loss_mask_BT is None else loss_mask_BT * result.loss_mask_BT
@@ -211,7 +223,9 @@ class CreditGRPOTrainer(GRPOTrainer):
             statistic_BT = result.statistic_BT if result.statistic_BT is not None else statistic_BT
         is_last_stage = methods is self._training_forward_methods or not self._training_forward_methods
         if record_metrics and is_last_stage:
-            self._metrics[mode]["credit/adv_abs_mean"].append(advantage_magnitude(self.accelerator, advantages_BT, mask_BT))
+            self._metrics[mode]["credit/adv_abs_mean"].append(
+                advantage_magnitude(self.accelerator, advantages_BT, mask_BT)
+            )
         updates = {"advantages": advantages_BT, SEQUENCE_ADVANTAGES: sequence_B}
         if loss_mask_BT is not None:
             # TRL's loss masks tokens with completion_mask * tool_mask, and every normaliser counts that mask.
@@ -239,7 +253,10 @@ class CreditGRPOTrainer(GRPOTrainer):
             statistics = self._forward_statistics(inputs, logps_BT, entropy_BT, hidden)
             inputs.update(self._apply_credit(inputs, self._training_forward_methods, statistics)[0])
             return super()._compute_loss(model, inputs)
-        with recorded_final_hidden(self, self._records_hidden) as hidden, self._credit_from_training_forward(model, inputs, hidden):
+        with (
+            recorded_final_hidden(self, self._records_hidden) as hidden,
+            self._credit_from_training_forward(model, inputs, hidden),
+        ):
             return super()._compute_loss(model, inputs)
 
     @contextmanager
@@ -255,7 +272,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         def after_forward(module, args, kwargs, output):
             handle.remove()  # only the policy forward of this loss
             logps_BT, entropy_BT = fused_statistics(output, inputs["completion_ids"].size(1))
-            statistics = self._forward_statistics(inputs, logps_BT.detach().float(), entropy_BT.detach().float(), hidden)
+            statistics = self._forward_statistics(
+                inputs, logps_BT.detach().float(), entropy_BT.detach().float(), hidden
+            )
             updates = self._apply_credit(inputs, self._training_forward_methods, statistics)[0]
             loss_mask_BT = updates.pop("tool_mask", None)
             inputs.update(updates)
@@ -271,7 +290,10 @@ class CreditGRPOTrainer(GRPOTrainer):
     def _forward_statistics(self, batch, logps_BT, entropy_BT, hidden=None) -> dict[str, torch.Tensor]:
         """Statistics of the training forward; `hidden`: the final hidden states recorded from that forward."""
         mask_BT = valid_mask(batch)
-        statistics = {POLICY_LOGPS: torch.where(mask_BT, logps_BT, 0.0), POLICY_ENTROPY: torch.where(mask_BT, entropy_BT, 0.0)}
+        statistics = {
+            POLICY_LOGPS: torch.where(mask_BT, logps_BT, 0.0),
+            POLICY_ENTROPY: torch.where(mask_BT, entropy_BT, 0.0),
+        }
         if self._records_hidden:
             statistics[POLICY_MAX_LOGPROB] = policy_max_logprob(self, batch, torch.cat(hidden))
         statistics.update(self._batch_statistics(batch))
@@ -318,14 +340,19 @@ class CreditGRPOTrainer(GRPOTrainer):
         num_rows = batch["completion_ids"].size(0)
         rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
         sub = {
-            key: value[rows] for key, value in batch.items()
-            if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.size(0) == num_rows
+            key: value[rows]
+            for key, value in batch.items()
+            if isinstance(value, torch.Tensor)
+            and value.dim() >= 1
+            and value.size(0) == num_rows
             and key not in MULTIMODAL_KEYS
         }
         # Image inputs are not laid out per row: then every row is scored and the sampled ones kept.
         has_images = any(key in batch for key in MULTIMODAL_KEYS)
         with recorded_final_hidden(self, self._records_hidden) as hidden:
-            logps_bT, entropy_bT = policy_logps_and_entropy(self, batch if has_images else sub, self._forward_batch_size())
+            logps_bT, entropy_bT = policy_logps_and_entropy(
+                self, batch if has_images else sub, self._forward_batch_size()
+            )
         if has_images:
             logps_bT, entropy_bT = logps_bT[rows], entropy_bT[rows]
             hidden = [torch.cat(hidden)[rows]] if hidden else hidden
@@ -350,12 +377,18 @@ class CreditGRPOTrainer(GRPOTrainer):
             self.processing_class.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(ids_bT, m_bT)
         ]
         records = token_credit_records_from_batch(
-            step=self.state.global_step, method=self.credit_method,
+            step=self.state.global_step,
+            method=self.credit_method,
             prompts=decode(sub["prompt_ids"], sub["prompt_mask"]),
             completions=decode(sub["completion_ids"], sub["completion_mask"]),
-            rewards_B=rewards_b.cpu(), advantages_B=advantages_b.cpu(), completion_ids_BT=sub["completion_ids"].cpu(),
-            token_advantages_BT=token_advantages.cpu(), logps_BT=logps_bT.cpu(), entropies_BT=entropy_bT.cpu(),
-            mask_BT=mask_bT.cpu(), tokenizer=self.processing_class,
+            rewards_B=rewards_b.cpu(),
+            advantages_B=advantages_b.cpu(),
+            completion_ids_BT=sub["completion_ids"].cpu(),
+            token_advantages_BT=token_advantages.cpu(),
+            logps_BT=logps_bT.cpu(),
+            entropies_BT=entropy_bT.cpu(),
+            mask_BT=mask_bT.cpu(),
+            tokenizer=self.processing_class,
             statistic_BT=None if statistic_BT is None else statistic_BT.cpu(),
         )
         append_token_credit(self.args.output_dir, records)

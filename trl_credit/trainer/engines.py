@@ -40,7 +40,10 @@ def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
     if multimodal:
         hidden_BLH = final_hidden(
-            model, input_ids=torch.cat([prompt_ids, completion_ids], dim=1), attention_mask=attention_mask, **multimodal
+            model,
+            input_ids=torch.cat([prompt_ids, completion_ids], dim=1),
+            attention_mask=attention_mask,
+            **multimodal,
         )
         return hidden_BLH[:, prompt_len - 1 : prompt_len - 1 + completion_len]
     decoder = backbone(model)
@@ -49,7 +52,10 @@ def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion
     cache = output_cache(prompt_out)
     cache.reorder_cache(row_prompt)  # each row gets its prompt's keys and values
     completion_out = decoder(
-        input_ids=completion_ids, attention_mask=attention_mask, use_cache=True, **{cache_keyword(decoder.forward): cache}
+        input_ids=completion_ids,
+        attention_mask=attention_mask,
+        use_cache=True,
+        **{cache_keyword(decoder.forward): cache},
     )
     # The prompt's last position scores the first completion token; the last completion token scores nothing.
     return torch.cat([prompt_out.last_hidden_state[row_prompt, -1:], completion_out.last_hidden_state[:, :-1]], dim=1)
@@ -68,7 +74,9 @@ def logit_transform(model) -> LogitTransform:
         scale = getattr(config, "lm_head_multiplier", None)
     if scale is None and getattr(config, "logits_scaling", None) is not None:
         scale = config.logits_scaling if config.model_type == "hyperclovax" else 1 / config.logits_scaling
-    return LogitTransform(scale=1.0 if scale is None else scale, softcap=getattr(config, "final_logit_softcapping", None))
+    return LogitTransform(
+        scale=1.0 if scale is None else scale, softcap=getattr(config, "final_logit_softcapping", None)
+    )
 
 
 def vocab_size(model) -> int:

@@ -94,14 +94,18 @@ class DeviationReference:
 
     def save(self, checkpoint_dir: str) -> None:
         if self.previous_policy:
-            save_model(self.trainer.accelerator.unwrap_model(self.model), os.path.join(checkpoint_dir, PREVIOUS_POLICY_FILE))
+            save_model(
+                self.trainer.accelerator.unwrap_model(self.model), os.path.join(checkpoint_dir, PREVIOUS_POLICY_FILE)
+            )
 
     def load(self, checkpoint_dir: str) -> None:
         if not self.previous_policy:
             return
         path = os.path.join(checkpoint_dir, PREVIOUS_POLICY_FILE)
         if os.path.exists(path):
-            load_model(self.trainer.accelerator.unwrap_model(self.model), path, device=str(self.trainer.accelerator.device))
+            load_model(
+                self.trainer.accelerator.unwrap_model(self.model), path, device=str(self.trainer.accelerator.device)
+            )
         else:
             logger.warning(
                 f"{checkpoint_dir} has no {PREVIOUS_POLICY_FILE}: the previous-policy reference starts from the resumed "

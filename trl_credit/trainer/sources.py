@@ -69,8 +69,13 @@ def policy_logps_and_entropy(trainer, batch, batch_size: int | None = None) -> t
     input_ids, attention_mask, multimodal = sequence_inputs(batch)
     with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
         logps_BT, entropy_BT, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, input_ids, attention_mask, batch["completion_ids"].size(1),
-            batch_size=batch_size, compute_entropy=True, **multimodal,
+            trainer.model,
+            input_ids,
+            attention_mask,
+            batch["completion_ids"].size(1),
+            batch_size=batch_size,
+            compute_entropy=True,
+            **multimodal,
         )
     return logps_BT.float(), entropy_BT.float()
 
@@ -141,8 +146,11 @@ def generates_in_one_call(trainer) -> bool:
     """Whether TRL samples the batch with one `model.generate` call, one sequence per row: its plain path, not vLLM,
     continuous batching, a `rollout_func` or a tool loop. Vision-language models take the forward (not tested)."""
     return not (
-        trainer.use_vllm or trainer.use_transformers_continuous_batching or trainer.rollout_func is not None
-        or trainer.tools or trainer._is_vlm
+        trainer.use_vllm
+        or trainer.use_transformers_continuous_batching
+        or trainer.rollout_func is not None
+        or trainer.tools
+        or trainer._is_vlm
     )
 
 
@@ -197,7 +205,9 @@ class ScoringForward:
                 rows += self.calls[last][0].size(0)
                 last += 1
             calls = self.calls[first:last]
-            if rows != num_rows or any(c[0].size(1) < num_tokens or (self.keep_hidden and c[2] is None) for c in calls):
+            if rows != num_rows or any(
+                c[0].size(1) < num_tokens or (self.keep_hidden and c[2] is None) for c in calls
+            ):
                 continue
             logps_BT = torch.cat([c[0][:, -num_tokens:] for c in calls])
             if torch.equal(logps_BT, old_BT):
@@ -248,9 +258,14 @@ def streamed_policy_statistics(trainer, batch, hidden_BTH: torch.Tensor) -> Toke
     valid_BT = valid_mask(batch)
     with unsharded_root(policy), full_lm_head(policy) as (weight_VH, bias_V):
         streamed_N = token_statistics(
-            hidden_BTH[valid_BT], weight_VH, bias_V, token_ids_N=batch["completion_ids"][valid_BT],
-            temperature=trainer.temperature, token_chunk_size=trainer.args.statistics_token_chunk_size,
-            vocab_chunk_size=trainer.args.statistics_vocab_chunk_size, transform=logit_transform(policy),
+            hidden_BTH[valid_BT],
+            weight_VH,
+            bias_V,
+            token_ids_N=batch["completion_ids"][valid_BT],
+            temperature=trainer.temperature,
+            token_chunk_size=trainer.args.statistics_token_chunk_size,
+            vocab_chunk_size=trainer.args.statistics_vocab_chunk_size,
+            transform=logit_transform(policy),
         )
 
     def per_token(values_N: torch.Tensor) -> torch.Tensor:
@@ -261,7 +276,9 @@ def streamed_policy_statistics(trainer, batch, hidden_BTH: torch.Tensor) -> Toke
     return TokenStatistics(*(per_token(values_N) for values_N in streamed_N))
 
 
-def generation_statistics(trainer, batch, names, reference=None, generation=None, scoring=None) -> dict[str, torch.Tensor]:
+def generation_statistics(
+    trainer, batch, names, reference=None, generation=None, scoring=None
+) -> dict[str, torch.Tensor]:
     """The requested generation-batch statistics, `(B, T)` float32 each, zero at masked positions.
 
     `scoring`: the `ScoringForward` recorded while TRL generated and scored `batch`, if any; `generation`: the
@@ -331,9 +348,17 @@ def deviation_and_entropy(trainer, batch, reference, policy_hidden_BTH=None) -> 
                 hidden_nH = policy_hidden_BTH[rows][rows_valid_bT]
             with reference_context:
                 ref_hidden_nH = completion_hidden(reference_model, *chunk, **multimodal)[rows_valid_bT]
-            with full_lm_head(policy) as (weight_VH, bias_V), full_lm_head(reference_model) as (ref_weight_VH, ref_bias_V):
+            with (
+                full_lm_head(policy) as (weight_VH, bias_V),
+                full_lm_head(reference_model) as (ref_weight_VH, ref_bias_V),
+            ):
                 deviation_n, entropy_n = hellinger_and_entropy(
-                    hidden_nH, ref_hidden_nH, weight_VH, ref_weight_VH, bias_V, ref_bias_V,
+                    hidden_nH,
+                    ref_hidden_nH,
+                    weight_VH,
+                    ref_weight_VH,
+                    bias_V,
+                    ref_bias_V,
                     temperature=trainer.temperature,
                     token_chunk_size=trainer.args.statistics_token_chunk_size,
                     vocab_chunk_size=trainer.args.statistics_vocab_chunk_size,

@@ -48,13 +48,27 @@ SUPPORTED_TRL = ">=1.15,<1.17"
 
 # Keywords TRL passes to `_get_per_token_logps_and_entropies` besides the token ids (see `_compute_loss`).
 MULTIMODAL_KEYS = (
-    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
-    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
 )
 _SCORING_KEYWORDS = ("model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy")
 FUSED_OUTPUT_FIELDS = ("log_probs", "entropy")
 # The config attributes `add_fused_lm_head` reads for the scale and softcap it applies after the LM head.
-LOGIT_TRANSFORM_KEYS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+LOGIT_TRANSFORM_KEYS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "output_multiplier",
+    "lm_head_multiplier",
+    "logits_scaling",
+)
 # ... and the MoE router settings it reads for the load-balancing loss, which do not touch the logits.
 _ROUTER_KEYS = ("output_router_logits", "router_aux_loss_coef", "num_experts", "num_experts_per_tok")
 GENERATION_ATTRIBUTES = ("use_vllm", "use_transformers_continuous_batching", "rollout_func", "tools", "_is_vlm")
@@ -64,7 +78,12 @@ _COMPLETION_MASK_LINE = 'completion_ids, completion_mask = inputs["completion_id
 _LOSS_MASK_LINE = 'mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]'
 # When `_generate_and_score_completions` runs its old-log-prob forward (`runs_scoring_forward`).
 _SCORING_CONDITION = "if self.args.gradient_accumulation_steps % generate_every != 0 or ("
-_OVERRIDDEN = ("_generate_and_score_completions", "_compute_loss", "_calculate_rewards", "_get_per_token_logps_and_entropies")
+_OVERRIDDEN = (
+    "_generate_and_score_completions",
+    "_compute_loss",
+    "_calculate_rewards",
+    "_get_per_token_logps_and_entropies",
+)
 
 
 class UnsupportedTRLError(RuntimeError):
@@ -107,7 +126,7 @@ def check_trl_surfaces() -> None:
     if _COMPLETION_MASK_LINE not in source or not 0 <= mask_at < forward_at < advantages_at:
         raise _unsupported(
             "builds GRPOTrainer._compute_loss's loss mask, forward and advantages otherwise than as "
-            f"`{_COMPLETION_MASK_LINE}`, then `{_LOSS_MASK_LINE}`, then its forward, then `inputs[\"advantages\"]`"
+            f'`{_COMPLETION_MASK_LINE}`, then `{_LOSS_MASK_LINE}`, then its forward, then `inputs["advantages"]`'
         )
     if _SCORING_CONDITION not in inspect.getsource(GRPOTrainer._generate_and_score_completions):
         raise _unsupported(f"decides otherwise than `{_SCORING_CONDITION}` whether to run its scoring forward")
@@ -206,7 +225,7 @@ def chunked_logprob_torch(
     # At least one (possibly empty) chunk: with no valid token the outputs are empty but still part of the graph,
     # so that an all-masked micro-batch backpropagates a zero loss, as with TRL's kernel.
     for start in range(0, max(hidden_NH.shape[0], 1), _TOKEN_CHUNK):
-        hidden_nH, targets_n = hidden_NH[start:start + _TOKEN_CHUNK], targets_N[start:start + _TOKEN_CHUNK]
+        hidden_nH, targets_n = hidden_NH[start : start + _TOKEN_CHUNK], targets_N[start : start + _TOKEN_CHUNK]
         z_nV = (hidden_nH.to(dtype) @ weight_VH.to(dtype).T).float()
         if bias_V is not None:
             z_nV = z_nV + bias_V.float()
