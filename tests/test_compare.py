@@ -281,7 +281,7 @@ def test_dry_run_of_the_default_comparison_uses_the_quickstart_measurement(tmp_p
     assert cli_main(["compare", "--output_dir", str(tmp_path), "--dry_run", "--eval_num_problems", "2"]) == 0
     out_text = capsys.readouterr().out
     assert "optimizer steps: 30 per run x 12 runs = 360" in out_text  # 4 methods x 3 seeds of the quick start
-    assert "19.03 s/step x 360 steps" in out_text and "README's quick-start measurement" in out_text
+    assert "7.60 s/step x 360 steps" in out_text and "the quick start's measurement (7.6 s/step" in out_text
     assert "warning" not in out_text  # the quick start saves checkpoints
 
 

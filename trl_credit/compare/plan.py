@@ -32,9 +32,9 @@ OWNED_FLAGS = {
     "--output_dir": "--output_dir (compare's folder; each run gets OUTPUT_DIR/runs/METHOD-seedSEED)",
     "--resume_from_checkpoint": "nothing: compare resumes interrupted runs from their latest checkpoint itself",
 }
-# Measured for the README's quick start: SmolLM2-135M, 2 CPU cores, 30 steps of 8 completions of <= 48 tokens
-# in 9 min 31 s (model loading included).
-QUICKSTART_SECONDS_PER_STEP = 571 / 30
+# Measured for the quick start (`trl-credit grpo --method taco`, configs/quickstart.yaml) in a fresh clone on the 2-core
+# CPU machine: SmolLM2-135M, 30 steps of 8 completions of <= 48 tokens in 228 s, model loading included.
+QUICKSTART_SECONDS_PER_STEP = 228 / 30
 QUICKSTART_TOKENS_PER_STEP = 8 * 48
 
 
@@ -260,7 +260,10 @@ def estimate_cost(
     elif model_name.lower() == "smollm2-135m-instruct" and training_args.use_cpu:
         tokens = completions_per_step * training_args.max_completion_length
         seconds = QUICKSTART_SECONDS_PER_STEP * tokens / QUICKSTART_TOKENS_PER_STEP
-        basis = "the README's quick-start measurement (19 s/step on 2 CPU cores), scaled by completion tokens per step"
+        basis = (
+            f"the quick start's measurement ({QUICKSTART_SECONDS_PER_STEP:.1f} s/step on 2 CPU cores), scaled by "
+            "completion tokens per step"
+        )
     else:
         lines.append("time: no estimate until one step has run on this machine (rerun --dry_run after the first run)")
         return lines
