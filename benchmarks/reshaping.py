@@ -147,14 +147,20 @@ def main():
     print(table)
     if args.no_write:
         return
-    body = f"""`python benchmarks/reshaping.py --batch {args.batch} --length {args.length} --repeats {args.repeats}`;
+    was = (
+        f'\n"(was ...)" is the same function at git `{args.baseline}`, timed in its own process against its own floor '
+        "(results equal to 1e-5, asserted)."
+        if args.baseline
+        else ""
+    )
+    command = f"python benchmarks/reshaping.py --batch {args.batch} --length {args.length} --repeats {args.repeats}"
+    command += f" --baseline {args.baseline!r}" if args.baseline != BASELINE_REV else ""
+    body = f"""`{command}`;
 B x T = {args.batch} x {args.length} float32, TRL's int32 0/1 mask, {_common.machine_note(args.threads)}. Median of
 {args.repeats} interleaved rounds ({args.inner} calls each) of the ratio to the floor timed in the same round; absolute floor
 time in parentheses, for scale only.
 Each variant is the registered method the trainer runs, with its input checks; `eapo` includes its two batch
-quantiles (a sort of the valid tokens' entropies).
-"(was ...)" is the same function before the fast paths (git `{args.baseline}`), timed in its own process against its own
-floor (results equal to 1e-5, asserted).
+quantiles (a sort of the valid tokens' entropies).{was}
 
 {table}
 

@@ -210,15 +210,16 @@ class CreditMethod:
                 )
             values_BT = _same_shape(self.name, f"statistic {name!r}", statistics[name], mask_BT).detach().float()
             _check_finite(self.name, f"statistic {name!r}", values_BT, mask_BT)
-            if name in STATISTIC_RANGES and mask_BT.any():
+            statistics[name] = torch.where(mask_BT, values_BT, 0.0)
+            if name in STATISTIC_RANGES:
                 low, high = STATISTIC_RANGES[name]
-                valid_N = values_BT[mask_BT]
-                if valid_N.min() < low - _RANGE_TOLERANCE or valid_N.max() > high + _RANGE_TOLERANCE:
+                outside_BT = mask_BT & ((values_BT < low - _RANGE_TOLERANCE) | (values_BT > high + _RANGE_TOLERANCE))
+                if outside_BT.any():
+                    valid_N = values_BT[mask_BT]
                     raise ValueError(
                         f"credit method {self.name!r}: statistic {name!r} must lie in [{low:g}, {high:g}] at valid "
                         f"positions, got values in [{valid_N.min().item():g}, {valid_N.max().item():g}]"
                     )
-            statistics[name] = torch.where(mask_BT, values_BT, 0.0)
         return dataclasses.replace(
             batch, advantages_BT=torch.where(mask_BT, batch.advantages_BT.float(), 0.0), statistics=statistics
         )
@@ -236,9 +237,8 @@ class CreditMethod:
                 raise ValueError(
                     f"credit method {self.name!r} returned a loss mask but is registered with drops_tokens=False"
                 )
-            loss_mask_BT = _same_shape(self.name, "returned loss mask", result.loss_mask_BT, mask_BT)
-            valid_N = loss_mask_BT[mask_BT].float()
-            if not (torch.isfinite(valid_N).all() and (valid_N >= 0).all() and (valid_N <= 1).all()):
+            loss_mask_BT = _same_shape(self.name, "returned loss mask", result.loss_mask_BT, mask_BT).float()
+            if (mask_BT & ~((loss_mask_BT >= 0) & (loss_mask_BT <= 1))).any():  # NaN fails both comparisons
                 raise ValueError(f"credit method {self.name!r} returned a loss mask outside [0, 1] at valid positions")
         undeclared = sorted(set(result.metrics) - set(self.diagnostics))
         if undeclared:
@@ -261,11 +261,15 @@ def _same_shape(method: str, what: str, tensor: torch.Tensor, mask_BT: torch.Ten
 
 
 def _check_finite(method: str, what: str, tensor: torch.Tensor, mask_BT: torch.Tensor | None) -> None:
-    values = tensor if mask_BT is None else tensor[mask_BT]
-    bad = (~torch.isfinite(values)).sum().item()
-    if bad:
+    bad = ~torch.isfinite(tensor)
+    if mask_BT is not None:
+        bad &= mask_BT  # whatever masked positions hold is ignored
+    if bad.any():  # one reduction on the common path; the count only for the message
         where = "" if mask_BT is None else " at valid positions"
-        raise ValueError(f"credit method {method!r}: {what} has NaN or inf{where} ({bad} of {values.numel()} values)")
+        total = tensor.numel() if mask_BT is None else int(mask_BT.sum())
+        raise ValueError(
+            f"credit method {method!r}: {what} has NaN or inf{where} ({int(bad.sum())} of {total} values)"
+        )
 
 
 CREDIT_METHODS: dict[str, CreditMethod] = {}
