@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
 def execute(config: CompareConfig, runs, eval_settings: dict | None, script_args, command: str) -> int:
     from ..compare.report import write_report
     from ..compare.runner import RunFailed, evaluate_run, execute_run
-    from ..data import load_math_dataset
+    from .grpo import training_dataset
 
     failures, overlaps, train_problems = [], [], {}
     for spec in runs:
@@ -167,17 +167,7 @@ def execute(config: CompareConfig, runs, eval_settings: dict | None, script_args
         if eval_settings is None:
             continue
         if spec.seed not in train_problems:  # what the run trained on, as `trl-credit grpo` loads it
-            train_problems[spec.seed] = set(
-                load_math_dataset(
-                    script_args.dataset_name,
-                    script_args.dataset_train_split,
-                    prompt_column=script_args.prompt_column,
-                    answer_column=script_args.answer_column,
-                    system_prompt=script_args.system_prompt,
-                    num_samples=script_args.max_train_samples,
-                    seed=spec.seed,
-                )["problem"]
-            )
+            train_problems[spec.seed] = set(training_dataset(script_args, spec.seed)["problem"])
         summary = evaluate_run(spec, eval_settings, train_problems[spec.seed])
         overlaps.append((summary.get("train_overlap"), summary["num_problems"]))
         metrics = {k: round(v, 4) for k, v in summary.items() if k.startswith(("avg@", "pass@"))}

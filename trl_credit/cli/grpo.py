@@ -249,19 +249,24 @@ def launch_with_accelerate(accelerate_config: str, argv: list[str]) -> int:
     return subprocess.call(command, env={**os.environ, _LAUNCHED_ENV: "1"})
 
 
-def load_training_data(script_args, training_args):
+def training_dataset(script_args, seed: int):
+    """The prompts a run with these script arguments and seed trains on."""
     from ..data import load_math_dataset
 
+    return load_math_dataset(
+        script_args.dataset_name,
+        script_args.dataset_train_split,
+        prompt_column=script_args.prompt_column,
+        answer_column=script_args.answer_column,
+        system_prompt=script_args.system_prompt,
+        num_samples=script_args.max_train_samples,
+        seed=seed,
+    )
+
+
+def load_training_data(script_args, training_args):
     try:
-        return load_math_dataset(
-            script_args.dataset_name,
-            script_args.dataset_train_split,
-            prompt_column=script_args.prompt_column,
-            answer_column=script_args.answer_column,
-            system_prompt=script_args.system_prompt,
-            num_samples=script_args.max_train_samples,
-            seed=training_args.seed,
-        )
+        return training_dataset(script_args, training_args.seed)
     except (ValueError, FileNotFoundError) as error:
         raise UsageError(str(error).splitlines()[0]) from error
 
