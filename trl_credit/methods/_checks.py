@@ -1,4 +1,4 @@
-"""Input validation shared by the pure credit functions.
+"""Input validation shared by the baselines' helper functions, and the registry checks' building blocks.
 
 Every check runs before any arithmetic and names the offending argument, so a bad call fails with a
 message a user can act on instead of a NaN three steps later.
@@ -14,19 +14,19 @@ import torch
 def check_token_inputs(
     advantages_BT: torch.Tensor, mask_BT: torch.Tensor, **per_token_BT: torch.Tensor
 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """`check_inputs` for `(B, T)` token advantages: the bool mask, then the advantages and the per-token tensors in
-    float32, 0 where masked."""
+    """Validate shapes and finiteness of `(B, T)` token advantages and per-token tensors; return the bool mask, then
+    the advantages and the per-token tensors in float32, 0 where masked.
+
+    Non-finite values are only an error at *valid* positions: masked positions never enter a statistic, so whatever
+    padding holds (even NaN) is ignored.
+    """
     if advantages_BT.dim() != 2:
         raise ValueError(f"advantages_BT must have shape (B, T), got {tuple(advantages_BT.shape)}")
     if mask_BT.dim() != 2:
         raise ValueError(f"mask_BT must have shape (B, T), got {tuple(mask_BT.shape)}")
-    return _check_per_token(mask_BT, {"advantages_BT": advantages_BT, **per_token_BT})
-
-
-def _check_per_token(mask_BT: torch.Tensor, per_token_BT: dict[str, torch.Tensor]) -> tuple[torch.Tensor, list]:
     valid_BT = mask_BT.bool()
     cleaned = []
-    for name, tensor_BT in per_token_BT.items():
+    for name, tensor_BT in {"advantages_BT": advantages_BT, **per_token_BT}.items():
         if tensor_BT.shape != mask_BT.shape:
             raise ValueError(
                 f"{name} must have the shape of mask_BT {tuple(mask_BT.shape)}, got {tuple(tensor_BT.shape)}"

@@ -143,7 +143,7 @@ class CreditMethod:
 
     @property
     def argument_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(self.arguments)) if self.arguments else ()
+        return tuple(f.name for f in self.argument_fields())
 
     def argument_fields(self) -> tuple[dataclasses.Field, ...]:
         return dataclasses.fields(self.arguments) if self.arguments else ()
