@@ -1,7 +1,7 @@
 """A user-defined credit method in a few lines: give more credit to the rarest sampled tokens of a response.
 
 python examples/custom_credit_method.py                    # trains a tiny random model with it (CPU, seconds)
-trl-credit grpo --method examples/custom_credit_method.py:surprise_boost --credit_kwargs '{"boost": 2.0}'
+trl-credit grpo --method examples/custom_credit_method.py:surprise_boost --surprise_boost_max 2.0
 trl-credit grpo --method eapo+examples/custom_credit_method.py:surprise_boost   # stacked after EAPO
 """
 
@@ -13,24 +13,26 @@ from trl_credit.methods.registry import ROLLOUT_LOGPS
 
 @dataclass
 class SurpriseBoostArguments:
-    boost: float = field(default=1.5, metadata={"help": "Largest weight, given to the most surprising token (>= 1)."})
+    surprise_boost_max: float = field(
+        default=1.5, metadata={"help": "Largest weight, given to the most surprising token (>= 1)."}
+    )
 
 
 @register_credit_method(
     "surprise_boost",
     statistics=(ROLLOUT_LOGPS,),
     arguments=SurpriseBoostArguments,
-    checks={"boost": (lambda b: b >= 1.0, ">= 1")},
+    checks={"surprise_boost_max": (lambda b: b >= 1.0, ">= 1")},
     display_name="Surprise boost",
-    summary="Up to `boost` times more credit for the rarest sampled tokens.",
+    summary="Up to `surprise_boost_max` times more credit for the rarest sampled tokens.",
     diagnostics={"mean_surprise": "mean -log p of the sampled tokens under the rollout policy"},
     token_statistic=("surprise", "-log p of the sampled token under the rollout policy"),
     paper={"title": "My Surprise Boost", "id": "2601.00001", "citation": "@misc{boost, title = {My Surprise Boost}}"},
 )
-def surprise_boost(batch: CreditBatch, boost: float) -> CreditResult:
+def surprise_boost(batch: CreditBatch, surprise_boost_max: float) -> CreditResult:
     surprise_BT = -batch[ROLLOUT_LOGPS]  # -log p of the sampled token, from the rollout policy
     top_B = surprise_BT.masked_fill(~batch.mask_BT, 0.0).amax(dim=1, keepdim=True).clamp(min=1e-6)
-    weights_BT = 1.0 + (boost - 1.0) * surprise_BT / top_B  # in [1, boost]
+    weights_BT = 1.0 + (surprise_boost_max - 1.0) * surprise_BT / top_B  # in [1, surprise_boost_max]
     return CreditResult(
         batch.advantages_BT * weights_BT, metrics={"mean_surprise": surprise_BT}, statistic_BT=surprise_BT
     )
@@ -68,7 +70,7 @@ def main() -> None:  # a tiny random model learns nothing useful: this only show
     args = CreditGRPOConfig(
         output_dir=tempfile.mkdtemp(),
         credit_method="surprise_boost",
-        credit_kwargs={"boost": 2.0},
+        credit_kwargs={"surprise_boost_max": 2.0},
         use_cpu=True,
         bf16=False,
         per_device_train_batch_size=4,

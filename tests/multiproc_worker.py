@@ -197,7 +197,11 @@ def train_method(out: Path, engine: str, method: str, run_name: str | None = Non
             "args": {
                 name: value
                 for m in ("taco", "eapo", "tide")
-                for name, value in CREDIT_METHODS[m].hyperparameters(None, args.credit_kwargs).items()
+                for name, value in CREDIT_METHODS[m]
+                .hyperparameters(
+                    {k: v for k, v in (args.credit_kwargs or {}).items() if k in CREDIT_METHODS[m].argument_names}
+                )
+                .items()
             },
         },
         out / f"{run_name}_rank{rank}.pt",

@@ -1,5 +1,6 @@
 """`trl-credit` and `trl-credit grpo`: help, bad input (exit 2, one line, before any model) and a real run."""
 
+import importlib.util
 import json
 
 import pytest
@@ -51,40 +52,86 @@ def no_model_loading(monkeypatch):
     monkeypatch.setattr(trl_credit.models, "resolve_model_path", refuse)
 
 
-@pytest.mark.parametrize(
-    "argv,message",
-    [
-        (["--method", "ppo"], "--method 'ppo': unknown credit method 'ppo'; registered: grpo, "),
-        (["--method", "taco+eapo"], "must come before methods that read the training forward"),
-        (["--method", "no_such_module:probe"], "cannot import credit-method module 'no_such_module'"),
-        (["--bogus_flag", "1"], "unknown arguments"),
-        (["--method", "taco", "--taco_lambda", "3"], "taco_lambda must be in [0, 1]"),
+def _yaml(tmp_path, **values) -> str:
+    path = tmp_path / "recipe.yaml"
+    recipe = {"model_name_or_path": "smollm2-135m-instruct", "use_cpu": True, "bf16": False, **values}
+    path.write_text(yaml.safe_dump(recipe))
+    return str(path)
+
+
+# Every kind of bad input the command can be given, with the first line it answers. `{yaml}` is a recipe written by
+# `_yaml` with the case's YAML values.
+BAD_INPUT = [
+    (["--method", "ppo"], {}, "--method 'ppo': unknown credit method 'ppo'; registered: grpo, "),
+    (["--method", "taco+eapo"], {}, "must come before methods that read the training forward"),
+    (["--method", "no_such_module:probe"], {}, "cannot import credit-method module 'no_such_module'"),
+    (["--bogus_flag", "1"], {}, "unknown option --bogus_flag (`--method grpo --help` lists the options)"),
+    (["--method", "taco", "--taco_lambda", "3"], {}, "--taco_lambda must be in [0, 1], got 3.0"),
+    # A stack's options, in dash or underscore form, are checked like a single method's.
+    (["--method", "eapo+taco", "--taco-alpha", "5"], {}, "--taco_alpha must be in (0, 1], got 5.0"),
+    (["--method", "eapo+taco", "--taco_alph", "0.05"], {}, "unknown option --taco_alph; did you mean --taco_alpha?"),
+    (["--method", "eapo", "--tide_tau", "0.3"], {}, "--tide_tau: tide_tau is an option of tide, which is not in"),
+    (["--method", "eapo+stapo", "--stapo_prob_threshold", "3"], {}, "--stapo_prob_threshold must be in (0, 1), got"),
+    (
+        [
+            "--method",
+            "eapo+stapo",
+            "--stapo_prob_threshold",
+            "0.1",
+            "--credit_kwargs",
+            '{"stapo_prob_threshold": 0.2}',
+        ],
+        {},
+        "stapo_prob_threshold is given both as --stapo_prob_threshold and in --credit_kwargs",
+    ),
+    # Values are converted to the declared type, or refused naming where they came from.
+    (
+        ["--method", "eapo", "--credit_kwargs", '{"eapo_kappa": "one"}'],
+        {},
+        "eapo_kappa (in --credit_kwargs) must be a",
+    ),
+    (["--method", "eapo", "--credit_kwargs", '{"eapo_kapa": 1}'], {}, "did you mean 'eapo_kappa'?"),
+    (["--method", "eapo+taco", "--config", "{yaml}"], {"taco_alpha": "a lot"}, "taco_alpha (in "),
+    (["--method", "taco", "--config", "{yaml}"], {"learning_rat": 1e-5}, "did you mean --learning_rate?"),
+    (["--method", "eapo", "--config", "configs/taco_qwen3_1.7b_base.yaml"], {}, "given with a config for method taco"),
+    # Sizes and step counts TRL would fail on, or silently reinterpret.
+    (["--max_completion_length", "0"], {}, "--max_completion_length must be >= 1, got 0"),
+    (["--per_device_train_batch_size", "0"], {}, "--per_device_train_batch_size must be >= 1, got 0"),
+    (["--max_steps", "-5"], {}, "--max_steps must be >= 1, or -1 to train for num_train_epochs, got -5"),
+    (["--max_steps", "0"], {}, "--max_steps must be >= 1, or -1 to train for num_train_epochs, got 0"),
+    (["--num_generations", "1"], {}, "--num_generations must be >= 2"),
+    # Models, data and back ends that cannot be reached.
+    (["--model_name_or_path", "/no/such/model"], {}, "--model_name_or_path: model path /no/such/model does not exist"),
+    (
+        ["--model_name_or_path", "nobody/no-such-model"],
+        {},
+        "nobody/no-such-model is neither a local folder nor in the",
+    ),
+    (["--dataset_name", "no-such-source"], {}, "unknown dataset 'no-such-source'"),
+    (["--dataset_name", "nobody/no-such-data"], {}, "--dataset_name nobody/no-such-data: cannot"),
+    (["--dataset_name", "gsm8k", "--prompt_column", "nope"], {}, "'nope'"),
+    (["--reward_funcs", "telepathy"], {}, "unknown reward 'telepathy'"),
+    (["--config", "/nonexistent.yaml"], {}, "cannot read --config"),
+    (["--accelerate_config", "no-such-config"], {}, "neither a file nor a packaged config"),
+]
+if importlib.util.find_spec("vllm") is None:
+    BAD_INPUT.append(
         (
-            ["--method", "eapo", "--tide_tau", "0.3"],
-            "tide_tau is an option of tide, which is not in the method stack 'eapo'",
-        ),
-        (["--method", "eapo+stapo", "--stapo_prob_threshold", "3"], "stapo_prob_threshold must be in (0, 1), got 3.0"),
-        (["--method", "taco", "--credit_kwargs", '{"taco_alpha": 0.3}'], "TACOConfig declares as fields"),
-        (
-            [
-                "--method",
-                "eapo+stapo",
-                "--stapo_prob_threshold",
-                "0.1",
-                "--credit_kwargs",
-                '{"stapo_prob_threshold": 0.2}',
-            ],
-            "stapo_prob_threshold is given both as an option (0.1) and in credit_kwargs (0.2)",
-        ),
-        (["--method", "eapo", "--config", "configs/taco_qwen3_1.7b_base.yaml"], "given with a config for method taco"),
-        (["--dataset_name", "no-such-source"], "unknown dataset 'no-such-source'"),
-        (["--dataset_name", "gsm8k", "--prompt_column", "nope"], "'nope'"),
-        (["--reward_funcs", "telepathy"], "unknown reward 'telepathy'"),
-        (["--config", "/nonexistent.yaml"], "cannot read --config"),
-        (["--accelerate_config", "no-such-config"], "neither a file nor a packaged config"),
-    ],
-)
-def test_bad_input_exits_2_with_one_line_before_any_model(capsys, no_model_loading, argv, message):
+            ["--use_vllm", "true"],
+            {},
+            "--use_vllm true needs vLLM, which is not installed: pip install 'trl-credit[vllm]'",
+        )
+    )
+
+
+@pytest.mark.parametrize("argv,yaml_values,message", BAD_INPUT)
+def test_bad_input_exits_2_with_one_line_before_any_model(
+    capsys, monkeypatch, tmp_path, no_model_loading, argv, yaml_values, message
+):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as CI runs: no Hub
+    argv = [arg.replace("{yaml}", _yaml(tmp_path, **yaml_values)) for arg in argv]
     assert cli_main(["grpo", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("trl-credit grpo: error:")
@@ -115,23 +162,38 @@ def test_flags_override_yaml_defaults():
 
 
 def test_a_stack_method_options_reach_credit_kwargs_from_yaml_and_flags(tmp_path):
-    recipe = tmp_path / "stack.yaml"
-    recipe.write_text(
-        yaml.safe_dump(
-            {
-                "method": "eapo+stapo",
-                "stapo_entropy_quantile": 0.3,
-                "use_cpu": True,
-                "bf16": False,
-                "model_name_or_path": "x",
-            }
-        )
-    )
-    _, training_args, _, _ = parse_arguments(["--config", str(recipe), "--stapo_prob_threshold", "0.01"])
-    assert training_args.credit_kwargs == {"stapo_entropy_quantile": 0.3, "stapo_prob_threshold": 0.01}
-    assert training_args.credit_hyperparameters()["stapo_only_positive_advantage"] is True  # not given: the default
+    recipe = _yaml(tmp_path, method="eapo+stapo", stapo_entropy_quantile=0.3)
+    _, training_args, _, _ = parse_arguments(["--config", recipe, "--stapo-prob-threshold", "0.01"])
+    stapo = training_args.credit_hyperparameters()
+    assert stapo["stapo_entropy_quantile"] == 0.3 and stapo["stapo_prob_threshold"] == 0.01
+    assert stapo["stapo_only_positive_advantage"] is True  # not given: the default
     _, training_args, _, _ = parse_arguments(["--method", "eapo+stapo", "--no_stapo_only_positive_advantage"])
-    assert training_args.credit_kwargs == {"stapo_only_positive_advantage": False}
+    assert training_args.credit_hyperparameters()["stapo_only_positive_advantage"] is False
+
+
+@pytest.mark.parametrize("method", ["taco", "eapo+taco"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["--taco_alpha", "0.05"],
+        ["--taco-alpha", "0.05"],
+        ["--taco-alpha=5e-2"],
+        ["--credit_kwargs", '{"taco_alpha": 0.05}'],
+        ["--credit_kwargs", '{"taco_alpha": "5e-2"}'],
+        ["--config", "{yaml}"],
+    ],
+)
+def test_every_way_in_sets_the_value_that_trains_and_is_recorded(tmp_path, method, how):
+    """Flags in both spellings, credit_kwargs and YAML (where `5e-2` is a string) reach the method, single or
+    stacked, as the declared type; the record (the hyperparameters and `to_dict()`) holds it."""
+    argv = [arg.replace("{yaml}", _yaml(tmp_path, taco_alpha="5e-2")) for arg in how]
+    _, training_args, _, _ = parse_arguments(["--method", method, *argv])
+    [taco] = [m for m in training_args.credit_methods if m.name == "taco"]
+    trained = training_args.method_hyperparameters(taco)["taco_alpha"]
+    assert trained == 0.05 and type(trained) is float
+    record = training_args.to_dict()
+    assert record.get("taco_alpha", (record["credit_kwargs"] or {}).get("taco_alpha")) == 0.05
+    assert training_args.credit_hyperparameters()["taco_alpha"] == 0.05
 
 
 def test_reward_summary_is_honest():

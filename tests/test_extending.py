@@ -45,9 +45,11 @@ def test_a_second_function_under_a_registered_name_is_refused():
 
 def test_the_example_method_trains_with_its_hyperparameter_from_credit_kwargs(tmp_path):
     method = get_credit_method(EXAMPLE)  # imports the file, which registers the method
-    assert method.name == "surprise_boost" and method.hyperparameters(None, {"boost": 3.0}) == {"boost": 3.0}
+    assert method.name == "surprise_boost" and method.hyperparameters({"surprise_boost_max": "3"}) == {
+        "surprise_boost_max": 3.0
+    }
     tokenizer = make_tiny_tokenizer()
-    args = tiny_config(EXAMPLE, tmp_path, credit_kwargs='{"boost": 2.0}')
+    args = tiny_config(EXAMPLE, tmp_path, credit_kwargs='{"surprise_boost_max": 2.0}')
     trainer = CreditGRPOTrainer(
         model=make_tiny_model(tokenizer),
         reward_funcs=length_reward,
@@ -61,10 +63,12 @@ def test_the_example_method_trains_with_its_hyperparameter_from_credit_kwargs(tm
     weights = [e["surprise_boost/weight_max"] for e in trainer.state.log_history if "surprise_boost/weight_max" in e]
     # The boost set through credit_kwargs (None: a batch whose advantages were all 0).
     assert 2.0 in weights and all(w is None or w == pytest.approx(2.0) for w in weights)
-    with pytest.raises(ValueError, match="boost must be >= 1, got 0.5"):
-        tiny_config(EXAMPLE, tmp_path, credit_kwargs={"boost": 0.5})
-    with pytest.raises(ValueError, match=r"credit_kwargs names \['bost'\]"):
-        tiny_config(EXAMPLE, tmp_path, credit_kwargs={"bost": 2.0})
+    with pytest.raises(ValueError, match="surprise_boost_max must be >= 1, got 0.5"):
+        tiny_config(EXAMPLE, tmp_path, credit_kwargs={"surprise_boost_max": 0.5})
+    with pytest.raises(
+        ValueError, match="surprise_boost_mx is not a hyperparameter .* did you mean 'surprise_boost_max'"
+    ):
+        tiny_config(EXAMPLE, tmp_path, credit_kwargs={"surprise_boost_mx": 2.0})
 
 
 def _recipe(tmp_path, tiny_model_dir, **settings):
@@ -107,10 +111,10 @@ def test_stack_and_user_method_train_from_the_cli_and_yaml(tmp_path, tiny_model_
     assert {"eapo_diagnostics.png", "taco_diagnostics.png"} <= {p.name for p in (run / "plots").iterdir()}
 
     recipe = _recipe(tmp_path / "b", tiny_model_dir)
-    argv = ["grpo", "--config", str(recipe), "--method", f"eapo+{EXAMPLE}", "--credit_kwargs", '{"boost": 1.5}']
+    argv = ["grpo", "--config", str(recipe), "--method", f"eapo+{EXAMPLE}", "--surprise-boost-max", "1.5"]
     assert cli_main(argv) == 0
     card = (tmp_path / "b" / "run" / "README.md").read_text()
-    assert "| `boost` | `1.5` |" in card and "| `eapo_kappa` |" in card
+    assert "| `surprise_boost_max` | `1.5` |" in card and "| `eapo_kappa` |" in card
 
 
 def test_a_method_registered_outside_the_package_reaches_plots_token_view_and_card(tmp_path):
@@ -118,7 +122,9 @@ def test_a_method_registered_outside_the_package_reaches_plots_token_view_and_ca
     from trl_credit.viz import read_token_credit
 
     tokenizer = make_tiny_tokenizer()
-    args = tiny_config(EXAMPLE, tmp_path, credit_kwargs={"boost": 2.0}, log_token_credit=True, max_steps=2)
+    args = tiny_config(
+        EXAMPLE, tmp_path, credit_kwargs={"surprise_boost_max": 2.0}, log_token_credit=True, max_steps=2
+    )
     trainer = CreditGRPOTrainer(
         model=make_tiny_model(tokenizer),
         reward_funcs=length_reward,
@@ -133,7 +139,7 @@ def test_a_method_registered_outside_the_package_reaches_plots_token_view_and_ca
     assert records and {r["statistic_name"] for r in records} == {"surprise"}
     card = (tmp_path / "README.md").read_text()
     assert "Surprise boost" in card and "2601.00001" in card and "@misc{boost" in card
-    assert "Up to `boost` times more credit" in card
+    assert "Up to `surprise_boost_max` times more credit" in card
 
 
 def test_undeclared_metrics_and_reserved_names_are_refused():

@@ -212,7 +212,7 @@ def test_oracle_credit_falls_exactly_on_the_decisive_positions():
     with pytest.raises(ValueError, match="'oracle' reads statistic 'task_decisive', which the batch does not have"):
         method(CreditBatch.from_sequence_advantages(advantages_B, mask_BT), method.hyperparameters())
     with pytest.raises(ValueError, match="oracle_floor must be in \\[0, 1\\]"):
-        method.check({"oracle_floor": 1.5})
+        method.hyperparameters({"oracle_floor": 1.5})
 
 
 # ---------------------------------------------------------------------------------------------- metrics

@@ -314,13 +314,24 @@ def test_plain_grpo_config_is_refused(tmp_path):
         ("tide", {"tide_reference": "base"}, "tide_reference must be one of"),
         ("grpo", {"statistics_vocab_chunk_size": 0}, "statistics_vocab_chunk_size must be >= 1"),
         ("grpo", {"credit_kwargs": "{boost: 2}"}, "credit_kwargs must be a JSON object"),
+        ("taco", {"taco_alpha": "a lot"}, "taco_alpha must be a number, got 'a lot'"),
+        ("eapo", {"eapo_kappa_decay_steps": 2.5}, "eapo_kappa_decay_steps must be an integer, got 2.5"),
+        ("grpo", {"max_steps": 0}, "max_steps must be >= 1, or -1"),
+        ("grpo", {"max_steps": -5}, "max_steps must be >= 1, or -1"),
+        ("grpo", {"max_completion_length": 0}, "max_completion_length must be >= 1"),
+        ("grpo", {"per_device_train_batch_size": 0}, "per_device_train_batch_size must be >= 1"),
         ("grpo", {"credit_kwargs": "[2.0]"}, "credit_kwargs must be a mapping"),
         (
             "grpo",
             {"credit_kwargs": {"boost": 2.0}},
-            r"credit_kwargs names \['boost'\], which no method of 'grpo' reads",
+            "boost is not a hyperparameter of 'grpo'",
         ),
-        ("eapo", {"taco_alpha": 0.5}, r"credit_kwargs names \['taco_alpha'\], which no method of 'eapo' reads"),
+        ("eapo", {"taco_alpha": 0.5}, "taco_alpha belongs to credit method 'taco', which is not in the stack 'eapo'"),
+        (
+            "eapo",
+            {"credit_kwargs": {"eapo_kapa": 0.5}},
+            "eapo_kapa is not a hyperparameter of 'eapo'; did you mean 'eapo_kappa'",
+        ),
     ],
 )
 def test_config_validation_names_bad_value(tmp_path, method, settings, message):

@@ -173,22 +173,6 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(name).name or name)
 
 
-def check_model_reference(name_or_path: str) -> None:
-    """Refuse, before anything is loaded, a model that is neither a model folder, a Hub id nor an offline alias."""
-    from .models import OFFLINE_MODELS
-
-    path = Path(name_or_path).expanduser()
-    if name_or_path.lower() in OFFLINE_MODELS:
-        return
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"model folder {name_or_path} has no config.json")
-        return
-    looks_like_hub_id = name_or_path.count("/") <= 1 and not name_or_path.startswith((".", "/", "~"))
-    if not looks_like_hub_id:
-        raise ValueError(f"model path {name_or_path} does not exist")
-
-
 def check_backend_available(backend: str) -> None:
     """Refuse `vllm` when it is not installed, before the data or the model is loaded."""
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:

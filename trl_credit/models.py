@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -103,3 +104,46 @@ def resolve_model_path(name_or_path: str) -> str:
     """`name_or_path`, unless it names an offline model (`OFFLINE_MODELS`), which is converted or read from cache."""
     factory = OFFLINE_MODELS.get(name_or_path.lower())
     return factory() if factory is not None else name_or_path
+
+
+def check_model_reference(name_or_path: str) -> None:
+    """Refuse, before anything is loaded, a model that is not an offline alias, a model folder, or a Hub id that is
+    cached or found on the Hub (`ValueError` saying which)."""
+    if name_or_path.lower() == SMOLLM2_ALIAS:
+        try:
+            smollm2_gguf_path()
+        except RuntimeError as error:
+            raise ValueError(str(error)) from None
+        return
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model folder {name_or_path} has no config.json")
+        return
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name_or_path) or name_or_path.startswith("."):
+        raise ValueError(f"model path {name_or_path} does not exist")
+    _check_hub_model(name_or_path)
+
+
+def _check_hub_model(repo_id: str) -> None:
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            f"{repo_id} is neither a local folder nor in the Hugging Face cache, and HF_HUB_OFFLINE is set"
+        )
+    try:
+        model_info(repo_id, timeout=10)
+    except RepositoryNotFoundError:
+        raise ValueError(
+            f"{repo_id} is neither a local folder nor a model on the Hugging Face Hub (a private one needs "
+            "`hf auth login`)"
+        ) from None
+    except Exception as error:  # noqa: BLE001 - no network, a proxy, a timeout: all mean the model cannot be fetched
+        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        raise ValueError(
+            f"{repo_id} is not a local folder, and the Hugging Face Hub cannot be reached to fetch it ({reason})"
+        ) from None

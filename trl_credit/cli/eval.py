@@ -18,14 +18,8 @@ import sys
 
 from transformers import HfArgumentParser
 
-from ..evaluation import (
-    EvalConfig,
-    check_backend_available,
-    check_model_reference,
-    prepare_eval_data,
-    run_evaluation,
-    update_model_card,
-)
+from ..evaluation import EvalConfig, check_backend_available, prepare_eval_data, run_evaluation, update_model_card
+from ..models import check_model_reference
 
 PROG = "trl-credit eval"
 

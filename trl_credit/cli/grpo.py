@@ -15,7 +15,11 @@ Every argument is checked, and the data set is loaded, before any model is.
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib.util
+import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -75,6 +79,26 @@ def _peek_option(argv: list[str], name: str) -> str | None:
     return None
 
 
+def _given_options(argv: list[str]) -> set[str]:
+    """The option names on the command line, without `--` (`--taco_alpha=0.05` -> `taco_alpha`)."""
+    return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
+
+
+def _normalise_options(argv: list[str]) -> list[str]:
+    """`--taco-alpha 0.05` -> `--taco_alpha 0.05` and `--config=x` -> `--config x`: `HfArgumentParser` accepts
+    both spellings, and every later step looks an option up by its underscore name."""
+    normalised = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, equals, value = arg[2:].partition("=")
+            arg = "--" + name.replace("-", "_") + equals + value
+            if name == "config" and equals:
+                normalised += ["--config", value]
+                continue
+        normalised.append(arg)
+    return normalised
+
+
 def _read_yaml(path: str) -> dict:
     try:
         with open(path) as handle:
@@ -123,19 +147,6 @@ def _method_argument_classes(method: str, config_class) -> list[type]:
     return [m.arguments for m in _stack(method) if m.arguments is not None and not set(m.argument_names) <= declared]
 
 
-def _check_other_methods_fields(method: str, config: dict, argv: list[str]) -> None:
-    """Refuse hyperparameters of a method that is not in the stack: they would be silently ignored."""
-    from ..methods import CREDIT_METHODS
-
-    selected = {m.name for m in _stack(method)}
-    for other in CREDIT_METHODS.values():
-        if other.name in selected:
-            continue
-        for name in other.argument_names:
-            if name in config or _peek_option(argv, f"--{name}") is not None:
-                raise UsageError(f"{name} is an option of {other.name}, which is not in the method stack {method!r}")
-
-
 def build_parser(method: str):
     from trl import ModelConfig, TrlParser
 
@@ -153,6 +164,14 @@ def build_parser(method: str):
         prog=f"trl-credit grpo --method {method}",
         epilog=_methods_epilog(),
         formatter_class=_HelpFormatter,
+        allow_abbrev=False,  # `--taco_alph` is a typo, not `--taco_alpha`
+    )
+    # TrlParser reads `--config` itself; declared here only so that `--help` lists it.
+    parser.add_argument(
+        "--config",
+        default=argparse.SUPPRESS,
+        help="YAML file of argument values (flags override them). Without it, the packaged quick start "
+        "(configs/quickstart.yaml) supplies the defaults shown here.",
     )
 
     def one_line_error(message: str):
@@ -173,57 +192,133 @@ def _methods_epilog() -> str:
     return "credit methods (`--method NAME --help` shows a method's options):\n" + "\n".join(lines)
 
 
-def _merge_method_arguments(training_args, method_args: list, config: dict, argv: list[str]) -> None:
-    """Move the hyperparameters given as YAML keys or flags of the stack's methods into `credit_kwargs`, and check
-    the whole stack again."""
-    kwargs = dict(training_args.credit_kwargs or {})
+class _Sources:
+    """Where each argument of a command line came from, to name it in errors as the user wrote it."""
+
+    def __init__(self, argv: list[str], config: dict, config_path: str | None):
+        self.flags, self.config, self.config_path = _given_options(argv), config, config_path
+        raw = _peek_option(argv, "--credit_kwargs")
+        self.credit_kwargs_origin = "--credit_kwargs" if raw is not None else f"credit_kwargs in {config_path}"
+        if raw is None:
+            raw = config.get("credit_kwargs")
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as error:
+                raise UsageError(f"--credit_kwargs must be a JSON object, got {raw!r} ({error})") from None
+        if raw is not None and not isinstance(raw, dict):
+            raise UsageError(f"{self.credit_kwargs_origin} must map hyperparameter names to values, got {raw!r}")
+        self.credit_kwargs = raw or {}
+
+    def given(self, name: str) -> bool:
+        return name in self.flags or f"no_{name}" in self.flags or name in self.config
+
+    def describe(self, name: str) -> str:
+        if name in self.flags or f"no_{name}" in self.flags:
+            return f"--{name}"
+        if name in self.config:
+            return f"{name} (in {self.config_path})"
+        if name in self.credit_kwargs:
+            return f"{name} (in {self.credit_kwargs_origin})"
+        return name
+
+
+def _check_names(parser, method: str, sources: _Sources) -> None:
+    """Refuse, with the close matches, flags and YAML keys that no option of this command has."""
+    from ..methods import CREDIT_METHODS
+
+    options = {s[2:] for s in parser._option_string_actions if s.startswith("--") and "-" not in s[2:]}
+    given = [(f"--{name}", name) for name in sorted(sources.flags)]
+    given += [(f"{key} (in {sources.config_path})", key) for key in sources.config if key != "env"]
+    for shown, name in given:
+        owner = next((m.name for m in CREDIT_METHODS.values() if name in m.argument_names), None)
+        if owner is not None and owner not in {m.name for m in _stack(method)}:
+            raise UsageError(f"{shown}: {name} is an option of {owner}, which is not in the method stack {method!r}")
+        if name in options:
+            continue
+        close = difflib.get_close_matches(name, sorted(options), n=3, cutoff=0.75)
+        hint = f"; did you mean {' or '.join('--' + c for c in close)}?" if close else ""
+        raise UsageError(f"unknown option {shown}{hint} (`--method {method} --help` lists the options)")
+    for name in sources.credit_kwargs:
+        if sources.given(name):
+            raise UsageError(f"{name} is given both as {sources.describe(name)} and in {sources.credit_kwargs_origin}")
+
+
+def _merge_method_arguments(training_args, method_args: list, sources: _Sources) -> None:
+    """Move the hyperparameters of the stack's methods given as YAML keys or flags into `credit_kwargs`, and
+    resolve and check the whole stack again."""
+    # Entries the config declares as fields (`TACOConfig.taco_alpha`) were merged into them when it was built.
+    declared = type(training_args).__dataclass_fields__
+    kwargs = {name: value for name, value in sources.credit_kwargs.items() if name not in declared}
     for arguments in method_args:
-        for name, value in vars(arguments).items():
-            if name not in config and not {f"--{name}", f"--no_{name}"} & {arg.split("=")[0] for arg in argv}:
-                continue  # not given: the method's default applies
-            if name in kwargs and kwargs[name] != value:
-                raise UsageError(
-                    f"{name} is given both as an option ({value!r}) and in credit_kwargs ({kwargs[name]!r})"
-                )
-            kwargs[name] = value
-    training_args.credit_kwargs = kwargs or None
+        kwargs.update({name: value for name, value in vars(arguments).items() if sources.given(name)})
+    training_args.credit_kwargs = kwargs
+    training_args.validate_credit_fields()
+
+
+def _safe_method_name(method: str) -> str:
+    """A stack as a folder name: registered names only (`examples/m.py:boost` -> `boost`)."""
+    from ..methods import parse_credit_methods
+
+    names = [name.rsplit(":", 1)[-1] for name in parse_credit_methods(method)] or ["grpo"]
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", "+".join(names))
+
+
+def check_before_loading(training_args, model_args) -> None:
+    """What can be checked before any model or data set is loaded: the model reference and vLLM."""
+    from ..models import check_model_reference
+
     try:
-        training_args.validate_credit_fields()
+        check_model_reference(model_args.model_name_or_path)
     except ValueError as error:
-        raise UsageError(str(error)) from error
+        raise UsageError(f"--model_name_or_path: {error}") from error
+    if training_args.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise UsageError(
+            "--use_vllm true needs vLLM, which is not installed: pip install 'trl-credit[vllm]' (a GPU machine; "
+            "vLLM 0.22-0.31 with transformers 5.17)"
+        )
 
 
 def parse_arguments(argv: list[str]):
     """Parse and validate the command line; return `(script_args, training_args, model_args, argv)`.
 
-    `argv` comes back with the quickstart config inserted when none was given.
+    `argv` comes back normalised (`--taco-alpha` -> `--taco_alpha`), with the quick-start config inserted when none
+    was given.
     """
+    from ..methods.registry import SettingError
     from ..resources import packaged_dir
 
+    argv = _normalise_options(argv)
     config_path = _peek_option(argv, "--config")
-    if config_path is None and not ({"-h", "--help"} & set(argv)):
+    if config_path is None:
         config_path = str(packaged_dir("configs") / "quickstart.yaml")
         argv = ["--config", config_path, *argv]
-    config = _read_yaml(config_path) if config_path else {}
+    config = _read_yaml(config_path)
     method = _resolve_method(argv, config)
     parser = build_parser(method)
+    sources = _Sources(argv, config, config_path)
+
+    def argparse_error(message: str):  # "argument --x/--X: invalid float value: 'a lot'", maybe from the YAML
+        found = re.match(r"argument --(\w+)\S*: (.*)", message)
+        raise UsageError(f"{sources.describe(found[1])}: {found[2]}" if found else message)
+
+    parser.error = argparse_error
     try:
-        # The config validates the whole stack (its order, its methods' credit_kwargs) as it is built.
-        _check_other_methods_fields(method, config, argv)
+        _check_names(parser, method, sources)
         script_args, training_args, model_args, *method_args = parser.parse_args_and_config(
             [*argv, "--credit_method", method]
         )
-    except ValueError as error:  # unknown flags or YAML keys, dataclass validation (e.g. taco_alpha range)
-        message = str(error).splitlines()[0]
-        message = message.replace("Some specified arguments are not used by the HfArgumentParser", "unknown arguments")
-        raise UsageError(message) from error
-    training_args.credit_method = script_args.method = method
-    _merge_method_arguments(training_args, method_args, config, argv)
+        training_args.credit_method = script_args.method = method
+        _merge_method_arguments(training_args, method_args, sources)
+    except SettingError as error:  # a value given as a flag, a YAML key or in credit_kwargs: name it as given
+        raise UsageError(f"{sources.describe(error.name)} {error.problem}") from error
+    except ValueError as error:  # dataclass validation (TRL's own, or the credit stack's order)
+        raise UsageError(str(error).splitlines()[0]) from error
     if model_args.model_name_or_path is None:
         raise UsageError("--model_name_or_path is required (a Hub id, a local folder, or smollm2-135m-instruct)")
     if training_args.output_dir in (None, "trainer_output"):
         model_name = model_args.model_name_or_path.rstrip("/").split("/")[-1]
-        training_args.output_dir = os.path.join("outputs", f"{model_name}-{method}")
+        training_args.output_dir = os.path.join("outputs", f"{model_name}-{_safe_method_name(method)}")
     return script_args, training_args, model_args, argv
 
 
@@ -264,11 +359,34 @@ def training_dataset(script_args, seed: int):
     )
 
 
+def _check_hub_dataset(source: str) -> None:
+    """Fail fast when the data set would come from a Hub that cannot be reached (`datasets` retries for ~30 s)."""
+    from huggingface_hub import constants, dataset_info
+
+    from ..data import SOURCES, hub_dataset_id
+
+    spec = SOURCES.get(source)
+    repo = spec.location if spec is not None and spec.kind == "hub" else None if spec else hub_dataset_id(source)
+    if repo is None or constants.HF_HUB_OFFLINE:  # offline, `datasets` reads its cache without retrying
+        return
+    try:
+        dataset_info(repo, timeout=10)
+    except Exception as error:  # noqa: BLE001 - not found, private, no network: the data cannot be fetched
+        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        raise UsageError(
+            f"--dataset_name {source}: cannot fetch {repo} from the Hugging Face Hub ({reason})"
+        ) from None
+
+
 def load_training_data(script_args, training_args):
+    _check_hub_dataset(script_args.dataset_name)
     try:
         return training_dataset(script_args, training_args.seed)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError) as error:  # unknown source, bad split, missing column
         raise UsageError(str(error).splitlines()[0]) from error
+    except Exception as error:  # noqa: BLE001 - `datasets` reports a Hub id missing from an offline cache so
+        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        raise UsageError(f"--dataset_name {script_args.dataset_name}: cannot load it ({reason})") from error
 
 
 def reward_summary(log_history: list[dict]) -> str:
@@ -339,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         script_args, training_args, model_args, argv = parse_arguments(argv)
+        check_before_loading(training_args, model_args)
         if script_args.accelerate_config and not os.environ.get(_LAUNCHED_ENV):
             return launch_with_accelerate(script_args.accelerate_config, argv)
         train(script_args, training_args, model_args)

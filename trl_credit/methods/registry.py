@@ -14,13 +14,17 @@ A credit method is one file holding three things:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import importlib.util
+import json
 import sys
+import types
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -121,6 +125,122 @@ STATISTIC_RANGES = {REFERENCE_DEVIATION: (0.0, 1.0), PREVIOUS_POLICY_DEVIATION: 
 _RANGE_TOLERANCE = 1e-4
 
 
+class SettingError(ValueError):
+    """A setting (a method hyperparameter, a run size) that is unknown, of the wrong type or out of range.
+
+    `name` is the setting and `problem` what is wrong with it, so that a front end can say where the value came
+    from (`--taco_alpha`, a YAML key, `credit_kwargs`).
+    """
+
+    def __init__(self, name: str, problem: str):
+        super().__init__(f"{name} {problem}")
+        self.name, self.problem = name, problem
+
+
+_TRUE, _FALSE = {"true", "yes", "1", "on"}, {"false", "no", "0", "off"}
+
+
+def coerce_value(name: str, value: Any, declared: Any) -> Any:
+    """`value` as the declared type of hyperparameter `name`, or [`SettingError`].
+
+    YAML reads `5e-2` as a string and JSON gives ints where floats are declared: numbers, booleans and lists are
+    converted; anything that does not denote a value of the declared type is refused.
+    """
+    origin, arguments = typing.get_origin(declared), typing.get_args(declared)
+    if declared is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in arguments:
+            return None
+        (inner,) = [a for a in arguments if a is not type(None)]
+        return coerce_value(name, value, inner)
+    if origin is Literal:
+        if value not in arguments:
+            raise SettingError(name, f"must be one of {list(arguments)}, got {value!r}")
+        return value
+    if origin in (list, tuple):
+        items = value
+        if isinstance(value, str):
+            try:
+                items = json.loads(value)
+            except json.JSONDecodeError:
+                items = [part.strip() for part in value.strip("[]()").split(",")]
+        if not isinstance(items, list | tuple):
+            raise SettingError(name, f"must be a list, got {value!r}")
+        (item_type,) = arguments[:1] or (Any,)
+        return origin(coerce_value(name, item, item_type) for item in items)
+    if declared is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+    elif declared is int:
+        number = _number(value)
+        if number is not None and float(number).is_integer():
+            return int(number)
+    elif declared is float:
+        number = _number(value)
+        if number is not None:
+            return float(number)
+    elif declared is str:
+        if isinstance(value, str):
+            return value
+    else:
+        return value
+    raise SettingError(name, f"must be {_TYPE_WORDS[declared]}, got {value!r}")
+
+
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+SUPPORTED_TYPES = (*_TYPE_WORDS, Any)
+
+
+def _number(value: Any) -> int | float | None:
+    """An int or float from a number or a numeric string (not a bool); None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _supported(declared: Any) -> bool:
+    origin, arguments = typing.get_origin(declared), typing.get_args(declared)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in arguments if a is not type(None)]
+        return len(inner) == 1 and _supported(inner[0])
+    if origin in (list, tuple):
+        return len(arguments) <= 1 and all(_supported(a) for a in arguments)
+    return origin is Literal or declared in SUPPORTED_TYPES
+
+
+def _not_owned(name: str, stack: list[CreditMethod]) -> str:
+    """Why hyperparameter `name` does not belong to `stack`: whose it is, or the close matches."""
+    stack_spec = "+".join(m.name for m in stack) or "grpo"
+    owner = next((m.name for m in CREDIT_METHODS.values() if name in m.argument_names), None)
+    if owner is not None:
+        return f"belongs to credit method {owner!r}, which is not in the stack {stack_spec!r}"
+    names = [n for m in stack for n in m.argument_names]
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    known = f"did you mean {' or '.join(repr(n) for n in close)}?" if close else f"it has {names or 'none'}"
+    return f"is not a hyperparameter of {stack_spec!r}; {known}"
+
+
+def stack_hyperparameters(stack: list[CreditMethod], values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each method's hyperparameters, `{method: {name: value}}`, from `values` keyed by hyperparameter name.
+
+    Every name must belong to a method of the stack; values are coerced and checked by their method.
+    """
+    for name in values:
+        if not any(name in m.argument_names for m in stack):
+            raise SettingError(name, _not_owned(name, stack))
+    return {m.name: m.hyperparameters({k: v for k, v in values.items() if k in m.argument_names}) for m in stack}
+
+
 @dataclass(frozen=True, eq=False)
 class CreditMethod:
     """A registered credit method: everything the package knows about it. Build it with [`register_credit_method`].
@@ -148,26 +268,30 @@ class CreditMethod:
     def argument_fields(self) -> tuple[dataclasses.Field, ...]:
         return dataclasses.fields(self.arguments) if self.arguments else ()
 
-    def hyperparameters(self, config: Any = None, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The method's hyperparameters: config attributes of the same name, else `overrides`, else the defaults.
+    def hyperparameters(self, values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Every hyperparameter of the method: `values` (by field name) coerced to the declared types, the rest
+        their defaults, passed through the `arguments` dataclass and checked.
 
-        They pass through the method's `arguments` dataclass, so its `__post_init__` (e.g. a type fix-up) applies.
+        Raises [`SettingError`] naming the first unknown, mistyped or out-of-range hyperparameter.
         """
-        overrides = overrides or {}
-        values = {}
-        for f in self.argument_fields():
-            if hasattr(config, f.name):
-                values[f.name] = getattr(config, f.name)
-            elif f.name in overrides:
-                values[f.name] = overrides[f.name]
-        return dataclasses.asdict(self.arguments(**values)) if self.arguments else {}
-
-    def check(self, hyperparameters: Mapping[str, Any]) -> None:
-        """Raise `ValueError` naming the first hyperparameter outside its allowed range."""
+        values = dict(values or {})
+        for name in values:
+            if name not in self.argument_names:
+                raise SettingError(name, _not_owned(name, [self]))
+        if self.arguments is None:
+            return {}
+        declared_types = typing.get_type_hints(self.arguments)
+        coerced = {name: coerce_value(name, value, declared_types[name]) for name, value in values.items()}
+        resolved = dataclasses.asdict(self.arguments(**coerced))
         for name, (ok, allowed) in self.checks.items():
-            value = hyperparameters[name]
-            if not ok(value):
-                raise ValueError(f"{name} must be {allowed}, got {value!r}")
+            value = resolved[name]
+            try:
+                fine = ok(value)
+            except (TypeError, ValueError):
+                fine = False
+            if not fine:
+                raise SettingError(name, f"must be {allowed}, got {value!r}")
+        return resolved
 
     def statistics_for(self, hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
         statistics = self.statistics(dict(hyperparameters)) if callable(self.statistics) else self.statistics
@@ -326,6 +450,7 @@ def register_credit_method(
         if unknown:
             raise ValueError(f"unknown statistics {unknown} for credit method {name!r}; choose from {STATISTICS}")
     if arguments is not None:
+        _check_arguments(name, arguments)
         unknown = sorted(set(checks or {}) - {f.name for f in dataclasses.fields(arguments)})
         if unknown:
             raise ValueError(f"credit method {name!r} checks {unknown}, which are not fields of {arguments.__name__}")
@@ -359,6 +484,26 @@ def register_credit_method(
     return decorator
 
 
+def _check_arguments(name: str, arguments: type) -> None:
+    """A method's hyperparameters carry its name (`taco_alpha`), so that TRL's config or another method can never
+    set or read them; their types must be ones that YAML, JSON and flags can be converted to."""
+    declared_types = typing.get_type_hints(arguments)
+    for f in dataclasses.fields(arguments):
+        if not f.name.startswith(f"{name}_"):
+            raise ValueError(
+                f"credit method {name!r}: hyperparameter {f.name!r} must start with the method's name "
+                f"({name}_{f.name}), so that no other method and no field of TRL's config can set it"
+            )
+        owner = next((m.name for m in CREDIT_METHODS.values() if m.name != name and f.name in m.argument_names), None)
+        if owner is not None:
+            raise ValueError(f"credit method {name!r}: hyperparameter {f.name!r} is already declared by {owner!r}")
+        if not _supported(declared_types[f.name]):
+            raise ValueError(
+                f"credit method {name!r}: hyperparameter {f.name!r} has type {declared_types[f.name]}; use bool, int, "
+                "float, str, a Literal, an optional or a list of these"
+            )
+
+
 def apply_credit_method(
     name: str,
     advantages_B: torch.Tensor,
@@ -383,13 +528,7 @@ def apply_credit_method(
     Batch-global reductions (EAPO's quantiles) span the tensors passed in.
     """
     method = get_credit_method(name)
-    unknown = sorted(set(hyperparameters) - set(method.argument_names))
-    if unknown:
-        raise ValueError(
-            f"credit method {name!r} has no hyperparameters {unknown}; it has {list(method.argument_names)}"
-        )
-    values = method.hyperparameters(None, hyperparameters)
-    method.check(values)
+    values = method.hyperparameters(hyperparameters)
     if advantages_B.dim() != 1 or mask_BT.dim() != 2 or mask_BT.size(0) != advantages_B.size(0):
         raise ValueError(
             f"advantages_B must have shape (B,) and mask_BT (B, T), got {tuple(advantages_B.shape)} and {tuple(mask_BT.shape)}"
@@ -421,10 +560,20 @@ def get_credit_method(name: str) -> CreditMethod:
 
 
 def _import_user_module(module: str) -> None:
-    """Import a dotted module name, or a `.py` file by path (e.g. `examples/custom_credit_method.py`)."""
+    """Import a dotted module name, or a `.py` file by path (e.g. `examples/custom_credit_method.py`).
+
+    A dotted name that is not importable is also looked for in the current folder (`mymethods` ->
+    `./mymethods.py`), as `python -m` would find it: console scripts do not put that folder on `sys.path`.
+    """
     if not module.endswith(".py"):
-        importlib.import_module(module)
-        return
+        try:
+            importlib.import_module(module)
+            return
+        except ModuleNotFoundError as error:
+            local = Path.cwd() / (module.replace(".", "/") + ".py")
+            if error.name != module.split(".")[0] or not local.is_file():
+                raise
+            module = str(local)
     path = Path(module).resolve()
     name = f"trl_credit_user_{path.stem}"
     if name in sys.modules:

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from trl import GRPOConfig
 
-from ..methods import get_credit_method
-from ..methods.registry import CreditMethod, parse_credit_methods
+from ..methods import CREDIT_METHODS, get_credit_method
+from ..methods.registry import CreditMethod, SettingError, parse_credit_methods, stack_hyperparameters
 
 
 @dataclass
@@ -31,8 +33,10 @@ class CreditGRPOConfig(GRPOConfig):
             batch must come before methods that read the training forward.
         credit_kwargs (`dict` or `str`, *optional*):
             Hyperparameters of the methods of the stack, e.g. `{"taco_alpha": 0.05, "eapo_kappa": 1.0}` (a JSON
-            string on the command line); unset ones keep their defaults. A hyperparameter that this config declares
-            as a field (`TACOConfig.taco_alpha`) is set there, not here.
+            string on the command line); unset ones keep their defaults. Every hyperparameter starts with its
+            method's name, so no two methods and no field of TRL's config share one. Values are converted to the
+            declared types (`"5e-2"` -> `0.05`) and checked when the config is built. Afterwards this holds every
+            hyperparameter of the stack that the config does not declare as a field, defaults included.
 
         > Parameters that control how statistics are computed
 
@@ -96,6 +100,7 @@ class CreditGRPOConfig(GRPOConfig):
                 f"credit_kwargs must be a mapping of hyperparameter names to values, got {self.credit_kwargs!r}"
             )
         self.validate_credit_fields()
+        self.validate_run_sizes()
         super().__post_init__()
 
     @property
@@ -103,29 +108,60 @@ class CreditGRPOConfig(GRPOConfig):
         """The stack, in the order it applies (empty for plain GRPO)."""
         return tuple(get_credit_method(name) for name in parse_credit_methods(self.credit_method))
 
+    def declares(self, method: CreditMethod) -> bool:
+        """Whether this config holds `method`'s hyperparameters as its own fields (`TACOConfig.taco_alpha`)."""
+        return method.arguments is not None and isinstance(self, method.arguments)
+
     def method_hyperparameters(self, method: CreditMethod) -> dict[str, Any]:
-        return method.hyperparameters(self, self.credit_kwargs)
+        """`method`'s hyperparameters as they train: its fields, or its entries of `credit_kwargs`."""
+        values = self if self.declares(method) else SimpleNamespace(**(self.credit_kwargs or {}))
+        return {name: getattr(values, name) for name in method.argument_names}
 
     def validate_credit_fields(self) -> None:
-        """Raise `ValueError` naming the first credit setting outside its allowed range."""
+        """Resolve and check every credit setting; raise `ValueError` naming the first bad one.
+
+        Afterwards each method of the stack has all its hyperparameters, coerced to their declared types: in this
+        config's fields where it declares them, else in `credit_kwargs` (so `to_dict()` records what trains).
+        """
         try:
             stack = self.credit_methods
         except ValueError as error:
             raise ValueError(f"credit_method: {error}") from None
-        shadowed = sorted(name for name in self.credit_kwargs or {} if name in self.__dataclass_fields__)
-        if shadowed:
-            raise ValueError(
-                f"credit_kwargs names {shadowed}, which {type(self).__name__} declares as fields: set "
-                + ", ".join(f"{type(self).__name__}({name}=...)" for name in shadowed)
-                + " instead"
-            )
-        known = {name for method in stack for name in method.argument_names}
-        unknown = sorted(set(self.credit_kwargs or {}) - known)
-        if unknown:
-            raise ValueError(f"credit_kwargs names {unknown}, which no method of {self.credit_method!r} reads")
+        config_name = type(self).__name__
+        for method in CREDIT_METHODS.values():
+            if self.declares(method) and method not in stack:
+                raise ValueError(
+                    f"{config_name} holds the hyperparameters of {method.name!r}, which credit_method "
+                    f"{self.credit_method!r} does not include; use CreditGRPOConfig"
+                )
+        trl_fields = {f.name for f in dataclasses.fields(CreditGRPOConfig)}
         for method in stack:
-            method.check(self.method_hyperparameters(method))
-        in_forward = [m.reads_training_forward(self.method_hyperparameters(m)) for m in stack]
+            taken = sorted(set(method.argument_names) & trl_fields)
+            if taken:
+                raise ValueError(
+                    f"credit method {method.name!r} declares {taken}, which {CreditGRPOConfig.__name__} (TRL's "
+                    "GRPOConfig) also declares: rename the method's hyperparameters"
+                )
+        values = dict(self.credit_kwargs or {})
+        for method in filter(self.declares, stack):
+            for f in method.argument_fields():
+                own = getattr(self, f.name)
+                if f.name in values and values[f.name] != own and own != _default(f):
+                    raise ValueError(
+                        f"{f.name} is set twice: {config_name}({f.name}={own!r}) and "
+                        f"credit_kwargs[{f.name!r}] = {values[f.name]!r}"
+                    )
+                values.setdefault(f.name, own)
+        resolved = stack_hyperparameters(list(stack), values)
+        credit_kwargs = {}
+        for method in stack:
+            for name, value in resolved[method.name].items():
+                if self.declares(method):
+                    setattr(self, name, value)
+                else:
+                    credit_kwargs[name] = value
+        self.credit_kwargs = credit_kwargs or None
+        in_forward = [m.reads_training_forward(resolved[m.name]) for m in stack]
         if in_forward != sorted(in_forward):
             raise ValueError(
                 f"credit_method {self.credit_method!r}: methods that read the generation batch must come before "
@@ -139,9 +175,32 @@ class CreditGRPOConfig(GRPOConfig):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
 
+    def validate_run_sizes(self) -> None:
+        """Refuse sizes and step counts that TRL would fail on later, or silently reinterpret (`max_steps=-5`
+        trains for `num_train_epochs`, `max_steps=0` trains one step at learning rate 0)."""
+        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length"):
+            if getattr(self, name) < 1:
+                raise SettingError(name, f"must be >= 1, got {getattr(self, name)!r}")
+        if self.num_generations is not None and self.num_generations < 2:
+            raise SettingError(
+                "num_generations", f"must be >= 2 (GRPO normalises within groups), got {self.num_generations!r}"
+            )
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise SettingError(
+                "max_steps", f"must be >= 1, or -1 to train for num_train_epochs, got {self.max_steps!r}"
+            )
+        if self.max_steps == -1 and not self.num_train_epochs > 0:
+            raise SettingError("num_train_epochs", f"must be > 0 when max_steps is -1, got {self.num_train_epochs!r}")
+        if self.learning_rate < 0:
+            raise SettingError("learning_rate", f"must be >= 0, got {self.learning_rate!r}")
+
     def credit_hyperparameters(self) -> dict:
         """The method stack and every method's hyperparameters, e.g. for model cards and run names."""
         values = {"credit_method": self.credit_method}
         for method in self.credit_methods:
             values.update(self.method_hyperparameters(method))
         return values
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

@@ -108,6 +108,7 @@ class CreditGRPOTrainer(GRPOTrainer):
                 "or set HF_TOKEN instead",
                 stacklevel=2,
             )
+        args.validate_credit_fields()  # again: attributes may have been set since the config was built
         self.credit_method = args.credit_method
         stack = [(method, args.method_hyperparameters(method)) for method in args.credit_methods]
         self._generation_methods = [(m, hp) for m, hp in stack if not m.reads_training_forward(hp)]
