@@ -39,7 +39,6 @@ DEFAULT_QUICK_START_QUESTION = (  # TRL's own card asks this when no training pr
     "choose and why?"
 )
 TRL_CREDIT_URL = "https://github.com/trl-credit/trl-credit"
-
 BASE_TAGS = ("trl", "grpo", "trl-credit")
 
 # Environment variables whose values must never end up in a card.
