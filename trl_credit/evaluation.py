@@ -8,6 +8,7 @@ against the gold answer with `trl_credit.rewards.check_answers` (Math-Verify), a
   https://huggingface.co/papers/2107.03374), computed in the numerically stable product form;
 - `mean_completion_length` is the mean number of generated tokens per completion (EOS included, as in TRL).
 
+Problems come from the source's held-out split unless another is given (`held_out_split`).
 `run_evaluation` writes one JSON line per problem (`completions.jsonl`) and `summary.json` to the output folder;
 `update_model_card` copies the summary into the evaluated model's folder and renders its trl-credit card again.
 """

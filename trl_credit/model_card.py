@@ -390,10 +390,12 @@ def result_line(reward_curve: Mapping[str, Any] | None, summaries: Sequence[Mapp
         metrics = eval_metrics(summary)
         shown = [next((key for key in metrics if key.startswith("avg@")), None)]
         shown.append(next((key for key in reversed(metrics) if key.startswith("pass@")), None))
-        dataset = _dataset_reference(str(summary["dataset"]))[0] if summary.get("dataset") else "evaluation"
-        split = f" ({summary['split']})" if summary.get("split") else ""
         values = ", ".join(f"{key} {metrics[key]:.4g}" for key in shown if key is not None)
-        parts.append(f"on `{dataset}`{split}: {values}")
+        if not summary.get("dataset"):
+            parts.append(f"evaluation: {values}")
+            continue
+        split = f" ({summary['split']})" if summary.get("split") else ""
+        parts.append(f"on `{_dataset_reference(str(summary['dataset']))[0]}`{split}: {values}")
     return "; ".join(parts) or None
 
 
@@ -644,7 +646,9 @@ def regenerate_model_card(
     return folder / "README.md"
 
 
-def trainer_model_card(trainer, model_name: str | None = None, dataset_name: str | None = None, tags=None):
+def trainer_model_card(
+    trainer, model_name: str | None = None, dataset_name: str | None = None, tags: Sequence[str] | None = None
+) -> CreditModelCard:
     """The card of a trl-credit trainer's run, read from the trainer after training; `CreditModelCard.save` it.
 
     Reads the base model from the policy's config, the set-up from `trainer.args` and the number of processes, the
