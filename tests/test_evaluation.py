@@ -182,6 +182,7 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
     assert printed["model_card"] == str(run_dir / "README.md")
     written = json.loads((tmp_path / "eval" / "summary.json").read_text())
     held_out = written["split"]
+    assert printed["split"] == held_out == EvalConfig("unused", "chain_sum").dataset_split
     assert held_out in SOURCES["chain_sum"].splits and held_out != SOURCES["chain_sum"].splits[0]  # not training's
     assert json.loads((run_dir / f"eval_chain_sum_{held_out}.json").read_text()) == written
 

@@ -77,6 +77,7 @@ def main(argv: list[str]) -> int:
     print(
         json.dumps(
             {
+                "split": summary["split"],
                 **metrics,
                 "mean_completion_length": summary["mean_completion_length"],
                 "num_problems": summary["num_problems"],
