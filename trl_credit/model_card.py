@@ -1,11 +1,14 @@
 """Model cards for models trained with trl-credit, and the list of files a Hub push uploads.
 
 The card follows TRL's own (`trl.trainer.utils.generate_model_card`): the same sections in the same
-order (quick start, training procedure, framework versions, citations), plus the credit method with
-all its hyperparameters, the method paper next to GRPO's and TRL's citations, the training data, the
-training curves and, when `trl-credit eval` summaries are given, an evaluation table and the same numbers as
-`model-index` metadata (huggingface_hub's `EvalResult`s), which the Hub renders as evaluation results. The
-quick-start snippet prompts the model with the first training prompt when one is given.
+order (quick start, training procedure, framework versions, citations). It adds what trained: the base model (a Hub
+id, a local folder's name, or the offline SmolLM2 de-quantised from a GGUF), a one-line result (the mean training
+reward at the first and last logged steps, and the evaluation results), the training set-up (learning rate, steps,
+batch, generation and loss settings), each method of the stack with its own hyperparameters, the method papers next
+to GRPO's and TRL's citations, the training data, the training curves and, when `trl-credit eval` summaries are
+given, an evaluation table and the same numbers as `model-index` metadata (huggingface_hub's `EvalResult`s), which
+the Hub renders as evaluation results. The quick-start snippet prompts the model with the first training prompt when
+one is given. `trainer_model_card` gathers all of it from a trainer after training.
 
 `CreditModelCard.save` also records the card's inputs next to it (`_trl_credit_card.json`, which a Hub push
 skips), so that `regenerate_model_card` can render the card again once `trl-credit eval` has added results.
@@ -297,6 +300,126 @@ def _python_literal(prompt: str | Sequence[Mapping[str, str]]) -> str:
 
 
 # --------------------------------------------------------------------------------------------------
+# What trained: base model, set-up, result
+# --------------------------------------------------------------------------------------------------
+
+
+def _converted_offline_model(folder: Path) -> str | None:
+    """What `folder` is when it is the offline SmolLM2 that `trl_credit.models` converts from a GGUF, else `None`."""
+    from . import models
+
+    if folder.resolve() != (models.cache_root() / models._FOLDER_NAME).resolve():
+        return None
+    gguf = Path(models.SMOLLM2_GGUF).name
+    return f"{models._FOLDER_NAME}, de-quantised from a GGUF (`{gguf}` of the PyPI package `{models.SMOLLM2_PACKAGE}`)"
+
+
+def base_model_reference(name_or_path: str | None) -> tuple[str | None, str | None]:
+    """`(Hub id, description)` of the model training started from, named as its config names it.
+
+    A Hub id is both: the card links it and lists it as `base_model` metadata. A local folder has no Hub id and is
+    described by its name only (no local path in a card meant for the Hub), except the offline SmolLM2 that
+    `trl_credit.models` converts, described as "SmolLM2-135M-Instruct, de-quantised from a GGUF (...)". `(None,
+    None)` for a model without a name.
+    """
+    if not name_or_path:
+        return None, None
+    folder = Path(name_or_path).expanduser()
+    if not folder.is_dir():
+        return name_or_path, name_or_path
+    return None, _converted_offline_model(folder) or f"the local model `{folder.name}`"
+
+
+def read_training_setup(args, num_processes: int, steps_trained: int) -> dict[str, Any]:
+    """The training set-up of a run for its card: `GRPOConfig` fields under their names, and three derived values.
+
+    Args:
+        args: The run's `GRPOConfig` (or `CreditGRPOConfig`).
+        num_processes: Processes that trained (`trainer.accelerator.num_processes`).
+        steps_trained: Optimizer steps taken (`trainer.state.global_step`).
+
+    Returns:
+        `learning_rate`, `max_steps` (`num_train_epochs` for a run bounded by epochs), `steps_trained`,
+        `num_generations`, `per_device_train_batch_size`, `gradient_accumulation_steps`, `num_processes`,
+        `global_batch_size` (completions per optimizer step: the per-device batch times gradient accumulation times
+        processes), `max_completion_length`, `temperature`, `loss_type`, `beta` and `seed`, in this order.
+    """
+    schedule = {"max_steps": args.max_steps} if args.max_steps > 0 else {"num_train_epochs": args.num_train_epochs}
+    return {
+        "learning_rate": args.learning_rate,
+        **schedule,
+        "steps_trained": steps_trained,
+        "num_generations": args.num_generations,
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "num_processes": num_processes,
+        "global_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * num_processes,
+        **{
+            name: getattr(args, name) for name in ("max_completion_length", "temperature", "loss_type", "beta", "seed")
+        },
+    }
+
+
+def read_reward_curve(log_history: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The mean training reward at the first and the last logged step (`trainer.state.log_history`).
+
+    Returns `{"first_step", "first_reward", "last_step", "last_reward"}`, or `None` when no step logged a reward.
+    """
+    logged = [entry for entry in log_history if "reward" in entry]
+    if not logged:
+        return None
+    first, last = logged[0], logged[-1]
+    return {
+        "first_step": first["step"],
+        "first_reward": first["reward"],
+        "last_step": last["step"],
+        "last_reward": last["reward"],
+    }
+
+
+def result_line(reward_curve: Mapping[str, Any] | None, summaries: Sequence[Mapping[str, Any]]) -> str | None:
+    """The card's one-line result: the training reward's first and last logged values, then each evaluation's
+    avg@ and largest-k pass@ (`None` when there is neither)."""
+    parts = []
+    if reward_curve:
+        parts.append(
+            f"mean training reward {reward_curve['first_reward']:.4g} at step {reward_curve['first_step']} → "
+            f"{reward_curve['last_reward']:.4g} at step {reward_curve['last_step']}"
+        )
+    for summary in summaries:
+        metrics = eval_metrics(summary)
+        shown = [next((key for key in metrics if key.startswith("avg@")), None)]
+        shown.append(next((key for key in reversed(metrics) if key.startswith("pass@")), None))
+        values = ", ".join(f"{key} {metrics[key]:.4g}" for key in shown if key is not None)
+        if not summary.get("dataset"):
+            parts.append(f"evaluation: {values}")
+            continue
+        split = f" ({summary['split']})" if summary.get("split") else ""
+        parts.append(f"on `{_dataset_reference(str(summary['dataset']))[0]}`{split}: {values}")
+    return "; ".join(parts) or None
+
+
+def _method_sections(
+    names: Sequence[str | None], hyperparameters: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One section per method of the stack (its summary, its own hyperparameters as rows), and the hyperparameters
+    no method of the stack reads (`credit_method`, other settings), which the card lists with the training set-up."""
+    from .methods import CREDIT_METHODS
+
+    sections, claimed = [], set()
+    for name in names:
+        own = [key for key in CREDIT_METHODS[name].argument_names if key in hyperparameters] if name else []
+        claimed.update(own)
+        sections.append(
+            {
+                "summary": _summary(name),
+                "hyperparameters": format_hyperparameters({k: hyperparameters[k] for k in own}),
+            }
+        )
+    return sections, {key: value for key, value in hyperparameters.items() if key not in claimed}
+
+
+# --------------------------------------------------------------------------------------------------
 # The card
 # --------------------------------------------------------------------------------------------------
 
@@ -309,6 +432,9 @@ def generate_credit_model_card(
     dataset_name: str | None,
     method: str,
     hyperparameters: Mapping[str, Any],
+    base_model_description: str | None = None,
+    training_setup: Mapping[str, Any] | None = None,
+    reward_curve: Mapping[str, Any] | None = None,
     tags: Sequence[str] = (),
     plots: Sequence[str] = (),
     eval_summary: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
@@ -324,13 +450,18 @@ def generate_credit_model_card(
 
     Args:
         base_model: Hub id of the model training started from (`None` for a local path).
+        base_model_description: How the card names a base model that has no Hub id (see `base_model_reference`).
         model_name: name of the trained model (the card's title).
         hub_model_id: `user/model` used in the quick-start snippet.
         dataset_name: The training data set: a Hub id (linked, and listed in the metadata), another name such as a
             local file or a procedural task (named only), or `None`.
-        method: credit method, one of `"grpo"`, `"taco"`, `"eapo"`, `"tide"`.
-        hyperparameters: the method's hyperparameters (`config.credit_hyperparameters()`), optionally
-            with other training settings; rendered as a table, secret-looking keys redacted.
+        method: the credit method or stack, as `credit_method` (`"grpo"` for plain GRPO).
+        hyperparameters: the methods' hyperparameters (`config.credit_hyperparameters()`), optionally with other
+            training settings. Each method of the stack gets a table of the ones it reads (its registered
+            arguments); the rest join the training set-up table. Secret-looking keys are redacted.
+        training_setup: the training set-up table (`read_training_setup`), or `None`.
+        reward_curve: the mean training reward at the first and last logged steps (`read_reward_curve`), shown in
+            the one-line result with the evaluation results; `None` when unknown.
         tags: extra tags; `trl`, `grpo`, `trl-credit` and the method name are always added.
         plots: PNG paths relative to the folder the card is saved in (see `save_training_plots`).
         eval_summary: one `trl-credit eval` summary, a list of them, or `None` (no evaluation section); also
@@ -366,7 +497,11 @@ def generate_credit_model_card(
         papers=papers,
         grpo_paper=grpo_paper,
         example_prompt=example_prompt,
+        base_model_description=base_model_description,
+        training_setup=training_setup,
+        reward_curve=reward_curve,
     )
+    method_sections, other_settings = _method_sections(names, hyperparameters)
     papers = [
         {**paper, "name": _display_name(paper["name"]) if paper.get("name") else paper["title"]}
         for paper in papers
@@ -394,6 +529,8 @@ def generate_credit_model_card(
         card_data,
         template_path=str(template_path()),
         base_model=base_model,
+        base_model_description=base_model_description,
+        result=result_line(reward_curve, eval_summary or []),
         model_name=model_name,
         hub_model_id=hub_model_id,
         quick_start_prompt=_python_literal(example_prompt),
@@ -401,8 +538,9 @@ def generate_credit_model_card(
         dataset_name=dataset_name,
         dataset_on_hub=on_hub,
         method_display=" + ".join(_display_name(name) for name in names),
-        method_summaries=[_summary(name) for name in names],
-        hyperparameters=format_hyperparameters(hyperparameters),
+        plain_grpo=names == [None],
+        method_sections=method_sections,
+        setup_rows=format_hyperparameters({**other_settings, **(training_setup or {})}),
         plots=_plot_entries(plots),
         eval_columns=eval_columns,
         eval_rows=eval_rows,
@@ -442,7 +580,16 @@ class CreditModelCard(ModelCard):
 
 
 def _recordable_inputs(
-    *, hyperparameters: Mapping[str, Any], wandb_url, trackio_url, comet_url, tags, plots, papers, **inputs
+    *,
+    hyperparameters: Mapping[str, Any],
+    training_setup: Mapping[str, Any] | None,
+    wandb_url,
+    trackio_url,
+    comet_url,
+    tags,
+    plots,
+    papers,
+    **inputs,
 ) -> dict[str, Any]:
     """The card's inputs as JSON: secret-looking hyperparameters redacted, other non-JSON values as text."""
 
@@ -456,6 +603,9 @@ def _recordable_inputs(
     return {
         **inputs,
         "hyperparameters": {name: plain(name, value) for name, value in hyperparameters.items()},
+        "training_setup": None
+        if training_setup is None
+        else {name: plain(name, value) for name, value in training_setup.items()},
         "tags": list(tags),
         "plots": list(plots),
         "papers": [dict(paper) for paper in papers],
@@ -494,6 +644,58 @@ def regenerate_model_card(
         raise ValueError(f"{record} does not record a trl-credit model card ({error})") from error
     card.save(folder / "README.md")
     return folder / "README.md"
+
+
+def trainer_model_card(
+    trainer, model_name: str | None = None, dataset_name: str | None = None, tags: Sequence[str] | None = None
+) -> CreditModelCard:
+    """The card of a trl-credit trainer's run, read from the trainer after training; `CreditModelCard.save` it.
+
+    Reads the base model from the policy's config, the set-up from `trainer.args` and the number of processes, the
+    methods of the stack and their hyperparameters from `trainer.args`, the reward curve from
+    `trainer.state.log_history`, and any `trl-credit eval` summaries from `output_dir`. Writes the training plots
+    to `output_dir/plots/` (see `trl_credit.plots.save_training_plots`).
+
+    Args:
+        trainer: A `CreditGRPOTrainer` (or one of its method trainers).
+        model_name: The card's title; defaults to the name of `output_dir`.
+        dataset_name: The training data set, as `generate_credit_model_card` takes it.
+        tags: Extra tags, after the trainer's and the methods' names.
+    """
+    from transformers import is_wandb_available
+    from trl.trainer.utils import get_comet_experiment_url, get_config_model_id, get_trackio_space_url
+
+    from .plots import save_training_plots
+
+    args, state = trainer.args, trainer.state
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    base_model, base_model_description = base_model_reference(get_config_model_id(policy.config))
+    methods = args.credit_methods
+    wandb_url = None
+    if is_wandb_available():
+        import wandb
+
+        wandb_url = wandb.run.url if wandb.run is not None else None
+    return generate_credit_model_card(
+        base_model=base_model,
+        base_model_description=base_model_description,
+        model_name=model_name or os.path.basename(os.path.normpath(args.output_dir)),
+        hub_model_id=trainer.hub_model_id,
+        dataset_name=dataset_name,
+        method=args.credit_method,
+        hyperparameters=args.credit_hyperparameters(),
+        training_setup=read_training_setup(args, trainer.accelerator.num_processes, state.global_step),
+        reward_curve=read_reward_curve(state.log_history),
+        tags=[*trainer._tag_names, *(m.name for m in methods), *(tags or [])],
+        plots=save_training_plots(state.log_history, args.output_dir) if state.log_history else [],
+        eval_summary=load_eval_summaries(args.output_dir) or None,
+        wandb_url=wandb_url,
+        trackio_url=get_trackio_space_url(),
+        comet_url=get_comet_experiment_url(),
+        trainer_name=trainer._name,
+        papers=[{**m.paper, "name": m.name} for m in methods if m.paper],
+        example_prompt=first_training_prompt(trainer.train_dataset) if trainer.train_dataset is not None else None,
+    )
 
 
 # --------------------------------------------------------------------------------------------------

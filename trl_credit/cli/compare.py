@@ -70,12 +70,14 @@ def validate_runs(config: CompareConfig, passthrough: list[str]):
 def evaluation_settings(config: CompareConfig, script_args, training_args) -> dict:
     """The `EvalConfig` fields shared by every run, with a held-out split; raises `CompareUsageError` otherwise."""
     from ..data import SOURCES
+    from ..evaluation import held_out_split
 
     dataset = config.eval_dataset_name or script_args.dataset_name
     same_data = dataset == script_args.dataset_name
-    split = config.eval_split
-    if split is None and dataset in SOURCES:
-        split = "test" if "test" in SOURCES[dataset].splits else None
+    try:
+        split = config.eval_split or held_out_split(dataset)
+    except ValueError as error:
+        raise CompareUsageError(f"evaluation: {_one_line(error)}: pass --eval_split") from error
     if same_data:
         train_split = script_args.dataset_train_split or (SOURCES[dataset].splits[0] if dataset in SOURCES else None)
         if split is None or split == train_split:

@@ -5,10 +5,11 @@ Example (offline):
     trl-credit eval --model_name_or_path smollm2-135m-instruct --dataset_name chain_sum --num_problems 20 \
         --n 4 --max_new_tokens 64
 
-Every input is checked before the model is loaded: a bad flag or value, an unknown data set, a missing column
-or a missing vLLM exits with status 2 and one line on stderr. When the model is a `trl-credit grpo` output folder,
-the summary is also saved there and its model card is rendered again with the results (`--update_model_card false`
-leaves the folder alone).
+Without `--dataset_split` the source's held-out split is evaluated (`trl_credit.evaluation.held_out_split`: `test`,
+or the only split of a source published as one). Every input is checked before the model is loaded: a bad flag or
+value, an unknown data set, a missing column or a missing vLLM exits with status 2 and one line on stderr. When the
+model is a `trl-credit grpo` output folder, the summary is also saved there and its model card is rendered again
+with the results and the split (`--update_model_card false` leaves the folder alone).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def main(argv: list[str]) -> int:
     print(
         json.dumps(
             {
+                "split": summary["split"],
                 **metrics,
                 "mean_completion_length": summary["mean_completion_length"],
                 "num_problems": summary["num_problems"],

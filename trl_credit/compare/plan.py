@@ -59,7 +59,7 @@ class CompareConfig:
     Parameters of the held-out evaluation (`trl-credit eval` on each final model):
         skip_eval (`bool`, *optional*, defaults to `False`): report training curves and costs only.
         eval_dataset_name (`str`, *optional*): defaults to the training data set, whose `test` split is then used.
-        eval_split (`str`, *optional*): defaults to `test` for a named source that has one.
+        eval_split (`str`, *optional*): defaults to the held-out split, as `trl-credit eval`'s `dataset_split`.
         eval_num_problems (`int`, *optional*, defaults to `100`): seeded subset, the same for every run.
         eval_n (`int`, *optional*, defaults to `4`), eval_k (`list[int]`, *optional*): samples per problem and
             the k of pass@k (default 1, 2, 4, ..., n).
