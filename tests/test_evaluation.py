@@ -81,18 +81,18 @@ def test_run_evaluation_with_a_controlled_generator(tmp_path):
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["pass@6"] == summary["pass@6"]
 
 
-def test_cli_with_a_controlled_generator(tmp_path, monkeypatch, capsys):
+def test_cli_with_a_controlled_generator(tmp_path, monkeypatch, capsys, tiny_model_dir):
     correct = [2, 0, 4]
 
     def fake_build_backend(config, model_path):
-        assert model_path == "some/model"
+        assert model_path == tiny_model_dir
         golds = evaluation.prepare_eval_data(config).dataset["solution"]
         return CountingBackend(golds, correct)
 
     monkeypatch.setattr(evaluation, "build_backend", fake_build_backend)
     argv = [
         "--model_name_or_path",
-        "some/model",
+        tiny_model_dir,
         "--dataset_name",
         "chain_sum",
         "--num_problems",

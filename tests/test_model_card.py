@@ -400,7 +400,7 @@ def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_
         processing_class=tiny_tokenizer,
     )
     trainer.train()
-    model_card.trainer_model_card(trainer, dataset_name="chain_sum").save(output_dir / "README.md")
+    trainer.create_model_card(dataset_name="chain_sum")
     text = (output_dir / "README.md").read_text()
 
     # Base model: named by its origin, never by its local path.

@@ -22,9 +22,8 @@ import warnings
 from contextlib import contextmanager
 
 import torch
-from transformers import is_wandb_available
 from trl import GRPOTrainer
-from trl.trainer.utils import get_comet_experiment_url, get_config_model_id, get_trackio_space_url
+from trl.trainer.utils import get_config_model_id
 
 from ..methods.registry import (
     GENERATION_STATISTICS,
@@ -62,9 +61,6 @@ from .trl_compat import (
     trl_loss_mask,
     weigh_trl_loss_mask,
 )
-
-if is_wandb_available():
-    import wandb
 
 SEQUENCE_ADVANTAGES = "credit_sequence_advantages"  # batch key: GRPO's A_i, kept once the advantages are (B, T)
 
@@ -395,31 +391,11 @@ class CreditGRPOTrainer(GRPOTrainer):
         append_token_credit(self.args.output_dir, records)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card, extended with the credit methods, their hyperparameters and papers, and training plots."""
+        """TRL's card, extended with what trained (`trl_credit.model_card.trainer_model_card`): the base model, the
+        set-up, each method with its hyperparameters and paper, the reward and evaluation results, training plots."""
         if not self.is_world_process_zero():
             return
-        from ..model_card import first_training_prompt, generate_credit_model_card, load_eval_summaries
-        from ..plots import save_training_plots
+        from ..model_card import trainer_model_card
 
-        policy = self.accelerator.unwrap_model(self.model)
-        base_model = get_config_model_id(policy.config)
-        plots = save_training_plots(self.state.log_history, self.args.output_dir) if self.state.log_history else []
-        methods = self.args.credit_methods
-        card = generate_credit_model_card(
-            base_model=None if os.path.isdir(base_model) else base_model,
-            model_name=model_name or os.path.basename(os.path.normpath(self.args.output_dir)),
-            hub_model_id=self.hub_model_id,
-            dataset_name=dataset_name,
-            method=self.credit_method,
-            hyperparameters=self.args.credit_hyperparameters(),
-            tags=[*self._tag_names, *(m.name for m in methods), *(tags or [])],
-            plots=plots,
-            eval_summary=load_eval_summaries(self.args.output_dir) or None,
-            wandb_url=wandb.run.url if is_wandb_available() and wandb.run is not None else None,
-            trackio_url=get_trackio_space_url(),
-            comet_url=get_comet_experiment_url(),
-            trainer_name=self._name,
-            papers=[{**m.paper, "name": m.name} for m in methods if m.paper],
-            example_prompt=first_training_prompt(self.train_dataset) if self.train_dataset is not None else None,
-        )
+        card = trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
         card.save(os.path.join(self.args.output_dir, "README.md"))
