@@ -254,3 +254,14 @@ def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
     ]
     assert prompt == load_math_dataset(str(data))[0]["prompt"]
     assert prompt[-1]["role"] == "user" and prompt[-1]["content"].startswith("what is 0 + 1 ?")
+
+
+def test_grpo_help_lists_config_and_the_quick_start_defaults_that_apply_without_it(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["grpo", "--method", "taco", "--help"])
+    flat = "".join(capsys.readouterr().out.split())
+    quick_start = yaml.safe_load((packaged_dir("configs") / "quickstart.yaml").read_text())
+    assert "--configCONFIG" in flat
+    for key in ("max_completion_length", "learning_rate", "max_steps", "per_device_train_batch_size"):
+        shown_default = flat.split(f"--{key}", 1)[1].split("(default:", 1)[1].split(")", 1)[0]
+        assert shown_default == str(quick_start[key])

@@ -1,5 +1,6 @@
 """User methods and stacks: registration, the example method, `eapo+taco` from Python, YAML and the CLI."""
 
+import dataclasses
 import json
 import math
 
@@ -161,3 +162,79 @@ def test_undeclared_metrics_and_reserved_names_are_refused():
         ValueError, match="'undeclared_drop' returned a loss mask but is registered with drops_tokens=False"
     ):
         apply_credit_method("undeclared_drop", adv, mask, {})
+
+
+@pytest.fixture
+def registry_restored():
+    """Methods a test registers leave the registry with it."""
+    from trl_credit.methods import CREDIT_METHODS
+
+    before = dict(CREDIT_METHODS)
+    yield
+    CREDIT_METHODS.clear()
+    CREDIT_METHODS.update(before)
+
+
+def _arguments(**defaults) -> type:
+    return dataclasses.make_dataclass("Arguments", [(name, type(value), value) for name, value in defaults.items()])
+
+
+def test_a_hyperparameter_is_named_after_its_method_so_nothing_else_can_set_it(tmp_path, registry_restored):
+    from trl_credit import CreditGRPOConfig
+    from trl_credit.methods import CREDIT_METHODS
+
+    def identity(batch, **hyperparameters):
+        return batch.advantages_BT
+
+    # GRPOConfig has a `temperature`: a method's own would be read from, or shadowed by, TRL's.
+    with pytest.raises(ValueError, match=r"'temperature' must start with the method's name \(warm_temperature\)"):
+        register_credit_method("warm", arguments=_arguments(temperature=5.0))(identity)
+    assert "warm" not in CREDIT_METHODS
+    register_credit_method("warm", arguments=_arguments(warm_temperature=5.0))(identity)
+    args = tiny_config("warm", tmp_path)
+    assert args.temperature == 1.0 and args.method_hyperparameters(CREDIT_METHODS["warm"]) == {"warm_temperature": 5.0}
+    args = tiny_config("warm", tmp_path, credit_kwargs={"warm_temperature": "3"})
+    assert args.method_hyperparameters(CREDIT_METHODS["warm"]) == {"warm_temperature": 3.0}
+
+    # Two methods can only collide through a name that extends another's: refused, naming both.
+    register_credit_method("warm_up", arguments=_arguments(warm_up_alpha=0.1))(identity)
+    with pytest.raises(ValueError, match="'warm_up_alpha' is already declared by 'warm_up'"):
+        register_credit_method("warm", arguments=_arguments(warm_up_alpha=0.9))(identity)
+    # ... and with TRL's config only through a method named like a prefix of its fields: refused before training.
+    register_credit_method("top", arguments=_arguments(top_k=3))(identity)
+    with pytest.raises(ValueError, match=r"credit method 'top' declares \['top_k'\], which CreditGRPOConfig"):
+        CreditGRPOConfig(output_dir=str(tmp_path), credit_method="top", use_cpu=True, bf16=False)
+    with pytest.raises(ValueError, match="hyperparameter 'warm_table' has type <class 'NoneType'>"):
+        register_credit_method("warm", arguments=_arguments(warm_table=None))(identity)
+
+
+def test_a_stack_records_each_method_own_values(tmp_path):
+    from trl_credit.methods import CREDIT_METHODS
+
+    args = tiny_config("eapo+taco", tmp_path, credit_kwargs={"eapo_kappa": "1", "taco_alpha": 5e-2})
+    assert args.method_hyperparameters(CREDIT_METHODS["eapo"])["eapo_kappa"] == 1.0
+    assert args.method_hyperparameters(CREDIT_METHODS["taco"]) == {"taco_alpha": 0.05, "taco_lambda": 0.9}
+    recorded = args.to_dict()["credit_kwargs"]  # what `training_args` and the card carry: every value, defaults too
+    assert recorded == {
+        **CREDIT_METHODS["eapo"].hyperparameters({"eapo_kappa": 1.0}),
+        "taco_alpha": 0.05,
+        "taco_lambda": 0.9,
+    }
+
+
+def test_a_method_module_in_the_current_folder_is_found_and_names_a_safe_output_folder(tmp_path, monkeypatch):
+    import sys
+
+    from trl_credit.cli.grpo import parse_arguments
+    from trl_credit.methods import CREDIT_METHODS
+
+    source = open(EXAMPLE.split(":")[0]).read().replace('"surprise_boost"', '"cwd_boost"')
+    (tmp_path / "mymethods.py").write_text(source.replace("surprise_boost_max", "cwd_boost_max"))
+    monkeypatch.chdir(tmp_path)
+    try:
+        _, args, _, _ = parse_arguments(["--method", "eapo+mymethods:cwd_boost", "--cwd-boost-max", "2"])
+        assert args.credit_hyperparameters()["cwd_boost_max"] == 2.0
+        assert args.output_dir == "outputs/smollm2-135m-instruct-eapo+cwd_boost"
+    finally:
+        CREDIT_METHODS.pop("cwd_boost", None)
+        sys.modules.pop("trl_credit_user_mymethods", None)
