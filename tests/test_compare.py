@@ -212,7 +212,7 @@ def test_bad_input_exits_2_before_any_training(tmp_path, capsys, tiny_model_dir)
     _assert_usage_error(capsys, ["--eval_bogus", "1", *base], "unknown evaluation option --eval_bogus", out)
     _assert_usage_error(capsys, ["--seed", "1", *base], "--seed is set by compare", out)
     _assert_usage_error(capsys, ["--methods", "grpo", "ppo", *base], "the ppo runs would fail: --method 'ppo'", out)
-    _assert_usage_error(capsys, ["--bogus_flag", "1", *base], "unknown arguments", out)
+    _assert_usage_error(capsys, ["--bogus_flag", "1", *base], "unknown option --bogus_flag", out)
     # The training file has one split: evaluating on it would not be held out.
     _assert_usage_error(capsys, base, "no held-out split", out)
     _assert_usage_error(capsys, [*base, "--eval_dataset_name", str(tmp_path / "none.jsonl")], "does not exist", out)
