@@ -402,7 +402,13 @@ class CreditGRPOTrainer(GRPOTrainer):
         set-up, each method with its hyperparameters and paper, the reward and evaluation results, training plots."""
         if not self.is_world_process_zero():
             return
+        from huggingface_hub import ModelCard
+
         from ..model_card import trainer_model_card
 
-        card = trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
-        card.save(os.path.join(self.args.output_dir, "README.md"))
+        # TRL's own card first, for the tags TRL derives (`unsloth`, `hf_jobs`, Trackio's), whatever its version.
+        path = os.path.join(self.args.output_dir, "README.md")
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        trl_tags = ModelCard.load(path).data.tags or []
+        card = trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=trl_tags)
+        card.save(path)
