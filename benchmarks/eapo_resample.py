@@ -78,7 +78,7 @@ def _graded(tokenizer, golds: list[str], rows: list[list[int]]) -> list[bool]:
     from trl_credit.rewards import check_answers
 
     texts = tokenizer.batch_decode(rows, skip_special_tokens=True)
-    return [check.correct for check in check_answers(texts, golds, count=False)]
+    return [check.correct for check in check_answers(texts, golds)]
 
 
 def run(args) -> dict:

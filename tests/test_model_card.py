@@ -400,8 +400,10 @@ def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_
         processing_class=tiny_tokenizer,
     )
     trainer.train()
+    monkeypatch.setenv("JOB_ID", "1")  # TRL tags a card made in a Hugging Face Job: its tag logic is kept
     trainer.create_model_card(dataset_name="chain_sum")
     text = (output_dir / "README.md").read_text()
+    assert {"hf_jobs", "trl-credit", "eapo", "taco"} <= set(_front_matter(text)["tags"])
 
     # Base model: named by its origin, never by its local path.
     assert "fine-tuned version of SmolLM2-135M-Instruct, de-quantised from a GGUF" in text

@@ -12,8 +12,8 @@ import pytest
 from trl_credit import rewards
 from trl_credit.rewards import (
     REWARD_FUNCS,
-    REWARD_STATS,
     AccuracyReward,
+    RewardStats,
     accuracy_reward,
     check_answers,
     extract_answer,
@@ -29,13 +29,6 @@ PATHOLOGICAL = r"The answer is \boxed{9^{9^{9^{9}}}}"
 
 def conversational(texts):
     return [[{"role": "assistant", "content": text}] for text in texts]
-
-
-@pytest.fixture(autouse=True)
-def fresh_counters():
-    REWARD_STATS.snapshot_and_reset()
-    yield
-    REWARD_STATS.snapshot_and_reset()
 
 
 def test_extraction():
@@ -62,9 +55,10 @@ def test_accuracy_correct_wrong_and_equivalent():
         "I think it is 12, no wait, 13",  # gold 12: the last number is 13
     ]
     golds = ["0.5", "1000", r"\frac{9}{7}", r"\left( 3, \frac{\pi}{2} \right)", "4.5e33", "4", "12"]
-    assert accuracy_reward(conversational(completions), golds) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
-    assert accuracy_reward(completions, golds) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]  # plain completions
-    assert REWARD_STATS.snapshot_and_reset() == {
+    accuracy = AccuracyReward()
+    assert accuracy(conversational(completions), golds) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    assert accuracy(completions, golds) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0]  # plain completions
+    assert accuracy.unscored.snapshot_and_reset() == {
         "rewards/timeouts": 0,
         "rewards/parse_failures": 0,
         "rewards/no_answer": 0,
@@ -74,14 +68,17 @@ def test_accuracy_correct_wrong_and_equivalent():
 def test_accuracy_malformed_answers_score_zero_and_are_counted():
     completions = ["no answer here", r"\boxed{\frac{}{}", r"\boxed{)(}", r"\boxed{7}"]
     logged = {}
-    scores = accuracy_reward(conversational(completions), ["7", "7", "7", "7"], log_extra=logged.__setitem__)
+    accuracy, other = AccuracyReward(), AccuracyReward()
+    scores = accuracy(conversational(completions), ["7", "7", "7", "7"], log_extra=logged.__setitem__)
     assert scores == [0.0, 0.0, 0.0, 1.0]
     assert logged["extracted_answer"] == ["", "", ")(", "7"]
-    stats = REWARD_STATS.snapshot_and_reset()
+    stats = accuracy.unscored.snapshot_and_reset()
     assert stats["rewards/no_answer"] == 2 and stats["rewards/parse_failures"] == 1
     # A gold answer Math-Verify cannot read: the reward is undefined, TRL skips it.
-    assert accuracy_reward(conversational([r"\boxed{7}"]), [r"\frac{"]) == [None]
-    assert REWARD_STATS.snapshot_and_reset()["rewards/parse_failures"] == 1
+    assert accuracy(conversational([r"\boxed{7}"]), [r"\frac{"]) == [None]
+    assert accuracy.unscored.snapshot_and_reset()["rewards/parse_failures"] == 1
+    assert set(other.unscored.snapshot_and_reset().values()) == {0}  # counts belong to the reward that counted
+    assert pickle.loads(pickle.dumps(accuracy))(["7"], ["7"]) == [1.0]  # TRL's rollout workers get a copy
     with pytest.raises(ValueError, match="2 completions but 1 gold"):
         check_answers(["1", "2"], ["1"])
 
@@ -94,18 +91,20 @@ def test_format_reward():
 
 def test_timeout_in_main_thread_then_worker_restarts():
     started = time.monotonic()
-    checks = check_answers([PATHOLOGICAL, r"\boxed{5}"], ["5", "5"], timeout_s=1.0)
+    stats = RewardStats()
+    checks = check_answers([PATHOLOGICAL, r"\boxed{5}"], ["5", "5"], timeout_s=1.0, stats=stats)
     assert [c.status for c in checks] == ["timeout", "ok"] and checks[1].correct
     assert time.monotonic() - started < 15  # 1 s limit + worker restart, not the minutes sympy would take
-    assert REWARD_STATS.snapshot_and_reset()["rewards/timeouts"] == 1
+    assert stats.snapshot_and_reset()["rewards/timeouts"] == 1
 
 
 def test_timeout_from_a_thread():
     results, errors = [], []
+    accuracy = AccuracyReward(timeout_s=1.0)
 
     def score():
         try:
-            results.append(AccuracyReward(timeout_s=1.0)(conversational([PATHOLOGICAL, "7"]), ["5", "7"]))
+            results.append(accuracy(conversational([PATHOLOGICAL, "7"]), ["5", "7"]))
         except BaseException as error:  # noqa: BLE001 - the assertion below reports it
             errors.append(error)
 
@@ -113,7 +112,7 @@ def test_timeout_from_a_thread():
     thread.start()
     thread.join(timeout=60)
     assert not errors and results == [[0.0, 1.0]]
-    assert REWARD_STATS.snapshot_and_reset()["rewards/timeouts"] == 1
+    assert accuracy.unscored.snapshot_and_reset()["rewards/timeouts"] == 1
 
 
 def _score_in_child(_):
@@ -151,7 +150,8 @@ def test_soft_overlong_punishment_paper_defaults_and_values():
 
 def test_get_reward_funcs_by_name_and_path():
     accuracy, fmt, overlong = get_reward_funcs(["accuracy", "format", "overlong"], max_completion_length=48)
-    assert accuracy is accuracy_reward and fmt is format_reward
+    assert isinstance(accuracy, AccuracyReward) and fmt is format_reward
+    assert get_reward_funcs(["accuracy"])[0] is not accuracy  # each trainer's reward counts its own answers
     assert (overlong.max_completion_len, overlong.soft_punish_cache) == (48, 9)  # buffer capped at a fifth
     assert get_reward_funcs(["overlong"], max_completion_length=30000)[0].soft_punish_cache == 4096
     assert get_reward_funcs(["trl_credit.rewards:format_reward", "trl_credit.rewards.format_reward"]) == [

@@ -35,6 +35,7 @@ from trl_credit import (
     TIDETrainer,
 )
 from trl_credit.methods import CREDIT_METHODS, eapo_kappa_schedule
+from trl_credit.rewards import AccuracyReward, completion_text, extract_answer
 
 METHODS = ["grpo", "taco", "eapo", "tide"]
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
@@ -416,3 +417,36 @@ def test_a_non_finite_statistic_at_a_valid_position_raises_for_every_method(monk
         ValueError, match=rf"credit method '{method}': statistic '\w+' has NaN or inf at valid positions"
     ):
         trainer.train()
+
+
+class _ObservedAccuracy(AccuracyReward):
+    """The package's accuracy reward, keeping the completion texts it scored (to count their answers by hand)."""
+
+    def __call__(self, completions, solution, **kwargs):
+        self.texts = [*getattr(self, "texts", []), *(completion_text(c) for c in completions)]
+        return super().__call__(completions, solution, **kwargs)
+
+
+def test_unscored_answers_are_logged_from_the_rewards_that_count_them(tmp_path):
+    """A run with only the user's rewards logs no counters; the accuracy reward's counts are its own answers'."""
+    tokenizer = make_tiny_tokenizer()
+
+    def run(reward_funcs):
+        args = tiny_config("grpo", tmp_path, max_steps=2)
+        trainer = CreditGRPOTrainer(
+            model=make_tiny_model(tokenizer),
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=tiny_prompt_dataset(),
+            processing_class=tokenizer,
+        )
+        trainer.train()
+        return [entry for entry in trainer.state.log_history if "reward" in entry]
+
+    assert not [
+        key for entry in run([length_reward]) for key in entry if key in ("rewards/no_answer", "rewards/timeouts")
+    ]
+    accuracy = _ObservedAccuracy()
+    logged = run([length_reward, accuracy])
+    no_answer = sum(extract_answer(text) is None for text in accuracy.texts)
+    assert sum(entry["rewards/no_answer"] for entry in logged) == no_answer

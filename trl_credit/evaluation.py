@@ -407,8 +407,7 @@ def run_evaluation(
 
     texts = [c.text for group in completions for c in group]
     golds = [gold for gold in problems["solution"] for _ in range(config.n)]
-    # Tallied here rather than in REWARD_STATS, whose counts belong to a trainer running in the same process.
-    checks = check_answers(texts, golds, timeout_s=config.verify_timeout, count=False)
+    checks = check_answers(texts, golds, timeout_s=config.verify_timeout)
 
     output_dir = Path(config.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)

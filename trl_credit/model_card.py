@@ -686,7 +686,7 @@ def trainer_model_card(
         hyperparameters=args.credit_hyperparameters(),
         training_setup=read_training_setup(args, trainer.accelerator.num_processes, state.global_step),
         reward_curve=read_reward_curve(state.log_history),
-        tags=[*trainer._tag_names, *(m.name for m in methods), *(tags or [])],
+        tags=list(dict.fromkeys([*trainer._tag_names, *(m.name for m in methods), *(tags or [])])),
         plots=save_training_plots(state.log_history, args.output_dir) if state.log_history else [],
         eval_summary=load_eval_summaries(args.output_dir) or None,
         wandb_url=wandb_url,

@@ -13,8 +13,8 @@ plain strings; `solution` holds bare gold answers as produced by `trl_credit.dat
 Math-Verify runs in a separate worker process (`_verify_worker.py`) that is killed when an answer takes longer
 than the time limit (pathological LaTeX such as `\boxed{9^{9^{9^{9}}}}`). Unlike Math-Verify's own
 `signal.alarm` timeout, this works off the main thread and inside worker processes. A reward function never
-raises on a bad completion: timeouts and parse failures score 0.0 and are counted in `REWARD_STATS`, which the
-trainer logs with `REWARD_STATS.snapshot_and_reset()`.
+raises on a bad completion: timeouts and parse failures score 0.0 and are counted by the reward object that
+checked them (`AccuracyReward.unscored`), whose counts the trainer logs.
 """
 
 from __future__ import annotations
@@ -221,6 +221,13 @@ class RewardStats:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(self.KEYS, 0)
 
+    def __getstate__(self) -> dict:  # reward functions are pickled to TRL's rollout workers; a lock is not
+        return {"counts": dict(self._counts)}
+
+    def __setstate__(self, state: dict) -> None:
+        self._lock = threading.Lock()
+        self._counts = state["counts"]
+
     def add(self, counts: dict[str, int]) -> None:
         """Add counts keyed like `KEYS` (e.g. the output of `tally`)."""
         with self._lock:
@@ -235,7 +242,6 @@ class RewardStats:
         return snapshot
 
 
-REWARD_STATS = RewardStats()
 _STATUS_COUNTER = {
     "timeout": "timeouts",
     "pred_unparseable": "parse_failures",
@@ -260,7 +266,11 @@ class AnswerCheck:
 
 
 def check_answers(
-    texts: Sequence[str], golds: Sequence[str], *, timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S, count: bool = True
+    texts: Sequence[str],
+    golds: Sequence[str],
+    *,
+    timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S,
+    stats: RewardStats | None = None,
 ) -> list[AnswerCheck]:
     """Check each completion text against its gold answer with Math-Verify, under a per-answer time limit.
 
@@ -268,7 +278,7 @@ def check_answers(
         texts: `N` completion texts.
         golds: `N` bare gold answers.
         timeout_s: Seconds one check may take; the worker is killed and restarted past it.
-        count: Add timeouts and failures to `REWARD_STATS` (off for checks that are not rewards).
+        stats: Where to count timeouts and failures (a reward's own counters), if anywhere.
 
     Returns:
         `N` `AnswerCheck`s. Never raises on bad input.
@@ -283,8 +293,8 @@ def check_answers(
     checks = [AnswerCheck(False, "no_answer", None)] * len(texts)
     for i, response in zip(to_verify, responses):
         checks[i] = AnswerCheck(response["correct"], response["status"], extracted[i])
-    if count:
-        REWARD_STATS.add(tally(checks))
+    if stats is not None:
+        stats.add(tally(checks))
     return checks
 
 
@@ -316,17 +326,23 @@ class AccuracyReward:
 
     Args:
         timeout_s (`float`, *optional*, defaults to `5.0`): seconds one answer check may take.
+
+    Attributes:
+        unscored (`RewardStats`): answers this reward could not check normally, which `CreditGRPOTrainer` logs.
     """
 
     __name__ = "accuracy_reward"  # TRL logs rewards as `rewards/<__name__>/mean`
 
     def __init__(self, timeout_s: float = DEFAULT_VERIFY_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
+        self.unscored = RewardStats()
 
     def __call__(
         self, completions: list, solution: list[str], log_extra: Callable | None = None, **kwargs
     ) -> list[float | None]:
-        checks = check_answers([completion_text(c) for c in completions], solution, timeout_s=self.timeout_s)
+        checks = check_answers(
+            [completion_text(c) for c in completions], solution, timeout_s=self.timeout_s, stats=self.unscored
+        )
         if log_extra is not None:  # shown in TRL's completions table
             log_extra("extracted_answer", [check.extracted or "" for check in checks])
         return [None if check.status == "gold_unparseable" else float(check.correct) for check in checks]
@@ -363,8 +379,9 @@ def soft_overlong_punishment(
     return get_soft_overlong_punishment(max_completion_len=max_completion_length, soft_punish_cache=overlong_buffer)
 
 
-REWARD_FUNCS = {"accuracy": accuracy_reward, "format": format_reward, "overlong": soft_overlong_punishment}
-"""Reward names accepted by `get_reward_funcs`. `overlong` is a factory, built from the trainer's max length."""
+REWARD_FUNCS = {"accuracy": AccuracyReward, "format": format_reward, "overlong": soft_overlong_punishment}
+"""Reward names accepted by `get_reward_funcs`. `accuracy` is built anew for each call (it counts its own unscored
+answers), `overlong` from the trainer's max length."""
 
 
 def _import_reward(path: str) -> Callable:
@@ -401,6 +418,8 @@ def get_reward_funcs(
                 min(DAPO_OVERLONG_BUFFER, max_completion_length // 5) if overlong_buffer is None else overlong_buffer
             )
             funcs.append(soft_overlong_punishment(max_completion_length, buffer))
+        elif name == "accuracy":
+            funcs.append(AccuracyReward())
         elif name in REWARD_FUNCS:
             funcs.append(REWARD_FUNCS[name])
         elif "." in name or ":" in name:

@@ -153,41 +153,38 @@ def curve_metrics(results: Sequence[RunResult]) -> list[tuple[str, str]]:
 
 def curve_svg(results: Sequence[RunResult], methods: Sequence[str], metric: str, title: str) -> str | None:
     """One figure: each method's mean over seeds against the step, with its min-max band, as an SVG string."""
-    import matplotlib
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.0, 3.4))
-    try:
-        drawn = False
-        for index, method in enumerate(methods):
-            steps, mean, low, high = mean_band(results, method, metric)
-            if not steps:
-                continue
-            color = plt.get_cmap("tab10")(index % 10)
-            seeds = len({r.seed for r in results if r.method == method and r.series(metric)[0]})
-            ax.plot(
-                steps,
-                mean,
-                color=color,
-                label=f"{method} ({seeds} seed{'s' if seeds != 1 else ''})",
-                marker="o" if len(steps) < 20 else None,
-                markersize=3,
-            )
-            ax.fill_between(steps, low, high, color=color, alpha=0.18, linewidth=0)
-            drawn = True
-        if not drawn:
-            return None
-        ax.set_title(f"{title}: mean over seeds, band min–max", fontsize=10)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        buffer = io.StringIO()
-        fig.savefig(buffer, format="svg")
-    finally:
-        plt.close(fig)
+    # A Figure outside pyplot: pyplot's backend and figure list are process-wide, and a library leaves them alone.
+    fig = Figure(figsize=(6.0, 3.4))
+    ax = fig.subplots()
+    drawn = False
+    for index, method in enumerate(methods):
+        steps, mean, low, high = mean_band(results, method, metric)
+        if not steps:
+            continue
+        color = colormaps["tab10"](index % 10)
+        seeds = len({r.seed for r in results if r.method == method and r.series(metric)[0]})
+        ax.plot(
+            steps,
+            mean,
+            color=color,
+            label=f"{method} ({seeds} seed{'s' if seeds != 1 else ''})",
+            marker="o" if len(steps) < 20 else None,
+            markersize=3,
+        )
+        ax.fill_between(steps, low, high, color=color, alpha=0.18, linewidth=0)
+        drawn = True
+    if not drawn:
+        return None
+    ax.set_title(f"{title}: mean over seeds, band min–max", fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg")
     svg = buffer.getvalue()
     return svg[svg.index("<svg") :]  # drop the XML prolog and DOCTYPE: the SVG is inlined in HTML
 

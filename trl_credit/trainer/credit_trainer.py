@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import Counter
 from contextlib import contextmanager
 
 import torch
@@ -312,12 +313,18 @@ class CreditGRPOTrainer(GRPOTrainer):
     # ---------------------------------------------------------------------------------------------- logging
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        from ..rewards import REWARD_STATS
+        from ..rewards import RewardStats
 
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards_per_func  # (all processes' rows, reward funcs): for the token log
-        # Answers our math rewards could not score (timeouts, unparseable LaTeX), summed over processes.
-        counts = REWARD_STATS.snapshot_and_reset()
+        # Answers the reward functions that count them could not score (timeouts, unparseable LaTeX), summed over
+        # processes; every process holds the same reward functions, so all or none run the reduction.
+        counters = [f.unscored for f in self.reward_funcs if isinstance(getattr(f, "unscored", None), RewardStats)]
+        if not counters:
+            return rewards_per_func
+        counts = Counter()
+        for counter in counters:
+            counts.update(counter.snapshot_and_reset())
         totals = self.accelerator.reduce(torch.tensor(list(counts.values()), device=self.accelerator.device), "sum")
         mode = "train" if self.model.training else "eval"
         for name, total in zip(counts, totals.tolist()):
@@ -395,7 +402,13 @@ class CreditGRPOTrainer(GRPOTrainer):
         set-up, each method with its hyperparameters and paper, the reward and evaluation results, training plots."""
         if not self.is_world_process_zero():
             return
+        from huggingface_hub import ModelCard
+
         from ..model_card import trainer_model_card
 
-        card = trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=tags)
-        card.save(os.path.join(self.args.output_dir, "README.md"))
+        # TRL's own card first, for the tags TRL derives (`unsloth`, `hf_jobs`, Trackio's), whatever its version.
+        path = os.path.join(self.args.output_dir, "README.md")
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        trl_tags = ModelCard.load(path).data.tags or []
+        card = trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=trl_tags)
+        card.save(path)
