@@ -288,6 +288,25 @@ def select_records(
     return selected if max_completions is None else selected[:max_completions]
 
 
+def credit_changed(record: dict[str, Any]) -> bool:
+    """Whether the method gave any token of the completion a weight other than 1 (`Â_t != A`).
+
+    Untouched tokens read exactly 1 (`token_credit_record` divides in float32), so the comparison is exact.
+    """
+    return any(weight is not None and weight != 1.0 for weight in record["weights"])
+
+
+def format_steps(steps: Iterable[int]) -> str:
+    """Steps as sorted, comma-separated runs: `1-3, 5, 10-12` (`none` when empty)."""
+    runs: list[list[int]] = []
+    for step in sorted(set(steps)):
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in runs) or "none"
+
+
 # --------------------------------------------------------------------------------------------------
 # Colours and token text
 # --------------------------------------------------------------------------------------------------
@@ -379,6 +398,7 @@ body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 .header { font-size: .85em; color: #555; margin-bottom: .3em; }
 .prompt { font-size: .85em; color: #777; white-space: pre-wrap; margin-bottom: .4em; }
 .tokens { font-family: ui-monospace, "DejaVu Sans Mono", monospace; white-space: pre-wrap; line-height: 1.9; }
+.note { font-weight: 600; }
 .tok { box-shadow: inset -1px 0 rgba(0, 0, 0, .15); padding: 1px 0; }  /* separates neighbouring white tokens */
 .tok.dim { opacity: .25; }
 .tok:hover { outline: 1px solid #333; }
@@ -449,14 +469,19 @@ def _completion_block(record: dict[str, Any], log2_range: float) -> str:
 
 
 def render_token_credit_html(
-    records: Sequence[dict[str, Any]], *, title: str = "Token credit", log2_range: float = LOG2_RANGE
+    records: Sequence[dict[str, Any]],
+    *,
+    title: str = "Token credit",
+    log2_range: float = LOG2_RANGE,
+    note: str | None = None,
 ) -> str:
     """A self-contained HTML page (inline CSS and JS, no external resources) showing each record's tokens.
 
     Each token's background is `weight_hex(Â/A)`; hovering shows its log-prob, entropy and method
     statistic. Filters: step, sign of the sequence advantage, and a threshold on the method statistic
     (completions whose largest statistic is below it are hidden, tokens below it are dimmed); they can
-    be preset from the address, e.g. `token_credit.html?step=3&sign=pos&threshold=0.5`.
+    be preset from the address, e.g. `token_credit.html?step=3&sign=pos&threshold=0.5`. `note`, when given, is
+    shown above the filters (`trl-credit inspect` says there which completions it left out).
     """
     steps = sorted({record["step"] for record in records})
     statistic_names = sorted({record["statistic_name"] for record in records if record["statistic_name"]})
@@ -479,23 +504,25 @@ def render_token_credit_html(
         '<span id="count"></span><div id="info">hover a token for its details</div></div>'
     )
     blocks = "\n".join(_completion_block(record, log2_range) for record in records)
+    note_html = "" if note is None else f'<p class="note">{html.escape(note)}</p>\n'
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
         f"<h1>{html.escape(title)}</h1>\n"
         f"<p>{len(records)} completions. Background: per-token weight Â/A of the credit method "
         "(red: less credit than GRPO, blue: more). Hover a token for its log-prob, entropy and statistic.</p>\n"
+        f"{note_html}"
         f"{controls}\n{blocks}\n<script>{_JS}</script>\n</body>\n</html>\n"
     )
 
 
 def write_token_credit_html(
-    records: Sequence[dict[str, Any]], path: str | Path, *, title: str = "Token credit"
+    records: Sequence[dict[str, Any]], path: str | Path, *, title: str = "Token credit", note: str | None = None
 ) -> Path:
     """Render `records` with `render_token_credit_html` and write the page to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_token_credit_html(records, title=title), encoding="utf-8")
+    path.write_text(render_token_credit_html(records, title=title, note=note), encoding="utf-8")
     return path
 
 
