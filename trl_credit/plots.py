@@ -2,10 +2,10 @@
 
 One PNG per panel, several runs overlaid (one colour and one legend entry per run). The reward panel draws the mean
 reward with a band of ± 1 std over the step's completions, clipped to the reward's range when the log establishes it
-(`reward_range`); a reward function's own mean is drawn only where it differs from the reward. Method diagnostics are the metrics of each credit
-method in the log (`name/...`: the trainer logs `name/mean_weight` for every method of a stack, registered in this
-process or not) and the trainer's own `credit/...`; one figure per prefix with one subplot per metric, so a new
-method's diagnostics appear without touching this file.
+(`reward_range`); a reward function's own mean is drawn only where it differs from the reward. Method diagnostics are
+the metrics of each credit method in the log (`name/...`: the trainer logs `name/mean_weight` for every method of a
+stack, registered in this process or not) and the trainer's own `credit/...`; one figure per prefix with one subplot
+per metric, so a new method's diagnostics appear without touching this file.
 Rendering uses matplotlib's Agg backend: no display, safe inside a training job.
 """
 
@@ -244,62 +244,83 @@ def _draw_metric(
     return line
 
 
-def _finish(fig, ax_list, path: Path, legend=None) -> Path:
-    """Label, grid and legend the axes (`legend`: `(handles, labels)` of the first axes), then save the figure."""
+def _run_colors(plt, count: int) -> list:
+    return [plt.get_cmap("tab10")(index % 10) for index in range(count)]
+
+
+def _decorate(ax, legend=None) -> None:
+    """Step axis, grid and legend (`legend`: `(handles, labels)`; default: the axes' labelled artists)."""
     from matplotlib.legend_handler import HandlerTuple
     from matplotlib.ticker import MaxNLocator
 
-    for ax in ax_list:
-        ax.set_xlabel("step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps, as TRL numbers them
-        ax.grid(alpha=0.3)
-        handles, labels = legend if legend is not None and ax is ax_list[0] else ax.get_legend_handles_labels()
-        if handles:
-            ax.legend(handles, labels, fontsize=7, handler_map={tuple: HandlerTuple(ndivide=1)})
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps, as TRL numbers them
+    ax.grid(alpha=0.3)
+    handles, labels = legend if legend is not None else ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, fontsize=7, handler_map={tuple: HandlerTuple(ndivide=1)})
+
+
+def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path
 
 
-def _plot_core_panel(panel: Panel, runs: Sequence[Run], colors, output_dir: Path) -> Path | None:
+def core_panel_figure(panel: Panel, runs: Sequence[Run], colors=None):
+    """The figure of one core panel (the caller saves and closes it), or None when no run logged its metric.
+
+    One legend entry per run (its line, and its band when the panel has one), plus one per extra that differs
+    from the metric.
+    """
     plt = _pyplot()
+    colors = colors or _run_colors(plt, len(runs))
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    try:
-        handles, labels = [], []
-        for run, color in zip(runs, colors):
-            band_range = run.reward_range if panel.clip_to_reward_range else None
-            handle = _draw_metric(ax, run, color, panel.metric, band=panel.band, band_range=band_range)
-            if handle is not None:
-                handles.append(handle)
-                labels.append(run.label)
-            if panel.extra_pattern:
-                pattern = re.compile(panel.extra_pattern)
-                main = metric_series(run.log_history, panel.metric)
-                extras = sorted({k for entry in run.log_history for k in entry if pattern.fullmatch(k)})
-                extras = [k for k in extras if not _same_series(metric_series(run.log_history, k), main)]
-                for extra, linestyle in zip(extras, ["--", ":", "-."] * len(extras)):
-                    match = pattern.fullmatch(extra)
-                    label = f"{run.label}: {match.group(1) if match.groups() else extra}"
-                    handle = _draw_metric(ax, run, color, extra, linestyle=linestyle, label=label)
-                    if handle is not None:
-                        handles.append(handle)
-                        labels.append(label)
-        if not handles:
-            return None
-        if panel.band_label:
-            ranges = {run.reward_range for run in runs} if panel.clip_to_reward_range else {None}
-            (clip_range,) = ranges if len(ranges) == 1 else (None,)
-            clipped = (
-                "" if clip_range is None else f", clipped to the reward's range [{clip_range[0]:g}, {clip_range[1]:g}]"
-            )
-            ax.set_title(panel.title, pad=16)
-            ax.text(0.5, 1.02, f"{panel.band_label}{clipped}", transform=ax.transAxes, ha="center", fontsize=7)
-        else:
-            ax.set_title(panel.title)
-        return _finish(fig, [ax], output_dir / panel.filename, legend=(handles, labels))
-    finally:
+    handles, labels = [], []
+    for run, color in zip(runs, colors):
+        band_range = run.reward_range if panel.clip_to_reward_range else None
+        handle = _draw_metric(ax, run, color, panel.metric, band=panel.band, band_range=band_range)
+        if handle is not None:
+            handles.append(handle)
+            labels.append(run.label)
+        if panel.extra_pattern:
+            pattern = re.compile(panel.extra_pattern)
+            main = metric_series(run.log_history, panel.metric)
+            extras = sorted({k for entry in run.log_history for k in entry if pattern.fullmatch(k)})
+            extras = [k for k in extras if not _same_series(metric_series(run.log_history, k), main)]
+            for extra, linestyle in zip(extras, ["--", ":", "-."] * len(extras)):
+                match = pattern.fullmatch(extra)
+                label = f"{run.label}: {match.group(1) if match.groups() else extra}"
+                handle = _draw_metric(ax, run, color, extra, linestyle=linestyle, label=label)
+                if handle is not None:
+                    handles.append(handle)
+                    labels.append(label)
+    if not handles:
         plt.close(fig)
+        return None
+    if panel.band_label:
+        ranges = {run.reward_range for run in runs} if panel.clip_to_reward_range else {None}
+        (clip_range,) = ranges if len(ranges) == 1 else (None,)
+        clipped = (
+            "" if clip_range is None else f", clipped to the reward's range [{clip_range[0]:g}, {clip_range[1]:g}]"
+        )
+        ax.set_title(panel.title, pad=16)
+        ax.text(0.5, 1.02, f"{panel.band_label}{clipped}", transform=ax.transAxes, ha="center", fontsize=7)
+    else:
+        ax.set_title(panel.title)
+    _decorate(ax, legend=(handles, labels))
+    return fig
+
+
+def _plot_core_panel(panel: Panel, runs: Sequence[Run], colors, output_dir: Path) -> Path | None:
+    fig = core_panel_figure(panel, runs, colors)
+    if fig is None:
+        return None
+    try:
+        return _save(fig, output_dir / panel.filename)
+    finally:
+        _pyplot().close(fig)
 
 
 def _plot_diagnostics(prefix: str, metrics: Sequence[str], runs: Sequence[Run], colors, output_dir: Path) -> Path:
@@ -314,8 +335,10 @@ def _plot_diagnostics(prefix: str, metrics: Sequence[str], runs: Sequence[Run], 
             ax.set_title(metric, fontsize=9)
         for ax in list(axes.flat)[len(metrics) :]:
             ax.set_visible(False)
+        for ax in list(axes.flat)[: len(metrics)]:
+            _decorate(ax)
         fig.suptitle(f"{prefix} diagnostics")
-        return _finish(fig, list(axes.flat)[: len(metrics)], output_dir / f"{prefix}_diagnostics.png")
+        return _save(fig, output_dir / f"{prefix}_diagnostics.png")
     finally:
         plt.close(fig)
 
@@ -327,7 +350,7 @@ def plot_runs(runs: Sequence[Run], output_dir: str | Path) -> list[Path]:
     """
     plt = _pyplot()
     output_dir = Path(output_dir)
-    colors = [plt.get_cmap("tab10")(index % 10) for index in range(len(runs))]
+    colors = _run_colors(plt, len(runs))
     written = [_plot_core_panel(panel, runs, colors, output_dir) for panel in CORE_PANELS]
     groups: dict[str, list[str]] = {}
     for run in runs:
