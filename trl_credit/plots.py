@@ -6,7 +6,8 @@ reward with a band of ± 1 std over the step's completions, clipped to the rewar
 the metrics of each credit method in the log (`name/...`: the trainer logs `name/mean_weight` for every method of a
 stack, registered in this process or not) and the trainer's own `credit/...`; one figure per prefix with one subplot
 per metric, so a new method's diagnostics appear without touching this file.
-Rendering uses matplotlib's Agg backend: no display, safe inside a training job.
+Figures are `matplotlib.figure.Figure` objects rendered by Agg without pyplot: no display, safe inside a training
+job, and the caller's backend and open figures are left alone.
 """
 
 from __future__ import annotations
@@ -201,13 +202,11 @@ def diagnostic_metrics(log_history: Sequence[dict[str, Any]]) -> dict[str, list[
 # --------------------------------------------------------------------------------------------------
 
 
-def _pyplot():
-    import matplotlib
+def _figure(**kwargs):
+    """A figure outside pyplot: pyplot's backend and figure list are process-wide, and a library leaves them alone."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(**kwargs)
 
 
 def _draw_metric(
@@ -244,8 +243,10 @@ def _draw_metric(
     return line
 
 
-def _run_colors(plt, count: int) -> list:
-    return [plt.get_cmap("tab10")(index % 10) for index in range(count)]
+def _run_colors(count: int) -> list:
+    from matplotlib import colormaps
+
+    return [colormaps["tab10"](index % 10) for index in range(count)]
 
 
 def _decorate(ax, legend=None) -> None:
@@ -269,14 +270,14 @@ def _save(fig, path: Path) -> Path:
 
 
 def core_panel_figure(panel: Panel, runs: Sequence[Run], colors=None):
-    """The figure of one core panel (the caller saves and closes it), or None when no run logged its metric.
+    """The figure of one core panel (the caller saves it), or None when no run logged its metric.
 
     One legend entry per run (its line, and its band when the panel has one), plus one per extra that differs
     from the metric.
     """
-    plt = _pyplot()
-    colors = colors or _run_colors(plt, len(runs))
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    colors = colors or _run_colors(len(runs))
+    fig = _figure(figsize=(6.4, 4.0))
+    ax = fig.subplots()
     handles, labels = [], []
     for run, color in zip(runs, colors):
         band_range = run.reward_range if panel.clip_to_reward_range else None
@@ -297,7 +298,6 @@ def core_panel_figure(panel: Panel, runs: Sequence[Run], colors=None):
                     handles.append(handle)
                     labels.append(label)
     if not handles:
-        plt.close(fig)
         return None
     if panel.band_label:
         ranges = {run.reward_range for run in runs} if panel.clip_to_reward_range else {None}
@@ -315,32 +315,23 @@ def core_panel_figure(panel: Panel, runs: Sequence[Run], colors=None):
 
 def _plot_core_panel(panel: Panel, runs: Sequence[Run], colors, output_dir: Path) -> Path | None:
     fig = core_panel_figure(panel, runs, colors)
-    if fig is None:
-        return None
-    try:
-        return _save(fig, output_dir / panel.filename)
-    finally:
-        _pyplot().close(fig)
+    return None if fig is None else _save(fig, output_dir / panel.filename)
 
 
 def _plot_diagnostics(prefix: str, metrics: Sequence[str], runs: Sequence[Run], colors, output_dir: Path) -> Path:
-    plt = _pyplot()
     columns = min(3, len(metrics))
     rows = math.ceil(len(metrics) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows), squeeze=False)
-    try:
-        for ax, metric in zip(axes.flat, metrics):
-            for run, color in zip(runs, colors):
-                _draw_metric(ax, run, color, metric)
-            ax.set_title(metric, fontsize=9)
-        for ax in list(axes.flat)[len(metrics) :]:
-            ax.set_visible(False)
-        for ax in list(axes.flat)[: len(metrics)]:
-            _decorate(ax)
-        fig.suptitle(f"{prefix} diagnostics")
-        return _save(fig, output_dir / f"{prefix}_diagnostics.png")
-    finally:
-        plt.close(fig)
+    fig = _figure(figsize=(4.2 * columns, 3.0 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+        for run, color in zip(runs, colors):
+            _draw_metric(ax, run, color, metric)
+        ax.set_title(metric, fontsize=9)
+        _decorate(ax)
+    for ax in list(axes.flat)[len(metrics) :]:
+        ax.set_visible(False)
+    fig.suptitle(f"{prefix} diagnostics")
+    return _save(fig, output_dir / f"{prefix}_diagnostics.png")
 
 
 def plot_runs(runs: Sequence[Run], output_dir: str | Path) -> list[Path]:
@@ -348,9 +339,8 @@ def plot_runs(runs: Sequence[Run], output_dir: str | Path) -> list[Path]:
 
     A panel whose metric no run logged is skipped. Runs share a colour across all figures.
     """
-    plt = _pyplot()
     output_dir = Path(output_dir)
-    colors = _run_colors(plt, len(runs))
+    colors = _run_colors(len(runs))
     written = [_plot_core_panel(panel, runs, colors, output_dir) for panel in CORE_PANELS]
     groups: dict[str, list[str]] = {}
     for run in runs:

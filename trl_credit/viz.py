@@ -578,13 +578,12 @@ def render_token_credit_png(
     """Draw the records' tokens as coloured boxes (same colours as the HTML page) into a PNG.
 
     Meant for papers and model cards, so keep `records` to a handful; each completion is cut after
-    `max_tokens` tokens. Uses matplotlib's Agg backend and its bundled monospace font.
+    `max_tokens` tokens. Renders with Agg outside pyplot (the caller's backend and figures are left alone) and
+    matplotlib's bundled monospace font.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.cm import ScalarMappable
     from matplotlib.colors import LinearSegmentedColormap, LogNorm
+    from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     # Lay every completion out first: the figure height follows from the number of lines.
@@ -599,7 +598,7 @@ def render_token_credit_png(
     line_height = 1.6  # in character-height units; leaves room between box rows
     font_size = width_inches * 72 / (columns * _MONO_ADVANCE)
     height_inches = max(1.0, total_lines * line_height * font_size / 72) + 0.8
-    fig = plt.figure(figsize=(width_inches, height_inches), dpi=dpi)
+    fig = Figure(figsize=(width_inches, height_inches), dpi=dpi)
     ax = fig.add_axes((0.0, 0.6 / height_inches, 1.0, 1.0 - 0.6 / height_inches))
     ax.set_xlim(-0.5, columns + 0.5)  # half a cell of margin on each side
     ax.set_ylim(max(total_lines, 1), 0)
@@ -622,7 +621,7 @@ def render_token_credit_png(
         "credit", [[c / 255 for c in rgb] for rgb in (_LOW_RGB, _MID_RGB, _HIGH_RGB)]
     )
     colorbar_ax = fig.add_axes((0.3, 0.25 / height_inches, 0.4, 0.15 / height_inches))
-    mappable = plt.cm.ScalarMappable(norm=LogNorm(2.0**-log2_range, 2.0**log2_range), cmap=colormap)
+    mappable = ScalarMappable(norm=LogNorm(2.0**-log2_range, 2.0**log2_range), cmap=colormap)
     colorbar = fig.colorbar(mappable, cax=colorbar_ax, orientation="horizontal")
     ticks = [2.0**exponent for exponent in range(-math.floor(log2_range), math.floor(log2_range) + 1)]
     colorbar.set_ticks(ticks, labels=[f"{tick:g}" for tick in ticks])
@@ -633,5 +632,4 @@ def render_token_credit_png(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, facecolor="white")
-    plt.close(fig)
     return path
