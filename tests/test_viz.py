@@ -322,6 +322,20 @@ def test_token_credit_steps_are_the_logged_steps_of_a_real_run(
     assert _expand_steps(line.rsplit(": ", 1)[1]) == logged_steps
 
 
+def test_the_quick_start_image_shows_credit():
+    """docs/images/quickstart_token_credit.png is drawn from the committed records, and shows changed credit."""
+    from pathlib import Path
+
+    images = Path(__file__).resolve().parents[1] / "docs" / "images"
+    records = viz.read_token_credit(images / "quickstart_token_credit.jsonl")
+    changed = [record for record in records if any(w != 1.0 for w in record["weights"] if w is not None)]
+    assert changed and len(changed) < len(records)
+    assert f"shows the {len(changed)} of {len(records)} completions" in (images.parent / "cli.md").read_text()
+    tokens = _token_area(images / "quickstart_token_credit.png")
+    tinted = (tokens[..., 0] - tokens[..., 2] > 40).sum()  # red boxes of tokens whose credit TACO cut
+    assert tinted > 200, "the README's token-credit image is white"
+
+
 # ---------------------------------------------------------------------------------------------- Chromium
 
 
