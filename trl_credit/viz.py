@@ -107,7 +107,7 @@ def token_credit_record(
     kept token is `Â_t / A`, or 1.0 when `A == 0` (every method leaves such responses untouched).
 
     Args:
-        step: global training step.
+        step: the optimizer step as TRL logs it (1-based, the `step` of `trainer_state.json`).
         method: credit method: `"grpo"`, a registered name, or a stack.
         prompt: prompt text as the model saw it.
         completion: decoded completion text.

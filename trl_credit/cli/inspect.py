@@ -82,11 +82,9 @@ def main(argv: list[str]) -> int:
         return 2
     at_step = viz.select_records(records, step=args.step)
     if not at_step:
+        where = "" if args.step is None else f" at step {args.step}"
         recorded = viz.format_steps(record["step"] for record in records)
-        print(
-            f"trl-credit inspect: no completions recorded at step {args.step}; recorded steps: {recorded}",
-            file=sys.stderr,
-        )
+        print(f"trl-credit inspect: no completions recorded{where}; recorded steps: {recorded}", file=sys.stderr)
         return 2
     selected, note = _completions_to_show(at_step, show_all=args.all)
     if args.max_completions and len(selected) > args.max_completions:
