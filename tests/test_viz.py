@@ -237,6 +237,105 @@ def test_inspect_writes_html_and_png(tmp_path):
     assert inspect_main([str(tmp_path), "--step", "99"]) == 2
 
 
+def test_inspect_shows_the_completions_whose_credit_changed(tmp_path, capsys):
+    # Built so that the answer is known: 2 of 5 completions carry a weight other than 1, the first drawn ones do not.
+    weights = [[1.0, 1.0], [1.0, 1.0, 1.0], [0.25, 1.0], [1.0, 1.0], [1.0, 4.0]]
+    viz.append_token_credit(tmp_path, [record_with_weights(w, step=3) for w in weights])
+    out = tmp_path / "page.html"
+    assert inspect_main([str(tmp_path), "--output", str(out), "--png", "--png-completions", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "showing 2 of 5 completions where credit changed; --all shows every one" in printed
+    page = out.read_text()
+    assert page.count('class="completion"') == 2 and "showing 2 of 5 completions where credit changed" in page
+    assert _has_colour(_token_area(out.with_suffix(".png")), (214, 96, 77))  # the w = 0.25 token, not a white page
+
+    assert inspect_main([str(tmp_path), "--all", "--output", str(out), "--png", "--png-completions", "1"]) == 0
+    assert "showing all 5 completions" in capsys.readouterr().out
+    assert out.read_text().count('class="completion"') == 5
+    assert not _has_colour(_token_area(out.with_suffix(".png")), (214, 96, 77))  # the first completion is untouched
+
+
+def test_inspect_shows_every_completion_when_no_credit_changed(tmp_path, capsys):
+    viz.append_token_credit(tmp_path, [record_with_weights([1.0, 1.0], step=1) for _ in range(3)])
+    assert inspect_main([str(tmp_path), "--output", str(tmp_path / "page.html")]) == 0
+    assert "credit changed in none of the 3 completions" in capsys.readouterr().out
+    assert (tmp_path / "page.html").read_text().count('class="completion"') == 3
+
+
+def _expand_steps(listing: str) -> list[int]:
+    """`1-3, 5` -> [1, 2, 3, 5]."""
+    steps = []
+    for part in listing.split(", "):
+        first, _, last = part.partition("-")
+        steps += range(int(first), int(last or first) + 1)
+    return steps
+
+
+@pytest.mark.parametrize("logging_steps,logging_first_step,max_steps", [(1, False, 3), (2, True, 4)])
+def test_token_credit_steps_are_the_logged_steps_of_a_real_run(
+    tmp_path, capsys, logging_steps, logging_first_step, max_steps
+):
+    """token_credit.jsonl, inspect and trainer_state.json number steps one way: TRL's logged optimizer steps."""
+    from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+
+    from trl_credit import CreditGRPOTrainer
+
+    tokenizer = make_tiny_tokenizer()
+    args = tiny_config(
+        "taco",
+        tmp_path,
+        log_token_credit=True,
+        max_steps=max_steps,
+        logging_steps=logging_steps,
+        logging_first_step=logging_first_step,
+        token_credit_samples=4,
+    )
+    trainer = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    trainer.save_state()
+    history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
+    logged_steps = [entry["step"] for entry in history if "reward" in entry]
+    records = viz.read_token_credit(tmp_path)
+    assert sorted({record["step"] for record in records}) == logged_steps
+    # Every row is recorded (token_credit_samples = batch size): where a log entry reports one batch (the previous
+    # step was logged too), its mean reward is that of the records labelled with its step.
+    reward_by_step = {entry["step"]: entry["reward"] for entry in history if "reward" in entry}
+    one_batch_steps = [step for step in logged_steps if step == 1 or step - 1 in reward_by_step]
+    assert one_batch_steps
+    for step in one_batch_steps:
+        rewards = [record["reward"] for record in records if record["step"] == step]
+        assert len(rewards) == args.per_device_train_batch_size
+        assert sum(rewards) / len(rewards) == pytest.approx(reward_by_step[step], abs=1e-5)
+
+    assert inspect_main([str(tmp_path), "--step", str(logged_steps[-1]), "--all"]) == 0
+    capsys.readouterr()
+    missing = max(logged_steps) + 1
+    assert inspect_main([str(tmp_path), "--step", str(missing)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"trl-credit inspect: no completions recorded at step {missing}; recorded steps: ")
+    assert _expand_steps(line.rsplit(": ", 1)[1]) == logged_steps
+
+
+def test_the_quick_start_image_shows_credit():
+    """docs/images/quickstart_token_credit.png is drawn from the committed records, and shows changed credit."""
+    from pathlib import Path
+
+    images = Path(__file__).resolve().parents[1] / "docs" / "images"
+    records = viz.read_token_credit(images / "quickstart_token_credit.jsonl")
+    changed = [record for record in records if any(w != 1.0 for w in record["weights"] if w is not None)]
+    assert changed and len(changed) < len(records)
+    assert f"shows the {len(changed)} of {len(records)} completions" in (images.parent / "cli.md").read_text()
+    tokens = _token_area(images / "quickstart_token_credit.png")
+    tinted = (tokens[..., 0] - tokens[..., 2] > 40).sum()  # red boxes of tokens whose credit TACO cut
+    assert tinted > 200, "the README's token-credit image is white"
+
+
 # ---------------------------------------------------------------------------------------------- Chromium
 
 
@@ -245,6 +344,11 @@ def _read_png(path):
 
     image = matplotlib.image.imread(path)
     return (image[..., :3] * 255).round().astype(int)
+
+
+def _token_area(path, dpi=150):
+    """The PNG above its colour bar (the bottom 0.6 inch, whose scale holds every colour)."""
+    return _read_png(path)[: -int(0.6 * dpi)]
 
 
 def _has_colour(image, rgb, tol=3, min_pixels=50):

@@ -107,7 +107,7 @@ def token_credit_record(
     kept token is `Â_t / A`, or 1.0 when `A == 0` (every method leaves such responses untouched).
 
     Args:
-        step: global training step.
+        step: the optimizer step as TRL logs it (1-based, the `step` of `trainer_state.json`).
         method: credit method: `"grpo"`, a registered name, or a stack.
         prompt: prompt text as the model saw it.
         completion: decoded completion text.
@@ -288,6 +288,25 @@ def select_records(
     return selected if max_completions is None else selected[:max_completions]
 
 
+def credit_changed(record: dict[str, Any]) -> bool:
+    """Whether the method gave any token of the completion a weight other than 1 (`Â_t != A`).
+
+    Untouched tokens read exactly 1 (`token_credit_record` divides in float32), so the comparison is exact.
+    """
+    return any(weight is not None and weight != 1.0 for weight in record["weights"])
+
+
+def format_steps(steps: Iterable[int]) -> str:
+    """Steps as sorted, comma-separated runs: `1-3, 5, 10-12` (`none` when empty)."""
+    runs: list[list[int]] = []
+    for step in sorted(set(steps)):
+        if runs and step == runs[-1][1] + 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step])
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in runs) or "none"
+
+
 # --------------------------------------------------------------------------------------------------
 # Colours and token text
 # --------------------------------------------------------------------------------------------------
@@ -379,6 +398,7 @@ body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 .header { font-size: .85em; color: #555; margin-bottom: .3em; }
 .prompt { font-size: .85em; color: #777; white-space: pre-wrap; margin-bottom: .4em; }
 .tokens { font-family: ui-monospace, "DejaVu Sans Mono", monospace; white-space: pre-wrap; line-height: 1.9; }
+.note { font-weight: 600; }
 .tok { box-shadow: inset -1px 0 rgba(0, 0, 0, .15); padding: 1px 0; }  /* separates neighbouring white tokens */
 .tok.dim { opacity: .25; }
 .tok:hover { outline: 1px solid #333; }
@@ -449,14 +469,19 @@ def _completion_block(record: dict[str, Any], log2_range: float) -> str:
 
 
 def render_token_credit_html(
-    records: Sequence[dict[str, Any]], *, title: str = "Token credit", log2_range: float = LOG2_RANGE
+    records: Sequence[dict[str, Any]],
+    *,
+    title: str = "Token credit",
+    log2_range: float = LOG2_RANGE,
+    note: str | None = None,
 ) -> str:
     """A self-contained HTML page (inline CSS and JS, no external resources) showing each record's tokens.
 
     Each token's background is `weight_hex(Â/A)`; hovering shows its log-prob, entropy and method
     statistic. Filters: step, sign of the sequence advantage, and a threshold on the method statistic
     (completions whose largest statistic is below it are hidden, tokens below it are dimmed); they can
-    be preset from the address, e.g. `token_credit.html?step=3&sign=pos&threshold=0.5`.
+    be preset from the address, e.g. `token_credit.html?step=3&sign=pos&threshold=0.5`. `note`, when given, is
+    shown above the filters (`trl-credit inspect` says there which completions it left out).
     """
     steps = sorted({record["step"] for record in records})
     statistic_names = sorted({record["statistic_name"] for record in records if record["statistic_name"]})
@@ -479,23 +504,25 @@ def render_token_credit_html(
         '<span id="count"></span><div id="info">hover a token for its details</div></div>'
     )
     blocks = "\n".join(_completion_block(record, log2_range) for record in records)
+    note_html = "" if note is None else f'<p class="note">{html.escape(note)}</p>\n'
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
         f"<h1>{html.escape(title)}</h1>\n"
         f"<p>{len(records)} completions. Background: per-token weight Â/A of the credit method "
         "(red: less credit than GRPO, blue: more). Hover a token for its log-prob, entropy and statistic.</p>\n"
+        f"{note_html}"
         f"{controls}\n{blocks}\n<script>{_JS}</script>\n</body>\n</html>\n"
     )
 
 
 def write_token_credit_html(
-    records: Sequence[dict[str, Any]], path: str | Path, *, title: str = "Token credit"
+    records: Sequence[dict[str, Any]], path: str | Path, *, title: str = "Token credit", note: str | None = None
 ) -> Path:
     """Render `records` with `render_token_credit_html` and write the page to `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_token_credit_html(records, title=title), encoding="utf-8")
+    path.write_text(render_token_credit_html(records, title=title, note=note), encoding="utf-8")
     return path
 
 
@@ -551,13 +578,12 @@ def render_token_credit_png(
     """Draw the records' tokens as coloured boxes (same colours as the HTML page) into a PNG.
 
     Meant for papers and model cards, so keep `records` to a handful; each completion is cut after
-    `max_tokens` tokens. Uses matplotlib's Agg backend and its bundled monospace font.
+    `max_tokens` tokens. Renders with Agg outside pyplot (the caller's backend and figures are left alone) and
+    matplotlib's bundled monospace font.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.cm import ScalarMappable
     from matplotlib.colors import LinearSegmentedColormap, LogNorm
+    from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     # Lay every completion out first: the figure height follows from the number of lines.
@@ -572,7 +598,7 @@ def render_token_credit_png(
     line_height = 1.6  # in character-height units; leaves room between box rows
     font_size = width_inches * 72 / (columns * _MONO_ADVANCE)
     height_inches = max(1.0, total_lines * line_height * font_size / 72) + 0.8
-    fig = plt.figure(figsize=(width_inches, height_inches), dpi=dpi)
+    fig = Figure(figsize=(width_inches, height_inches), dpi=dpi)
     ax = fig.add_axes((0.0, 0.6 / height_inches, 1.0, 1.0 - 0.6 / height_inches))
     ax.set_xlim(-0.5, columns + 0.5)  # half a cell of margin on each side
     ax.set_ylim(max(total_lines, 1), 0)
@@ -595,7 +621,7 @@ def render_token_credit_png(
         "credit", [[c / 255 for c in rgb] for rgb in (_LOW_RGB, _MID_RGB, _HIGH_RGB)]
     )
     colorbar_ax = fig.add_axes((0.3, 0.25 / height_inches, 0.4, 0.15 / height_inches))
-    mappable = plt.cm.ScalarMappable(norm=LogNorm(2.0**-log2_range, 2.0**log2_range), cmap=colormap)
+    mappable = ScalarMappable(norm=LogNorm(2.0**-log2_range, 2.0**log2_range), cmap=colormap)
     colorbar = fig.colorbar(mappable, cax=colorbar_ax, orientation="horizontal")
     ticks = [2.0**exponent for exponent in range(-math.floor(log2_range), math.floor(log2_range) + 1)]
     colorbar.set_ticks(ticks, labels=[f"{tick:g}" for tick in ticks])
@@ -606,5 +632,4 @@ def render_token_credit_png(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, facecolor="white")
-    plt.close(fig)
     return path

@@ -1,4 +1,9 @@
-"""`trl-credit inspect RUN_DIR`: the token-credit view of a run as an offline HTML page (and a PNG)."""
+"""`trl-credit inspect RUN_DIR`: the token-credit view of a run as an offline HTML page (and a PNG).
+
+By default the view keeps the completions whose credit the method changed (a token weight other than 1) and says how
+many it leaves out; a method that changes few completions (TACO touches rare tail tokens) would otherwise show a
+page of white tokens. Steps are TRL's optimizer steps, as in `trainer_state.json`.
+"""
 
 from __future__ import annotations
 
@@ -25,7 +30,17 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="training output directory (or a token_credit.jsonl file)")
-    parser.add_argument("--step", type=_step, default=None, help="only this training step (an integer or 'last')")
+    parser.add_argument(
+        "--step",
+        type=_step,
+        default=None,
+        help="only this training step (as numbered in trainer_state.json, or 'last')",
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="show every recorded completion (default: those where the method changed some token's credit)",
+    )
     parser.add_argument(
         "--max-completions", type=int, default=64, help="show at most this many completions (default: 64; 0 = all)"
     )
@@ -42,6 +57,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _completions_to_show(records: list[dict], *, show_all: bool) -> tuple[list[dict], str]:
+    """The records to draw, and a sentence saying which ones they are."""
+    from trl_credit.viz import credit_changed
+
+    if show_all:
+        return records, f"showing all {len(records)} completions"
+    changed = [record for record in records if credit_changed(record)]
+    if not changed:
+        return records, f"credit changed in none of the {len(records)} completions (every weight is 1); showing all"
+    return changed, (
+        f"showing {len(changed)} of {len(records)} completions where credit changed; --all shows every one"
+    )
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from trl_credit import viz
@@ -51,14 +80,21 @@ def main(argv: list[str]) -> int:
     except (FileNotFoundError, viz.TokenCreditError) as error:
         print(f"trl-credit inspect: {error}", file=sys.stderr)
         return 2
-    selected = viz.select_records(records, step=args.step, max_completions=args.max_completions or None)
-    if not selected:
-        print(f"trl-credit inspect: no completions recorded at step {args.step}", file=sys.stderr)
+    at_step = viz.select_records(records, step=args.step)
+    if not at_step:
+        where = "" if args.step is None else f" at step {args.step}"
+        recorded = viz.format_steps(record["step"] for record in records)
+        print(f"trl-credit inspect: no completions recorded{where}; recorded steps: {recorded}", file=sys.stderr)
         return 2
+    selected, note = _completions_to_show(at_step, show_all=args.all)
+    if args.max_completions and len(selected) > args.max_completions:
+        selected = selected[: args.max_completions]
+        note = f"{note} (the first {args.max_completions} here; --max-completions 0 shows them all)"
 
     source = viz.find_token_credit_file(args.run_dir)
     html_path = Path(args.output) if args.output else source.with_suffix(".html")
-    viz.write_token_credit_html(selected, html_path, title=f"Token credit: {source.parent.name}")
+    viz.write_token_credit_html(selected, html_path, title=f"Token credit: {source.parent.name}", note=note)
+    print(note)
     print(f"wrote {html_path} ({len(selected)} completions)")
     if args.png is not None:
         png_path = Path(args.png) if args.png else html_path.with_suffix(".png")

@@ -164,12 +164,20 @@ class CreditGRPOTrainer(GRPOTrainer):
         if self._generation_methods:
             updates, statistic_BT = self._apply_credit(batch, self._generation_methods, self._batch_statistics(batch))
             batch.update(updates)
-        if (
-            self.args.log_token_credit
-            and self.model.training
-            and self.state.global_step % self.state.logging_steps == 0
-        ):
-            self._log_token_credit(batch, statistic_BT)
+        if self.args.log_token_credit and self.model.training:
+            # Steps are TRL's (1-based): the first optimizer step trained on this batch, and the step whose log entry
+            # reports its rewards (TRL's next logging step); the batch is recorded when that entry falls within it.
+            first_step = self.state.global_step + 1
+            generate_every = self.args.steps_per_generation * self.num_iterations
+            steps_served = max(1, generate_every // self.args.gradient_accumulation_steps)
+            logging_steps = self.state.logging_steps
+            logged_step = (
+                1
+                if first_step == 1 and self.args.logging_first_step
+                else int(-(-first_step // logging_steps) * logging_steps)  # the next multiple: ceiling division
+            )
+            if logged_step < first_step + steps_served:
+                self._log_token_credit(batch, statistic_BT, logged_step)
         return batch
 
     def _batch_statistics(self, batch) -> dict[str, torch.Tensor]:
@@ -332,8 +340,8 @@ class CreditGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     @torch.no_grad()
-    def _log_token_credit(self, batch, statistic_BT) -> None:
-        """Append per-token credit of a few completions to `output_dir/token_credit.jsonl`.
+    def _log_token_credit(self, batch, statistic_BT, step: int) -> None:
+        """Append per-token credit of a few completions to `output_dir/token_credit.jsonl`, labelled `step`.
 
         Rows are spread over the local batch so that several prompt groups appear; methods of the training
         forward are applied to them as the first training forward will (the policy has not moved yet). Every
@@ -381,7 +389,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             self.processing_class.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(ids_bT, m_bT)
         ]
         records = token_credit_records_from_batch(
-            step=self.state.global_step,
+            step=step,
             method=self.credit_method,
             prompts=decode(sub["prompt_ids"], sub["prompt_mask"]),
             completions=decode(sub["completion_ids"], sub["completion_mask"]),
