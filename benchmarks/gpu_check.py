@@ -275,7 +275,7 @@ def run_method(method: str, regime: str, args, model_path: str, output_dir: Path
         beta=0.04 if method == "grpo_beta" else 0.0,
         use_cpu=not cuda,
         bf16=cuda,
-        gradient_checkpointing=vllm,
+        activation_checkpointing=vllm,
         per_device_train_batch_size=batch,
         num_generations=args.generations,
         max_completion_length=args.max_completion_length,

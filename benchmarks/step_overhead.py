@@ -108,7 +108,7 @@ def build_trainer(args, method: str, total_steps: int, callback):
         model = args.model  # by path: TRL (and TIDE's reference) load it
     prompts = tiny_prompt_dataset(n_prompts=num_prompts(args, total_steps))
     vllm = args.regime == "vllm"
-    regime = dict(gradient_checkpointing=True, optim="sgd") if vllm else dict(gradient_checkpointing=False)
+    regime = dict(activation_checkpointing=True, optim="sgd") if vllm else dict(activation_checkpointing=False)
     config = CreditGRPOConfig(
         output_dir=f"/tmp/trl-credit-bench-{method}-{os.getpid()}",
         credit_method="grpo" if method in (CONTROL, BETA_CONTROL) else method,

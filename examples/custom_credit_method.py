@@ -79,7 +79,7 @@ def main() -> None:  # a tiny random model learns nothing useful: this only show
         max_steps=2,
         logging_steps=1,
         report_to="none",
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
     )
     reward = lambda completions, **kwargs: [float(len(c[0]["content"])) for c in completions]  # noqa: E731
     trainer = CreditGRPOTrainer(

@@ -147,7 +147,7 @@ def tiny_config(method: str, output_dir, **overrides):
         credit_method=method,
         use_cpu=True,
         bf16=False,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         per_device_train_batch_size=4,
         num_generations=4,
         max_completion_length=8,

@@ -219,7 +219,7 @@ def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
                 "output_dir": str(output_dir),
                 "use_cpu": True,
                 "bf16": False,
-                "gradient_checkpointing": False,
+                "activation_checkpointing": False,
                 "per_device_train_batch_size": 4,
                 "num_generations": 4,
                 "max_completion_length": 6,

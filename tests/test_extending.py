@@ -88,7 +88,7 @@ def _recipe(tmp_path, tiny_model_dir, **settings):
                 "output_dir": str(tmp_path / "run"),
                 "use_cpu": True,
                 "bf16": False,
-                "gradient_checkpointing": False,
+                "activation_checkpointing": False,
                 "per_device_train_batch_size": 4,
                 "num_generations": 4,
                 "max_completion_length": 6,

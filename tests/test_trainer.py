@@ -260,7 +260,7 @@ def test_single_method_trainers_use_their_configs_and_paper_metadata(tmp_path):
             output_dir=str(tmp_path / method),
             use_cpu=True,
             bf16=False,
-            gradient_checkpointing=False,
+            activation_checkpointing=False,
             per_device_train_batch_size=4,
             num_generations=4,
             max_completion_length=4,

@@ -147,17 +147,6 @@ def metric_series(log_history: Sequence[dict[str, Any]], metric: str) -> tuple[l
     return steps, values
 
 
-def _declared_reward_bounds() -> dict[str, tuple[float, float]]:
-    """The value range of each of the package's reward functions, by the name TRL logs it under."""
-    from .rewards import accuracy_reward, format_reward, soft_overlong_punishment
-
-    return {
-        accuracy_reward.__name__: (0.0, 1.0),  # 1 when the answer is right, else 0
-        format_reward.__name__: (0.0, 1.0),  # 1 when the answer is boxed, else 0
-        soft_overlong_punishment().__name__: (-1.0, 0.0),  # 0 within the length budget, down to -1 beyond it
-    }
-
-
 def _same_series(first: tuple[list[int], list[float]], second: tuple[list[int], list[float]]) -> bool:
     return first[0] == second[0] and all(math.isclose(a, b, abs_tol=1e-9) for a, b in zip(first[1], second[1]))
 
@@ -174,7 +163,8 @@ def reward_range(log_history: Sequence[dict[str, Any]]) -> tuple[float, float] |
     names = sorted(
         {match.group(1) for entry in log_history for key in entry if (match := _REWARD_MEAN.fullmatch(key))}
     )
-    bounds = _declared_reward_bounds()
+    from .rewards import REWARD_RANGES as bounds
+
     if not names or any(name not in bounds for name in names):
         return None
     total = metric_series(log_history, "reward")

@@ -383,6 +383,13 @@ REWARD_FUNCS = {"accuracy": AccuracyReward, "format": format_reward, "overlong":
 """Reward names accepted by `get_reward_funcs`. `accuracy` is built anew for each call (it counts its own unscored
 answers), `overlong` from the trainer's max length."""
 
+REWARD_RANGES = {
+    accuracy_reward.__name__: (0.0, 1.0),  # 1 when the answer is right, else 0
+    format_reward.__name__: (0.0, 1.0),  # 1 when the answer is boxed, else 0
+    soft_overlong_punishment().__name__: (-1.0, 0.0),  # 0 within the length budget, down to -1 beyond it
+}
+"""The value range of each reward function above, by the name TRL logs it under (`rewards/<name>/mean`)."""
+
 
 def _import_reward(path: str) -> Callable:
     module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")

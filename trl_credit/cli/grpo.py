@@ -458,6 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         script_args, training_args, model_args, argv = parse_arguments(argv)
         check_before_loading(training_args, model_args)
+        if training_args.use_cpu:  # else DeepSpeed, imported by accelerate whenever installed, announces its guess
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
         if script_args.accelerate_config and not os.environ.get(_LAUNCHED_ENV):
             return launch_with_accelerate(script_args.accelerate_config, argv)
         train(script_args, training_args, model_args)

@@ -193,7 +193,7 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
         seed=seed,
         use_cpu=True,
         bf16=False,
-        gradient_checkpointing=False,
+        activation_checkpointing=False,
         per_device_train_batch_size=completions_per_step // config.micro_batches,
         gradient_accumulation_steps=config.micro_batches,
         num_generations=config.num_generations,

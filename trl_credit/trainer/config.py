@@ -74,6 +74,12 @@ class CreditGRPOConfig(GRPOConfig):
     statistics_vocab_chunk_size: int = field(
         default=16384, metadata={"help": "Vocabulary rows per block when streaming the LM heads."}
     )
+    # TRL's configs default the deprecated `gradient_checkpointing` to True, so transformers warns on every config that
+    # sets neither name; unset here, and TRL's default applied under transformers' current name (`__post_init__`).
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Deprecated name of `activation_checkpointing`, which is on unless either is set false."},
+    )
     log_token_credit: bool = field(
         default=False,
         metadata={
@@ -101,6 +107,8 @@ class CreditGRPOConfig(GRPOConfig):
             )
         self.validate_credit_fields()
         self.validate_run_sizes()
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True  # TRL's default
         super().__post_init__()
 
     @property
