@@ -225,7 +225,7 @@ def timing_worker(args) -> dict:
 PARTS = {  # the trainer's calls that are a method's own cost (none of them nests another) -> label
     "generation_statistics": "generation-batch statistics",
     "policy_logps_and_entropy": "no-grad micro-batch forward",
-    "policy_max_logprob": "streamed max log-prob",
+    "policy_logit_gap": "streamed logit gap",
     "_apply_credit": "reshaping",
 }
 
@@ -255,7 +255,7 @@ def instrument_parts(pacers: dict) -> dict:
 
         setattr(owner, name, timed)
 
-    for name in ("generation_statistics", "policy_logps_and_entropy", "policy_max_logprob"):
+    for name in ("generation_statistics", "policy_logps_and_entropy", "policy_logit_gap"):
         wrap(credit_trainer, name)  # module functions, looked up by the trainer at call time
     wrap(credit_trainer.CreditGRPOTrainer, "_apply_credit")
     return totals
