@@ -184,3 +184,74 @@ def test_positive_token_is_the_sign_of_the_incoming_token_advantage(name):
     torch.testing.assert_close(flipped.advantages_BT[negative], incoming[negative], rtol=0, atol=0)
     if flipped.loss_mask_BT is not None:
         assert flipped.loss_mask_BT[negative].eq(1).all()
+
+
+# ------------------------------------------------------------------------------------------------ EAPO
+
+
+def official_eapo(advantages_B, entropy, completion_mask, kappa, quantiles=(0.1, 0.9)):
+    """The official EAPO trainer (wgcyeo/EAPO `src/trainers/eapo_trainer.py`: `_linear_quantile`,
+    `normalize_token_entropies`, `eapo_token_advantages`), written out: quantiles by `kthvalue` and `torch.lerp`, the
+    row shift by the maximum over every position, the mean floored at 1e-8."""
+
+    def linear_quantile(values, q):
+        rank = q * (values.numel() - 1)
+        low, high = math.floor(rank), math.ceil(rank)
+        lower = values.kthvalue(low + 1).values
+        return lower if low == high else torch.lerp(lower, values.kthvalue(high + 1).values, rank - low)
+
+    mask = completion_mask.bool()
+    valid = entropy[mask].float()
+    q_low, q_high = linear_quantile(valid, quantiles[0]), linear_quantile(valid, quantiles[1])
+    normalized = ((entropy.float() - q_low) / (q_high - q_low + 1e-8)).clamp(0.0, 1.0) * mask.float()
+    weights_mask = completion_mask.float()
+    log_raw = kappa * torch.sign(advantages_B.float().unsqueeze(1)) * normalized
+    raw = torch.exp(log_raw - log_raw.max(dim=-1, keepdim=True).values)
+    mean = (raw * weights_mask).sum(-1, keepdim=True) / weights_mask.sum(-1, keepdim=True).clamp_min(1.0)
+    return advantages_B.float().unsqueeze(1) * (raw / mean.clamp_min(1e-8) * weights_mask)
+
+
+def eapo_batch(seed, padded=True, B=32, T=40):
+    """Rollout entropies, a completion mask and a tool mask: an 8-token tool result in every other completion, with
+    the low entropies of copied text."""
+    g = torch.Generator().manual_seed(seed)
+    entropy = 3.0 * torch.rand(B, T, generator=g)
+    lengths = torch.randint(T // 3, T + 1, (B,), generator=g) if padded else torch.full((B,), T)
+    completion_mask = torch.arange(T) < lengths.unsqueeze(1)
+    tool_mask = torch.ones(B, T, dtype=torch.bool)
+    for row in range(0, B, 2):
+        start = int(torch.randint(0, int(lengths[row]) - 8, (1,), generator=g))
+        tool_mask[row, start : start + 8] = False
+    entropy = torch.where(tool_mask, entropy, 0.2 * entropy)
+    return torch.randn(B, generator=g), entropy, completion_mask, tool_mask
+
+
+@pytest.mark.parametrize("kappa", [math.log(4), 10.0, 18.0])
+@pytest.mark.parametrize("seed", range(4))
+def test_eapo_equals_the_official_trainer(kappa, seed):
+    """Without padding (where both shifts coincide) and without tool tokens, bit for bit at any kappa: the quantile
+    interpolates with `torch.lerp`, as the official code does."""
+    advantages_B, entropy, completion_mask, _ = eapo_batch(seed, padded=False)
+    ours = apply_credit_method("eapo", advantages_B, completion_mask, {"rollout_entropy": entropy}, eapo_kappa=kappa)
+    official = official_eapo(advantages_B, entropy, completion_mask, kappa)
+    assert torch.equal(ours.advantages_BT, official)
+
+
+@pytest.mark.parametrize("kappa", [math.log(4), 15.0])
+def test_eapo_departures_from_the_official_trainer_have_their_documented_size(kappa):
+    """On padded rows the shift by the largest valid exponent rounds differently (docs/methods.md: up to 7e-7
+    relative below kappa 18); tool-result tokens stay out of the quantiles and means, where the official trainer,
+    which reads only the completion mask, counts them: with the official mask restricted to the same tokens the two
+    agree to float32 rounding; as the official trainer runs, they differ by the documented amounts."""
+    shift_gap = tool_gap = 0.0
+    for seed in range(20):
+        advantages_B, entropy, completion_mask, tool_mask = eapo_batch(seed)
+        valid = completion_mask & tool_mask
+        ours = apply_credit_method("eapo", advantages_B, valid, {"rollout_entropy": entropy}, eapo_kappa=kappa)
+        same_tokens = official_eapo(advantages_B, entropy, valid, kappa)
+        relative = (ours.advantages_BT - same_tokens).abs() / same_tokens.abs().clamp_min(1e-30)
+        shift_gap = max(shift_gap, relative[valid].max().item())
+        with_tools = official_eapo(advantages_B, entropy, completion_mask, kappa)
+        tool_gap = max(tool_gap, (ours.advantages_BT - with_tools)[valid].abs().max().item())
+    assert shift_gap <= 7e-7
+    assert {math.log(4): 1.0, 15.0: 10.0}[kappa] < tool_gap < {math.log(4): 2.0, 15.0: 25.0}[kappa]

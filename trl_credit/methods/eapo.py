@@ -61,7 +61,7 @@ def quantile_linear(values_N: torch.Tensor, q: float) -> torch.Tensor:
     """`torch.quantile(values_N, q)` (linear interpolation between order statistics) without its input-size limit.
 
     The interpolation is `torch.lerp`, as `torch.quantile` and the official EAPO code take it; `a + (b - a) * w` rounds
-    differently (up to 6.6e-6 relative in EAPO's weights at large kappa)."""
+    differently, which kappa magnifies (2e-6 relative in EAPO's advantages at kappa = 18)."""
     if values_N.numel() == 0:
         raise ValueError("cannot take a quantile of an empty set of valid tokens")
     ordered_N = torch.sort(values_N.float().flatten()).values
