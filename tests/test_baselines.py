@@ -27,6 +27,7 @@ from trl import GRPOTrainer
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
 from trl_credit.methods import (
     CREDIT_METHODS,
+    apply_credit_stack,
     ar_lopti_advantages,
     clip_cov_advantages,
     entropy_adv_advantages,
@@ -340,7 +341,7 @@ def _expected(method, args, inputs, logps, entropy, logit_gap, step):
     """The token advantages and loss mask the official rule gives this micro-batch (`None`: no loss mask)."""
     mask = inputs["completion_mask"].bool()
     advantages = inputs["credit_sequence_advantages"].float().unsqueeze(1) * mask
-    args = types.SimpleNamespace(**{**vars(args), **args.credit_hyperparameters()})
+    config, args = args, types.SimpleNamespace(**{**vars(args), **args.credit_hyperparameters()})
     if method == "stapo":
         return stapo_advantages(
             advantages, logps, entropy, mask, args.stapo_prob_threshold, args.stapo_entropy_quantile
@@ -371,7 +372,26 @@ def _expected(method, args, inputs, logps, entropy, logit_gap, step):
         return high_entropy_advantages(advantages, entropy, mask, args.high_entropy_top_ratio)
     if method == "entropy_adv":
         return entropy_adv_advantages(advantages, entropy, mask, args.entropy_adv_alpha, args.entropy_adv_kappa), None
-    return None  # stacks: trained, not recomputed here
+    # A stack, run in one pass on this micro-batch: the trainer splits it between the generation batch and the
+    # training forward, and must hand each method what the methods before it produced.
+    statistics = {
+        "policy_logps": logps,
+        "policy_entropy": entropy,
+        "policy_logit_gap": logit_gap,
+        "rollout_logps": logps,
+        "rollout_entropy": entropy,
+    }
+    hyperparameters = {k: v for k, v in config.credit_hyperparameters().items() if k != "credit_method"}
+    result = apply_credit_stack(
+        method,
+        inputs["credit_sequence_advantages"].float(),
+        mask,
+        statistics,
+        step=step,
+        clip_range=(args.epsilon, args.epsilon_high or args.epsilon),
+        **hyperparameters,
+    )
+    return result.advantages_BT, result.loss_mask_BT
 
 
 class ToolMasked(CreditGRPOTrainer):
@@ -441,6 +461,15 @@ class LossRecorder:
         ("entropy_adv", {}),
         ("eapo+stapo", {}),
         ("ar_lopti+taco+stapo", {}),  # the official code's order: reweighting, TACO, then STAPO's mask
+        # ... then Clip-Cov over the mask min-p's soft weights leave (candidates everywhere, all detached)
+        (
+            "ar_lopti+taco+minp_support+clip_cov",
+            {"temperature": 0.7, "clip_cov_ratio": 1.0, "clip_cov_lb": -1e6, "clip_cov_ub": 1e6},
+        ),
+        (
+            "ar_lopti+taco+stapo+clip_cov",
+            {"stapo_prob_threshold": 0.05, "stapo_entropy_quantile": 0.5, "clip_cov_ratio": 0.3, "clip_cov_lb": 0.0},
+        ),
     ],
 )
 def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, method, options):
@@ -460,7 +489,7 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, meth
     trainer.train()
     unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])]
     assert not unchanged, f"parameters that did not change: {unchanged}"
-    assert recorder.checked == (0 if "+" in method else 2)
+    assert recorder.checked == 2
     logged = trainer.state.log_history[0]
     last = method.split("+")[-1]
     assert any(key.startswith(f"{last}/") for key in logged)
