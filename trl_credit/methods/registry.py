@@ -437,7 +437,7 @@ COMMON_DIAGNOSTICS = {
     "mean_weight": "mean factor Â / A by which the method multiplied the incoming advantages (valid tokens, A != 0)",
     "weight_std": "standard deviation of that factor",
     "weight_max": "largest factor",
-    "kept_fraction": "mean loss-mask weight over valid tokens (methods that drop tokens)",
+    "kept_fraction": "mean loss-mask weight over the tokens the method saw in the loss (methods that drop tokens)",
 }
 
 
