@@ -31,7 +31,7 @@ Reported per method, as ratios to `grpo`:
   `step_time` (generation + forward/backward, without the optimizer step) is reported next to it;
 * credit time: the median per-step time spent in the method's own parts of the trainer, as a fraction of grpo's
   step time: the generation-batch statistics (rollout forward, deviation pass), the no-grad forward of each
-  micro-batch that methods dropping tokens from the loss need with a tool mask, the streamed max log-prob, and the
+  micro-batch that methods dropping tokens from the loss need with a tool mask, the streamed logit gap, and the
   reshaping itself
   (`_apply_credit`: the method's function and its metrics);
 * peak memory. CPU: the worker's resident-set high-water mark (`VmHWM` of /proc/self/status) -- the whole process
