@@ -4,8 +4,9 @@ The reference below is written out here, operation by operation, from the TACO r
 (xiuyilou/TACO `verl/workers/actor/dp_actor.py`, the update loop: AR-Lopti reweighting, TACO
 (`compute_taco_token_advantages` in `core_algos.py`), then one of STAPO / TAMPO / min-p, each multiplying
 `response_mask`, then the policy loss `compute_policy_loss_clip_cov`, which reads that reduced, possibly soft, mask).
-It calls none of the package's helpers. The package runs the same stacks through `apply_credit_stack`, the loop the
-trainer runs.
+It calls none of the package's helpers. The package runs the same stacks through `apply_credit_stack`, which hands
+each method the batch `CreditBatch.followed_by` makes of the previous result, as the trainer's `_apply_credit` does
+(`tests/test_baselines.py` checks the trainer against it).
 """
 
 import math
@@ -13,7 +14,7 @@ import math
 import pytest
 import torch
 
-from trl_credit.methods import apply_credit_method, apply_credit_stack
+from trl_credit.methods import CREDIT_METHODS, apply_credit_method, apply_credit_stack
 
 STACKS = {
     "stapo": "ar_lopti+taco+stapo+clip_cov",
@@ -117,8 +118,13 @@ def official_actor(dropper, advantages_B, mask, statistics, s, clip_cov_ratio, c
     return advantages * corr, response_mask, candidates, clip_num
 
 
+def own_settings(*names):
+    """The entries of SETTINGS that belong to the methods `names`."""
+    return {k: v for k, v in SETTINGS.items() if any(k in CREDIT_METHODS[name].argument_names for name in names)}
+
+
 def run_package(spec, advantages_B, mask, statistics, **clip_cov):
-    settings = {k: v for k, v in SETTINGS.items() if k.split("_")[0] in spec.replace("minp_support", "minp")}
+    settings = own_settings(*spec.split("+"))
     return apply_credit_stack(spec, advantages_B, mask, statistics, clip_range=CLIP_RANGE, **settings, **clip_cov)
 
 
@@ -172,7 +178,7 @@ def test_positive_token_is_the_sign_of_the_incoming_token_advantage(name):
     flip = torch.Generator().manual_seed(7)
     signs = torch.where(torch.rand(mask.shape, generator=flip) < 0.5, -1.0, 1.0)
     incoming = advantages_B.unsqueeze(1) * signs * mask
-    settings = {k: v for k, v in SETTINGS.items() if k.startswith(name.split("_")[0])}
+    settings = own_settings(name)
     flipped = apply_credit_method(name, advantages_B, mask, statistics, advantages_BT=incoming, **settings)
     # The same incoming tensor, with sequence advantages of the opposite sign: nothing may change.
     opposite = apply_credit_method(name, -advantages_B, mask, statistics, advantages_BT=incoming, **settings)
