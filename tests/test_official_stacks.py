@@ -70,7 +70,7 @@ def masked_mean(values, mask):
 
 
 def official_actor(dropper, advantages_B, mask, statistics, s, clip_cov_ratio, clip_cov_lb, clip_cov_ub):
-    """The official actor's order on one micro-batch: the advantages its loss uses (`advantages * corr`) and its
+    """The official actor's order on one micro-batch: the advantages its loss uses (`advantages * keeps_gradient`) and its
     final `response_mask`."""
     old_log_prob, log_prob = statistics["rollout_logps"], statistics["policy_logps"]
     entropy = statistics["policy_entropy"]
@@ -80,9 +80,9 @@ def official_actor(dropper, advantages_B, mask, statistics, s, clip_cov_ratio, c
     advantages = advantages * ((1.0 - s["ar_lopti_alpha"]) + s["ar_lopti_alpha"] * old_log_prob.exp())
     # TACO: positive means this `advantages` tensor > 0.
     m = response_mask.bool()
-    tail_risk = torch.where(m, -log_prob - entropy + math.log(s["taco_alpha"]), 0.0)
+    risk = torch.where(m, -log_prob - entropy + math.log(s["taco_alpha"]), 0.0)
     weights = torch.where(
-        (tail_risk > 0) & m, 1.0 - s["taco_lambda"] * (1.0 - torch.exp(-tail_risk)), torch.ones_like(advantages)
+        (risk > 0) & m, 1.0 - s["taco_lambda"] * (1.0 - torch.exp(-risk)), torch.ones_like(advantages)
     )
     advantages = torch.where((advantages > 0) & m, weights * advantages, advantages)
     prob = log_prob.exp()
@@ -105,17 +105,19 @@ def official_actor(dropper, advantages_B, mask, statistics, s, clip_cov_ratio, c
         response_mask = response_mask * support
     # Clip-Cov over the reduced (possibly soft) mask.
     ratio = torch.exp(log_prob - old_log_prob)
-    pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1 - CLIP_RANGE[0], 1 + CLIP_RANGE[1])
-    clip_by_origin = (pg_losses2 > pg_losses1) & (response_mask > 0)
-    cov_all = (advantages - masked_mean(advantages, response_mask)) * (log_prob - masked_mean(log_prob, response_mask))
-    cov_all[response_mask == 0] = -torch.inf
-    cov_all[clip_by_origin] = -torch.inf
-    clip_num = max(int(clip_cov_ratio * response_mask.sum().item()), 1)
-    candidates = (cov_all < clip_cov_ub) & (cov_all > clip_cov_lb) & (response_mask > 0)
-    corr = torch.ones_like(advantages)
-    corr[candidates] = 0.0
-    return advantages * corr, response_mask, candidates, clip_num
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1 - CLIP_RANGE[0], 1 + CLIP_RANGE[1])
+    ppo_clipped = (loss_clipped > loss_unclipped) & (response_mask > 0)
+    covariance = (advantages - masked_mean(advantages, response_mask)) * (
+        log_prob - masked_mean(log_prob, response_mask)
+    )
+    covariance[response_mask == 0] = -torch.inf
+    covariance[ppo_clipped] = -torch.inf
+    count = max(int(clip_cov_ratio * response_mask.sum().item()), 1)
+    candidates = (covariance < clip_cov_ub) & (covariance > clip_cov_lb) & (response_mask > 0)
+    keeps_gradient = torch.ones_like(advantages)
+    keeps_gradient[candidates] = 0.0
+    return advantages * keeps_gradient, response_mask, candidates, count
 
 
 def own_settings(*names):
@@ -144,10 +146,10 @@ def test_stack_runs_as_the_official_actor(dropper, seed):
     draw cannot matter: every difference is one of means, masks or selection."""
     advantages_B, mask, statistics = fixed_batch(seed)
     clip_cov = {"clip_cov_ratio": 1.0, "clip_cov_lb": 0.05, "clip_cov_ub": 0.6}
-    official_advantages, official_mask, candidates, clip_num = official_actor(
+    official_advantages, official_mask, candidates, count = official_actor(
         dropper, advantages_B, mask, statistics, SETTINGS, *clip_cov.values()
     )
-    assert 0 < candidates.sum() <= clip_num
+    assert 0 < candidates.sum() <= count
     assert (official_mask[mask] < 1).any(), "nothing dropped or weighed: the test would prove nothing"
     ours = run_package(STACKS[dropper], advantages_B, mask, statistics, **clip_cov)
     weight_gap, advantage_gap = differences(ours, official_advantages, official_mask, mask)
@@ -160,14 +162,14 @@ def test_clip_cov_counts_the_reduced_soft_mask(dropper):
     weights)` of them, the official count over the reduced (for min-p, soft) mask."""
     advantages_B, mask, statistics = fixed_batch(0)
     clip_cov = {"clip_cov_ratio": 0.5, "clip_cov_lb": -1e6, "clip_cov_ub": 1e6}
-    _, official_mask, candidates, clip_num = official_actor(
+    _, official_mask, candidates, count = official_actor(
         dropper, advantages_B, mask, statistics, SETTINGS, *clip_cov.values()
     )
-    assert clip_num < candidates.sum()
+    assert count < candidates.sum()
     ours = run_package(STACKS[dropper], advantages_B, mask, statistics, **clip_cov)
     before_clip_cov = run_package(STACKS[dropper].removesuffix("+clip_cov"), advantages_B, mask, statistics)
     detached = (ours.advantages_BT == 0) & (before_clip_cov.advantages_BT != 0) & (official_mask > 0)
-    assert detached.sum() == clip_num and not (detached & ~candidates).any()
+    assert detached.sum() == count and not (detached & ~candidates).any()
 
 
 @pytest.mark.parametrize("name", ["taco", "stapo", "tampo", "minp_support"])
