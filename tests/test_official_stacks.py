@@ -70,8 +70,8 @@ def masked_mean(values, mask):
 
 
 def official_actor(dropper, advantages_B, mask, statistics, s, clip_cov_ratio, clip_cov_lb, clip_cov_ub):
-    """The official actor's order on one micro-batch: the advantages its loss uses (`advantages * keeps_gradient`) and its
-    final `response_mask`."""
+    """The official actor's order on one micro-batch: the advantages its loss uses (after Clip-Cov's detaching) and
+    its final `response_mask`."""
     old_log_prob, log_prob = statistics["rollout_logps"], statistics["policy_logps"]
     entropy = statistics["policy_entropy"]
     response_mask = mask.float()
