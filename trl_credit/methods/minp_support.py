@@ -15,9 +15,10 @@ outside it lose weight smoothly:
 The weight is a soft loss mask: it scales each token's loss term and the token-mean normaliser counts `w`, as in the
 official code; the advantages are left unchanged (multiplying them by `w` as well would apply it twice).
 
-Statistics: the current policy's logit gap `z_y - max_v z_v` (`policy_logit_gap`), read as the official code reads it
-(the raw gap, not a difference of two log-probs, whose float32 rounding `exp(m / tau)` magnifies at small `tau`): the LM
-head streamed over the training forward's final hidden states, no `(B, T, V)` logits.
+Statistics: the current policy's logit gap `z_y - max_v z_v` (`policy_logit_gap`), read as the official code reads
+it (the raw gap, not a difference of two float32 log-probs, whose rounding `exp(m / tau)` magnifies at small `tau`:
+4e-4 in the weight at tau = 0.001): the LM head streamed over the training forward's final hidden states, no
+`(B, T, V)` logits.
 
 The official option has no default (`support_set_min_p: null` turns the weighting off); `min_p = 0.1` here is the
 usual min-p sampling value, our choice. Pass the value of the run you reproduce.
