@@ -140,13 +140,14 @@ def kernel_check(config, device: str, num_tokens: int) -> dict:
     ids = torch.randint(0, vocab_size, (num_tokens,), generator=generator).to(device)
     results = {"tokens": num_tokens, "vocab": vocab_size, "hidden": hidden_size, "dtype": str(half)}
     for name, transform in (("plain", LogitTransform()), ("softcap", LogitTransform(scale=0.5, softcap=5.0))):
-        want_logp = torch.log_softmax(transform(hidden.double() @ weight.double().T, 0.7), dim=-1)
+        want_z = transform(hidden.double() @ weight.double().T, 0.7)
+        want_logp = torch.log_softmax(want_z, dim=-1)
         want_logq = torch.log_softmax(transform(ref_hidden.double() @ ref_weight.double().T, 0.7), dim=-1)
         want_entropy = -(want_logp.exp() * want_logp).sum(-1)
         want_deviation = (1 - torch.exp(0.5 * (want_logp + want_logq)).sum(-1)).clamp(0, 1)
         want_logps = want_logp.gather(1, ids.unsqueeze(1)).squeeze(1)
-        want_max = want_logp.amax(-1)
-        del want_logp, want_logq
+        want_gap = want_z.gather(1, ids.unsqueeze(1)).squeeze(1) - want_z.amax(-1)
+        del want_z, want_logp, want_logq
         timed = {}
         for label, call in (
             (
@@ -166,12 +167,12 @@ def kernel_check(config, device: str, num_tokens: int) -> dict:
             out = call()
             synchronize(device)
             timed[label] = (time.perf_counter() - start, out)
-        logps, entropy, max_logprob = timed["token_statistics"][1]
+        logps, entropy, logit_gap = timed["token_statistics"][1]
         deviation, entropy2 = timed["hellinger_and_entropy"][1]
         errors = {
             "logps": (logps.double() - want_logps).abs().max().item(),
             "entropy": (entropy.double() - want_entropy).abs().max().item(),
-            "max_logprob": (max_logprob.double() - want_max).abs().max().item(),
+            "logit_gap": (logit_gap.double() - want_gap).abs().max().item(),
             "deviation": (deviation.double() - want_deviation).abs().max().item(),
             "entropy_hellinger": (entropy2.double() - want_entropy).abs().max().item(),
         }

@@ -31,7 +31,7 @@ Reported per method, as ratios to `grpo`:
   `step_time` (generation + forward/backward, without the optimizer step) is reported next to it;
 * credit time: the median per-step time spent in the method's own parts of the trainer, as a fraction of grpo's
   step time: the generation-batch statistics (rollout forward, deviation pass), the no-grad forward of each
-  micro-batch that methods dropping tokens from the loss need with a tool mask, the streamed max log-prob, and the
+  micro-batch that methods dropping tokens from the loss need with a tool mask, the streamed logit gap, and the
   reshaping itself
   (`_apply_credit`: the method's function and its metrics);
 * peak memory. CPU: the worker's resident-set high-water mark (`VmHWM` of /proc/self/status) -- the whole process
@@ -225,7 +225,7 @@ def timing_worker(args) -> dict:
 PARTS = {  # the trainer's calls that are a method's own cost (none of them nests another) -> label
     "generation_statistics": "generation-batch statistics",
     "policy_logps_and_entropy": "no-grad micro-batch forward",
-    "policy_max_logprob": "streamed max log-prob",
+    "policy_logit_gap": "streamed logit gap",
     "_apply_credit": "reshaping",
 }
 
@@ -255,7 +255,7 @@ def instrument_parts(pacers: dict) -> dict:
 
         setattr(owner, name, timed)
 
-    for name in ("generation_statistics", "policy_logps_and_entropy", "policy_max_logprob"):
+    for name in ("generation_statistics", "policy_logps_and_entropy", "policy_logit_gap"):
         wrap(credit_trainer, name)  # module functions, looked up by the trainer at call time
     wrap(credit_trainer.CreditGRPOTrainer, "_apply_credit")
     return totals

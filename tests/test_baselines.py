@@ -27,6 +27,7 @@ from trl import GRPOTrainer
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
 from trl_credit.methods import (
     CREDIT_METHODS,
+    apply_credit_stack,
     ar_lopti_advantages,
     clip_cov_advantages,
     entropy_adv_advantages,
@@ -135,27 +136,55 @@ def test_minp_support_hand_worked():
     # 0.05 (margin m = log(0.05 / 0.8) - log(0.1) = log(0.625) = -0.4700, w = 0.2 + 0.8 * exp(-0.4700 / 0.2)),
     # 0.08 (ratio exactly 0.1: m = 0, w = 1), and 0.0008 on a negative token (not weighted: w = 1).
     probs, max_probs = _t([[0.5, 0.05, 0.08, 0.0008]]), torch.full((1, 4), 0.8)
-    weights = minp_support_weights(advantages, probs.log(), max_probs.log(), mask)
+    logit_gap = (probs / max_probs).log()  # z_y - max z = log p_y - log max p
+    weights = minp_support_weights(advantages, logit_gap, mask)
     expected_outside = 0.2 + 0.8 * math.exp(math.log(0.625) / 0.2)  # 0.2763
     torch.testing.assert_close(weights, _t([[1, expected_outside, 1, 1]]), atol=1e-5, rtol=1e-5)
     # Every token weighted (only_positive=False): the negative token's m = log(0.001) - log(0.1) = log(0.01),
     # w = 0.2 + 0.8 * 0.01 ** 5 (= 0.2 up to 1e-10).
-    weights = minp_support_weights(advantages, probs.log(), max_probs.log(), mask, only_positive=False)
+    weights = minp_support_weights(advantages, logit_gap, mask, only_positive=False)
     assert weights[0, 3].item() == pytest.approx(0.2 + 0.8 * 0.01**5, abs=1e-6)
     # No positive token: every weight 1. Masked positions: 1 (the loss mask already removes them).
-    weights = minp_support_weights(-advantages.abs(), probs.log(), max_probs.log(), torch.tensor([[1, 1, 0, 0]]))
+    weights = minp_support_weights(-advantages.abs(), logit_gap, torch.tensor([[1, 1, 0, 0]]))
     assert weights.eq(1).all()
 
 
-def test_streamed_max_logprob_equals_full_logits():
+def test_streamed_logit_gap_equals_full_logits():
     torch.manual_seed(0)
     hidden, weight, bias = torch.randn(13, 8), torch.randn(40, 8), torch.randn(40)
+    ids = torch.randint(40, (13,))
     for temperature in (1.0, 0.6):
-        full = torch.log_softmax((hidden @ weight.T + bias) / temperature, dim=-1).amax(-1)
+        logits = (hidden @ weight.T + bias) / temperature
+        full = logits.gather(1, ids.unsqueeze(1)).squeeze(1) - logits.amax(-1)
         streamed = token_statistics(
-            hidden, weight, bias, temperature=temperature, token_chunk_size=4, vocab_chunk_size=7
-        ).max_logprob
+            hidden, weight, bias, ids, temperature=temperature, token_chunk_size=4, vocab_chunk_size=7
+        ).logit_gap
         torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
+
+
+def test_minp_reads_the_raw_logit_gap_as_the_official_code():
+    """The official weight from float32 logits at a sharp tau: the gap read from the logits gives it to float32
+    rounding; a difference of two float32 log-probs (the same number in exact arithmetic) departs by far more."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 32000, generator=g)  # a flat distribution: log-probs near -10
+    min_p, tau, w_min = 0.1, 0.001, 0.2
+    # In each row a token just outside the min-p set (margin in (-3 tau, 0)), where the weight is steep.
+    ids = torch.randint(1, 32000, (64,), generator=g)
+    logits[:, 0] = logits.amax(-1) + 0.5
+    margin_wanted = -3 * tau * torch.rand(64, generator=g)
+    logits[torch.arange(64), ids] = logits[:, 0] + math.log(min_p) + margin_wanted
+    gap = logits.gather(1, ids.unsqueeze(1)).squeeze(1) - logits.amax(-1)
+    # Official: margin = gap - log(min_p) (a float32 tensor), w = w_min + (1 - w_min) exp(min(margin, 0) / tau).
+    margin = gap - torch.log(torch.tensor(min_p))
+    official = w_min + (1 - w_min) * torch.exp(torch.clamp(margin, max=0.0) / tau)
+    assert ((official > w_min + 0.01) & (official < 0.99)).sum() > 10
+    advantages = torch.ones(64, 1)
+    ours = minp_support_weights(advantages, gap.unsqueeze(1), torch.ones(64, 1), min_p, tau, w_min).squeeze(1)
+    assert (ours - official).abs().max().item() <= 1e-6
+    logp = torch.log_softmax(logits, -1)
+    from_logps = logp.gather(1, ids.unsqueeze(1)).squeeze(1) - logp.amax(-1)
+    rounded = minp_support_weights(advantages, from_logps.unsqueeze(1), torch.ones(64, 1), min_p, tau, w_min)
+    assert (rounded.squeeze(1) - official).abs().max().item() > 1e-6
 
 
 # ------------------------------------------------------------------------------------------------ AR-Lopti
@@ -302,16 +331,17 @@ def test_generation_baseline_must_precede_training_forward_ones():
 
 
 def _naive_statistics(model, inputs, temperature):
-    """Sampled-token log-probs, entropies and max log-probs from the full logits."""
+    """Sampled-token log-probs, entropies and logit gaps (log p_y - max log p) from the full logits."""
     logp_all = naive_logprobs(model, inputs, temperature)
-    return sampled(logp_all, inputs["completion_ids"]), -(logp_all.exp() * logp_all).sum(-1), logp_all.amax(-1)
+    logps = sampled(logp_all, inputs["completion_ids"])
+    return logps, -(logp_all.exp() * logp_all).sum(-1), logps - logp_all.amax(-1)
 
 
-def _expected(method, args, inputs, logps, entropy, max_logps, step):
+def _expected(method, args, inputs, logps, entropy, logit_gap, step):
     """The token advantages and loss mask the official rule gives this micro-batch (`None`: no loss mask)."""
     mask = inputs["completion_mask"].bool()
     advantages = inputs["credit_sequence_advantages"].float().unsqueeze(1) * mask
-    args = types.SimpleNamespace(**{**vars(args), **args.credit_hyperparameters()})
+    config, args = args, types.SimpleNamespace(**{**vars(args), **args.credit_hyperparameters()})
     if method == "stapo":
         return stapo_advantages(
             advantages, logps, entropy, mask, args.stapo_prob_threshold, args.stapo_entropy_quantile
@@ -321,7 +351,7 @@ def _expected(method, args, inputs, logps, entropy, max_logps, step):
             advantages, logps, entropy, mask, args.tampo_prob_threshold, args.tampo_entropy_threshold
         )
     if method == "minp_support":
-        return advantages, minp_support_weights(advantages, logps, max_logps, mask, args.minp_support_min_p)
+        return advantages, minp_support_weights(advantages, logit_gap, mask, args.minp_support_min_p)
     if method == "ar_lopti":  # one micro-batch per generation batch: the policy is still the rollout policy
         return ar_lopti_advantages(advantages, logps, mask, args.ar_lopti_alpha), None
     if method == "clip_cov":
@@ -342,7 +372,26 @@ def _expected(method, args, inputs, logps, entropy, max_logps, step):
         return high_entropy_advantages(advantages, entropy, mask, args.high_entropy_top_ratio)
     if method == "entropy_adv":
         return entropy_adv_advantages(advantages, entropy, mask, args.entropy_adv_alpha, args.entropy_adv_kappa), None
-    return None  # stacks: trained, not recomputed here
+    # A stack, run in one pass on this micro-batch: the trainer splits it between the generation batch and the
+    # training forward, and must hand each method what the methods before it produced.
+    statistics = {
+        "policy_logps": logps,
+        "policy_entropy": entropy,
+        "policy_logit_gap": logit_gap,
+        "rollout_logps": logps,
+        "rollout_entropy": entropy,
+    }
+    hyperparameters = {k: v for k, v in config.credit_hyperparameters().items() if k != "credit_method"}
+    result = apply_credit_stack(
+        method,
+        inputs["credit_sequence_advantages"].float(),
+        mask,
+        statistics,
+        step=step,
+        clip_range=(args.epsilon, args.epsilon_high or args.epsilon),
+        **hyperparameters,
+    )
+    return result.advantages_BT, result.loss_mask_BT
 
 
 class ToolMasked(CreditGRPOTrainer):
@@ -412,6 +461,15 @@ class LossRecorder:
         ("entropy_adv", {}),
         ("eapo+stapo", {}),
         ("ar_lopti+taco+stapo", {}),  # the official code's order: reweighting, TACO, then STAPO's mask
+        # ... then Clip-Cov over the mask min-p's soft weights leave (candidates everywhere, all detached)
+        (
+            "ar_lopti+taco+minp_support+clip_cov",
+            {"temperature": 0.7, "clip_cov_ratio": 1.0, "clip_cov_lb": -1e6, "clip_cov_ub": 1e6},
+        ),
+        (
+            "ar_lopti+taco+stapo+clip_cov",
+            {"stapo_prob_threshold": 0.05, "stapo_entropy_quantile": 0.5, "clip_cov_ratio": 0.3, "clip_cov_lb": 0.0},
+        ),
     ],
 )
 def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, method, options):
@@ -431,7 +489,7 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, meth
     trainer.train()
     unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])]
     assert not unchanged, f"parameters that did not change: {unchanged}"
-    assert recorder.checked == (0 if "+" in method else 2)
+    assert recorder.checked == 2
     logged = trainer.state.log_history[0]
     last = method.split("+")[-1]
     assert any(key.startswith(f"{last}/") for key in logged)
@@ -440,7 +498,7 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, meth
 
 
 @pytest.mark.parametrize("tool_mask", [True, False], ids=["no-grad forward", "training forward hook"])
-def test_max_logprob_statistic_equals_full_logits(monkeypatch, tmp_path, tool_mask):
+def test_logit_gap_statistic_equals_full_logits(monkeypatch, tmp_path, tool_mask):
     # Both ways a method that drops tokens gets its statistics: the hook on TRL's own loss forward, and, with a tool
     # mask, the no-grad forward of the micro-batch.
     tokenizer = make_tiny_tokenizer()
@@ -464,10 +522,10 @@ def test_max_logprob_statistic_equals_full_logits(monkeypatch, tmp_path, tool_ma
     def recording(batch, logps_BT, entropy_BT, hidden=None):
         statistics = original(batch, logps_BT, entropy_BT, hidden)
         with torch.no_grad():
-            _, _, max_logps = _naive_statistics(trainer.model, batch, trainer.temperature)
+            _, _, logit_gap = _naive_statistics(trainer.model, batch, trainer.temperature)
         mask = batch["completion_mask"].bool()
         torch.testing.assert_close(
-            statistics["policy_max_logprob"], torch.where(mask, max_logps, 0.0), atol=1e-4, rtol=1e-4
+            statistics["policy_logit_gap"], torch.where(mask, logit_gap, 0.0), atol=1e-4, rtol=1e-4
         )
         checked.append(1)
         return statistics

@@ -1,5 +1,5 @@
 """Full-vocabulary statistics, streamed so the `(N, V)` logits of a batch are never held: TIDE's deviation and
-entropy, and one model's sampled-token log-probability, entropy and most likely token's log-probability from hidden
+entropy, and one model's sampled-token log-probability, entropy and logit gap to the most likely token from hidden
 states recorded elsewhere (`token_statistics`: generation, the training forward; the min-p support weight).
 
 For N token positions with final hidden states `h` (policy) and `h_ref` (reference) and LM heads `W`, `W_ref`
@@ -147,7 +147,7 @@ class TokenStatistics(NamedTuple):
 
     logps: torch.Tensor | None  # log-probability of the given tokens (None when no tokens were given)
     entropy: torch.Tensor  # full-vocabulary entropy
-    max_logprob: torch.Tensor  # log-probability of the most likely token
+    logit_gap: torch.Tensor | None  # the given token's logit minus the largest logit, `<= 0` (None as `logps`)
 
 
 @torch.no_grad()
@@ -161,17 +161,18 @@ def token_statistics(
     vocab_chunk_size: int = 16384,
     transform: LogitTransform = LogitTransform(),
 ) -> TokenStatistics:
-    """The log-probability of `token_ids_N`, the entropy and the most likely token's log-probability, streamed.
+    """The log-probability of `token_ids_N`, the entropy and the logit gap `z_y - max_v z_v`, streamed.
 
     From final hidden states recorded elsewhere, what TRL's forward gives for sampled tokens:
-    `log p_y = z_y - log sum_v e^(z_v)`. With `m = max_v z_v`, `log max_v p_v = m - log sum_v e^(z_v)`, and
-    `log p_y - log max_v p_v = z_y - m` after the transform (temperature included) is the min-p margin.
+    `log p_y = z_y - log sum_v e^(z_v)`, logits `z` after the transform (temperature included). The gap is taken from
+    the logits themselves, as the official min-p code reads it: `log p_y - log max_v p_v` is the same number in exact
+    arithmetic, but each float32 log-prob carries the rounding of `log sum_v e^(z_v)`.
     """
     _check_chunk_sizes(token_chunk_size, vocab_chunk_size)
     num_tokens, vocab_size = hidden_NH.shape[0], weight_VH.shape[0]
     logps_N = torch.zeros(num_tokens, device=hidden_NH.device)
     entropy_N = torch.zeros(num_tokens, device=hidden_NH.device)
-    max_logprob_N = torch.zeros(num_tokens, device=hidden_NH.device)
+    logit_gap_N = torch.zeros(num_tokens, device=hidden_NH.device)
     for t0 in range(0, num_tokens, token_chunk_size):
         rows = slice(t0, min(t0 + token_chunk_size, num_tokens))
         ids_n = token_ids_N[rows] if token_ids_N is not None else None
@@ -186,8 +187,10 @@ def token_statistics(
                 sampled_logit_n = torch.where((ids_n >= v0) & (ids_n < v1), chunk_logit_n, sampled_logit_n)
         logps_N[rows] = sampled_logit_n - policy.log_normalizer()
         entropy_N[rows] = policy.entropy()
-        max_logprob_N[rows] = policy.max - policy.log_normalizer()
-    return TokenStatistics(logps_N if token_ids_N is not None else None, entropy_N, max_logprob_N)
+        logit_gap_N[rows] = sampled_logit_n - policy.max
+    if token_ids_N is None:
+        return TokenStatistics(None, entropy_N, None)
+    return TokenStatistics(logps_N, entropy_N, logit_gap_N)
 
 
 @torch.no_grad()

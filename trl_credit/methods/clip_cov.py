@@ -3,12 +3,14 @@
 "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
 https://huggingface.co/papers/2505.22617 (code: https://github.com/PRIME-RL/Entropy-Mechanism-of-RL). Rule and
 defaults as in verl (https://github.com/volcengine/verl, `verl/trainer/ppo/core_algos.py`,
-`compute_policy_loss_clip_cov`, the same function in the TACO repository), over the tokens of one micro-batch:
+`compute_policy_loss_clip_cov`, the same function in the TACO repository), over the tokens of one micro-batch, with
+`w_t` the token's loss weight (verl's `response_mask`: 1, or what earlier methods of a stack left of it, 0 for a
+dropped token, soft for min-p's):
 
-    cov_t       = (A_t - mean(A)) * (log p_t - mean(log p))        means over the micro-batch's valid tokens
-    candidates  = valid tokens with lb < cov_t < ub that the PPO clip has not already clipped
+    cov_t       = (A_t - mean_w(A)) * (log p_t - mean_w(log p))      weighted means, sum(w x) / sum(w)
+    candidates  = tokens with w > 0 and lb < cov_t < ub that the PPO clip has not already clipped
                   (A > 0 and r > 1 + eps_high, or A < 0 and r < 1 - eps_low, with r = p / p_old)
-    n           = max(int(clip_cov_ratio * #valid tokens), 1)
+    n           = max(int(clip_cov_ratio * sum(w)), 1)
     n of the candidates, drawn uniformly at random, lose their policy-gradient term
 
 verl multiplies those tokens' PPO loss terms by 0 and keeps them in the loss normaliser; with `Â = 0` TRL's loss
@@ -66,12 +68,14 @@ class ClipCovArguments:
     )
 
 
-def clip_cov_covariance(advantages_BT: torch.Tensor, logps_BT: torch.Tensor, valid_BT: torch.Tensor) -> torch.Tensor:
-    """`(A - mean A) * (log p - mean log p)`, means over the valid tokens; 0 at masked positions."""
-    count = valid_BT.sum().clamp(min=1)
-    mean_advantage = torch.where(valid_BT, advantages_BT, 0.0).sum() / count
-    mean_logp = torch.where(valid_BT, logps_BT, 0.0).sum() / count
-    return torch.where(valid_BT, (advantages_BT - mean_advantage) * (logps_BT - mean_logp), 0.0)
+def clip_cov_covariance(advantages_BT: torch.Tensor, logps_BT: torch.Tensor, weights_BT: torch.Tensor) -> torch.Tensor:
+    """`(A - mean A) * (log p - mean log p)`, means weighted by the loss weights `weights_BT` (a bool mask weighs 0 or
+    1); 0 where the weight is 0. Masked positions of `advantages_BT` and `logps_BT` must hold finite values."""
+    weights_BT = weights_BT.float()
+    total = weights_BT.sum().clamp(min=torch.finfo(torch.float32).tiny)
+    mean_advantage = (advantages_BT * weights_BT).sum() / total
+    mean_logp = (logps_BT * weights_BT).sum() / total
+    return torch.where(weights_BT > 0, (advantages_BT - mean_advantage) * (logps_BT - mean_logp), 0.0)
 
 
 def clip_cov_generator(seed: int, step: int, valid_BT: torch.Tensor) -> torch.Generator:
@@ -94,6 +98,7 @@ def clip_cov_advantages(
     lb: float = 1.0,
     ub: float = 5.0,
     generator: torch.Generator | None = None,
+    loss_weights_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Zero the advantage of a random few tokens whose advantage-log-prob covariance lies in `(lb, ub)`.
 
@@ -106,6 +111,8 @@ def clip_cov_advantages(
         ratio: fraction of the valid tokens detached, `max(int(ratio * N), 1)` of them, in `(0, 1]`.
         lb, ub: exclusive covariance bounds of the candidates, `lb < ub`.
         generator: the random draw's CPU generator (a new one with torch's default seed when `None`).
+        loss_weights_BT: `(B, T)` weights in `[0, 1]` of the valid tokens in the loss (earlier methods' loss masks);
+            1 when `None`. They weigh the means and the count; a token of weight 0 is no candidate.
 
     Returns:
         `(advantages_BT, detached_BT, candidates_BT)`: the advantages with the drawn tokens set to 0, and bool masks
@@ -117,15 +124,17 @@ def clip_cov_advantages(
     valid_BT, (advantages_BT, logps_BT, old_logps_BT) = check_token_inputs(
         advantages_BT, mask_BT, logps_BT=logps_BT, old_logps_BT=old_logps_BT
     )
+    weights_BT = valid_BT.float() if loss_weights_BT is None else torch.where(valid_BT, loss_weights_BT.float(), 0.0)
+    valid_BT = weights_BT > 0
     epsilon_low, epsilon_high = clip_range
     ratio_BT = torch.exp(logps_BT - old_logps_BT)
     # verl: -A * clip(r) > -A * r, i.e. the clipped term is the one PPO's max keeps.
     clipped_BT = valid_BT & (
         -advantages_BT * ratio_BT.clamp(1 - epsilon_low, 1 + epsilon_high) > -advantages_BT * ratio_BT
     )
-    covariance_BT = clip_cov_covariance(advantages_BT, logps_BT, valid_BT)
+    covariance_BT = clip_cov_covariance(advantages_BT, logps_BT, weights_BT)
     candidates_BT = valid_BT & ~clipped_BT & (covariance_BT > lb) & (covariance_BT < ub)
-    count = max(int(ratio * float(valid_BT.sum())), 1)
+    count = max(int(ratio * weights_BT.sum().item()), 1)
     positions_N2 = torch.nonzero(candidates_BT)  # row-major, as verl draws from
     generator = torch.Generator() if generator is None else generator
     order_N = torch.randperm(positions_N2.size(0), generator=generator).to(positions_N2.device)
@@ -169,6 +178,7 @@ def clip_cov(
         clip_cov_lb,
         clip_cov_ub,
         clip_cov_generator(clip_cov_seed, batch.step, batch.mask_BT),
+        batch.loss_weights_BT,
     )
     return CreditResult(
         advantages_BT=advantages_BT,
@@ -176,5 +186,5 @@ def clip_cov(
             "detached_fraction": (detached_BT, batch.mask_BT),
             "candidate_fraction": (candidates_BT, batch.mask_BT),
         },
-        statistic_BT=clip_cov_covariance(batch.advantages_BT, logps_BT, batch.mask_BT),
+        statistic_BT=clip_cov_covariance(batch.advantages_BT, logps_BT, batch.loss_weights_BT),
     )

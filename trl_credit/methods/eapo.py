@@ -58,14 +58,17 @@ def _valid_quantiles(quantiles) -> bool:
 
 
 def quantile_linear(values_N: torch.Tensor, q: float) -> torch.Tensor:
-    """`torch.quantile(values_N, q)` (linear interpolation between order statistics) without its input-size limit."""
+    """`torch.quantile(values_N, q)` (linear interpolation between order statistics) without its input-size limit.
+
+    The interpolation is `torch.lerp`, as `torch.quantile` and the official EAPO code take it; `a + (b - a) * w` rounds
+    differently, which kappa magnifies (2e-6 relative in EAPO's advantages at kappa = 18)."""
     if values_N.numel() == 0:
         raise ValueError("cannot take a quantile of an empty set of valid tokens")
     ordered_N = torch.sort(values_N.float().flatten()).values
     position = q * (ordered_N.numel() - 1)
     below = math.floor(position)
     above = min(below + 1, ordered_N.numel() - 1)
-    return ordered_N[below] + (ordered_N[above] - ordered_N[below]) * (position - below)
+    return torch.lerp(ordered_N[below], ordered_N[above], position - below)
 
 
 def eapo_kappa_schedule(kappa: float, step: int, decay_steps: int) -> float:

@@ -6,16 +6,19 @@ the min-p sampling set (https://huggingface.co/papers/2407.01082) when `p_y >= m
 outside it lose weight smoothly:
 
     m  = (z_y - max_v z_v) - log(min_p)       logits z divided by the sampling temperature, as the official code does;
-       = (log p_y - log max_v p_v) - log(min_p)            m >= 0 <=> inside the min-p set
+                                                           m >= 0 <=> inside the min-p set
     w  = w_min + (1 - w_min) * exp(min(m, 0) / tau)        in (w_min, 1]; 1 inside the set
-    w  = 1 where A <= 0                                    (minp_support_only_positive_advantage)
+    w  = 1 where A <= 0                                    (minp_support_only_positive_advantage; A the incoming
+                                                            token advantage, as the official code reads it)
     loss mask = w                                          (the official code multiplies verl's response_mask)
 
 The weight is a soft loss mask: it scales each token's loss term and the token-mean normaliser counts `w`, as in the
 official code; the advantages are left unchanged (multiplying them by `w` as well would apply it twice).
 
-Statistics: the current policy: the sampled token's log-prob and the most likely token's log-prob (`policy_max_logprob`,
-the LM head streamed over the training forward's final hidden states; no `(B, T, V)` logits).
+Statistics: the current policy's logit gap `z_y - max_v z_v` (`policy_logit_gap`), read as the official code reads
+it (the raw gap, not a difference of two float32 log-probs, whose rounding `exp(m / tau)` magnifies at small `tau`:
+4e-4 in the weight at tau = 0.001): the LM head streamed over the training forward's final hidden states, no
+`(B, T, V)` logits.
 
 The official option has no default (`support_set_min_p: null` turns the weighting off); `min_p = 0.1` here is the
 usual min-p sampling value, our choice. Pass the value of the run you reproduce.
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._checks import FINITE_POSITIVE, check_range, check_token_inputs, in_range
-from .registry import POLICY_LOGPS, POLICY_MAX_LOGPROB, CreditBatch, CreditResult, register_credit_method
+from .registry import POLICY_LOGIT_GAP, CreditBatch, CreditResult, register_credit_method
 from .taco import TACO_PAPER
 
 
@@ -46,7 +49,7 @@ class MinPSupportArguments:
     )
     minp_support_tau: float = field(
         default=0.2,
-        metadata={"help": "Min-p support: decay temperature of the weight outside the set, in log-prob margin. > 0."},
+        metadata={"help": "Min-p support: decay temperature of the weight outside the set, in logit margin. > 0."},
     )
     minp_support_min_weight: float = field(
         default=0.2,
@@ -58,16 +61,16 @@ class MinPSupportArguments:
     )
 
 
-def minp_support_margin(logps_BT: torch.Tensor, max_logprob_BT: torch.Tensor, min_p: float) -> torch.Tensor:
-    """`m = (log p_y - log max_v p_v) - log(min_p)`: `m >= 0` exactly when the token is in the min-p set."""
-    return (logps_BT - max_logprob_BT) - math.log(min_p)
+def minp_support_margin(logit_gap_BT: torch.Tensor, min_p: float) -> torch.Tensor:
+    """`m = (z_y - max_v z_v) - log(min_p)`: `m >= 0` exactly when the token is in the min-p set."""
+    # log(min_p) rounded to float32 before the subtraction, as the official code takes it (a float32 tensor).
+    return logit_gap_BT - torch.tensor(min_p, dtype=torch.float32).log().item()
 
 
 @torch.no_grad()
 def minp_support_weights(
     advantages_BT: torch.Tensor,
-    logps_BT: torch.Tensor,
-    max_logprob_BT: torch.Tensor,
+    logit_gap_BT: torch.Tensor,
     mask_BT: torch.Tensor,
     min_p: float = 0.1,
     tau: float = 0.2,
@@ -78,8 +81,8 @@ def minp_support_weights(
 
     Args:
         advantages_BT: `(B, T)` token advantages (only their sign is read).
-        logps_BT: `(B, T)` log-probabilities of the sampled tokens under the current policy.
-        max_logprob_BT: `(B, T)` log-probabilities of the most likely token, same policy and temperature.
+        logit_gap_BT: `(B, T)` sampled token's logit minus the largest logit, current policy at the sampling
+            temperature (`<= 0`).
         mask_BT: `(B, T)` valid completion positions.
         min_p: min-p threshold, in `(0, 1)`.
         tau: decay temperature outside the set, `> 0`.
@@ -89,10 +92,8 @@ def minp_support_weights(
     check_range("min_p", min_p, 0.0, 1.0, low_open=True, high_open=True)
     check_range("tau", tau, 0.0, math.inf, low_open=True, high_open=True)
     check_range("min_weight", min_weight, 0.0, 1.0)
-    valid_BT, (advantages_BT, logps_BT, max_logprob_BT) = check_token_inputs(
-        advantages_BT, mask_BT, logps_BT=logps_BT, max_logprob_BT=max_logprob_BT
-    )
-    margin_BT = minp_support_margin(logps_BT, max_logprob_BT, min_p)
+    valid_BT, (advantages_BT, logit_gap_BT) = check_token_inputs(advantages_BT, mask_BT, logit_gap_BT=logit_gap_BT)
+    margin_BT = minp_support_margin(logit_gap_BT, min_p)
     weights_BT = min_weight + (1.0 - min_weight) * torch.exp(margin_BT.clamp(max=0.0) / tau)
     weighted_BT = valid_BT & (advantages_BT > 0) if only_positive else valid_BT
     return torch.where(weighted_BT, weights_BT, 1.0)
@@ -100,7 +101,7 @@ def minp_support_weights(
 
 @register_credit_method(
     "minp_support",
-    statistics=(POLICY_LOGPS, POLICY_MAX_LOGPROB),
+    statistics=(POLICY_LOGIT_GAP,),
     arguments=MinPSupportArguments,
     checks={
         "minp_support_min_p": in_range(0.0, 1.0, low_open=True, high_open=True),
@@ -111,13 +112,13 @@ def minp_support_weights(
     drops_tokens=True,
     display_name="min-p support",
     summary="Down-weights in the loss positive-advantage tokens outside the min-p support set, smoothly in their "
-    "log-prob margin.",
+    "logit margin.",
     diagnostics={
         "support_weight": "mean loss weight over valid tokens",
         "in_support_fraction_pos": "fraction of positive-advantage tokens inside the min-p set",
         "margin_mean_pos": "mean min-p margin m over positive-advantage tokens",
     },
-    token_statistic=("margin", "m = log p - log max_v p_v - log min_p; the token is in the set when m >= 0"),
+    token_statistic=("margin", "m = z_y - max_v z_v - log min_p (logits z); the token is in the set when m >= 0"),
 )
 def minp_support(
     batch: CreditBatch,
@@ -126,18 +127,17 @@ def minp_support(
     minp_support_min_weight: float,
     minp_support_only_positive_advantage: bool,
 ) -> CreditResult:
-    logps_BT, max_logprob_BT = batch[POLICY_LOGPS], batch[POLICY_MAX_LOGPROB]
+    logit_gap_BT = batch[POLICY_LOGIT_GAP]
     weights_BT = minp_support_weights(
         batch.advantages_BT,
-        logps_BT,
-        max_logprob_BT,
+        logit_gap_BT,
         batch.mask_BT,
         minp_support_min_p,
         minp_support_tau,
         minp_support_min_weight,
         minp_support_only_positive_advantage,
     )
-    margin_BT = minp_support_margin(logps_BT, max_logprob_BT, minp_support_min_p)
+    margin_BT = minp_support_margin(logit_gap_BT, minp_support_min_p)
     positive_BT = batch.mask_BT & (batch.advantages_BT > 0)
     return CreditResult(
         advantages_BT=batch.advantages_BT,

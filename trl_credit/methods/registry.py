@@ -8,7 +8,8 @@ A credit method is one file holding three things:
   official method drops tokens from the loss, a per-token loss mask.
 
 `@register_credit_method` makes it available as `credit_method="name"` in Python, YAML and the CLI. Methods stack
-(`"eapo+taco"`): each sees the token advantages the previous one returned. Nothing here imports TRL.
+(`"eapo+taco"`): each sees the token advantages and the loss mask the previous one returned. Nothing here imports
+TRL.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ import torch
 # (the model's full output transform, the sampling temperature, multimodal inputs).
 POLICY_LOGPS = "policy_logps"  # log p of the sampled token under the current policy, from the training forward
 POLICY_ENTROPY = "policy_entropy"  # full-vocabulary entropy (nats) of the current policy, from the training forward
-# log p of the current policy's most likely token, so `policy_logps - policy_max_logprob = z_y - max_v z_v` (logits at
-# the sampling temperature): the LM head streamed over the training forward's final hidden states
-POLICY_MAX_LOGPROB = "policy_max_logprob"
+# `z_y - max_v z_v` (<= 0): the sampled token's logit minus the largest logit of the current policy, logits at the
+# sampling temperature, from the LM head streamed over the training forward's final hidden states
+POLICY_LOGIT_GAP = "policy_logit_gap"
 ROLLOUT_LOGPS = "rollout_logps"  # the same for the policy that generated the batch, once per generation batch
 ROLLOUT_ENTROPY = "rollout_entropy"
 REFERENCE_DEVIATION = "reference_deviation"  # squared Hellinger distance to the frozen initial model
@@ -44,7 +45,7 @@ PREVIOUS_POLICY_DEVIATION = "previous_policy_deviation"  # ... to the policy of 
 # trainer that knows the task supplies it (the credit lab's `LabTrainer`).
 TASK_DECISIVE = "task_decisive"
 
-LOSS_FORWARD_STATISTICS = (POLICY_LOGPS, POLICY_ENTROPY, POLICY_MAX_LOGPROB)
+LOSS_FORWARD_STATISTICS = (POLICY_LOGPS, POLICY_ENTROPY, POLICY_LOGIT_GAP)
 GENERATION_STATISTICS = (ROLLOUT_LOGPS, ROLLOUT_ENTROPY, REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)
 STATISTICS = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS + (TASK_DECISIVE,)
 
@@ -59,9 +60,10 @@ class CreditBatch:
 
     Args:
         advantages_BT: incoming token advantages: `A_i` on every valid token for the first method of a stack,
-            else the previous method's output. Zero at masked positions.
+            else the previous method's output. Zero at masked positions. "Positive token" means `advantages_BT > 0`.
         sequence_advantages_B: GRPO's sequence advantages `A_i`, whatever ran before.
-        mask_BT: bool, the valid completion positions (completion mask x tool mask).
+        mask_BT: bool, the positions still in the loss: valid completion positions (completion mask x tool mask)
+            with a positive `loss_weights_BT`. Tokens an earlier method of the stack dropped are masked.
         statistics: the statistics the method asked for, by name.
         vocab_size: rows of the policy's LM head.
         step: the optimizer step (`trainer.state.global_step`), for schedules.
@@ -69,6 +71,9 @@ class CreditBatch:
             generation it spans the whole generation batch; in the training forward, the micro-batches of one step.
         clip_range: `(epsilon_low, epsilon_high)` of the loss's PPO clip, for methods that must know which tokens
             the clipped objective already silences (Clip-Cov).
+        loss_weights_BT: float, each token's weight in the loss: the product of the loss masks the earlier methods
+            of the stack returned (soft for min-p), as the official code multiplies verl's `response_mask` step by
+            step. `mask_BT` as float when omitted.
     """
 
     advantages_BT: torch.Tensor
@@ -79,6 +84,25 @@ class CreditBatch:
     step: int = 0
     gather: Callable[[torch.Tensor], torch.Tensor] = _local
     clip_range: tuple[float, float] = (0.2, 0.2)
+    loss_weights_BT: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.loss_weights_BT is None:
+            object.__setattr__(self, "loss_weights_BT", self.mask_BT.float())
+
+    def followed_by(self, result: CreditResult) -> CreditBatch:
+        """The batch the next method of a stack sees: `result`'s advantages, and its loss mask multiplied into the
+        loss weights; a token whose weight reaches 0 leaves `mask_BT`."""
+        weights_BT = self.loss_weights_BT
+        if result.loss_mask_BT is not None:
+            weights_BT = weights_BT * result.loss_mask_BT.float()
+        mask_BT = self.mask_BT & (weights_BT > 0)
+        return dataclasses.replace(
+            self,
+            advantages_BT=torch.where(mask_BT, result.advantages_BT.float(), 0.0),
+            mask_BT=mask_BT,
+            loss_weights_BT=torch.where(mask_BT, weights_BT, 0.0),
+        )
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.statistics:
@@ -326,6 +350,9 @@ class CreditMethod:
         _check_finite(
             self.name, "advantages_BT", _same_shape(self.name, "advantages_BT", batch.advantages_BT, mask_BT), mask_BT
         )
+        weights_BT = _same_shape(self.name, "loss_weights_BT", batch.loss_weights_BT, mask_BT).float()
+        if (mask_BT & ~((weights_BT >= 0) & (weights_BT <= 1))).any():  # NaN fails both comparisons
+            raise ValueError(f"credit method {self.name!r}: loss_weights_BT must lie in [0, 1] at valid positions")
         statistics = dict(batch.statistics)
         for name in self.statistics_for(hyperparameters):
             if name not in statistics:
@@ -345,7 +372,10 @@ class CreditMethod:
                         f"positions, got values in [{valid_N.min().item():g}, {valid_N.max().item():g}]"
                     )
         return dataclasses.replace(
-            batch, advantages_BT=torch.where(mask_BT, batch.advantages_BT.float(), 0.0), statistics=statistics
+            batch,
+            advantages_BT=torch.where(mask_BT, batch.advantages_BT.float(), 0.0),
+            statistics=statistics,
+            loss_weights_BT=torch.where(mask_BT, weights_BT, 0.0),
         )
 
     def _check_result(self, batch: CreditBatch, result: CreditResult) -> None:
@@ -407,7 +437,7 @@ COMMON_DIAGNOSTICS = {
     "mean_weight": "mean factor Â / A by which the method multiplied the incoming advantages (valid tokens, A != 0)",
     "weight_std": "standard deviation of that factor",
     "weight_max": "largest factor",
-    "kept_fraction": "mean loss-mask weight over valid tokens (methods that drop tokens)",
+    "kept_fraction": "mean loss-mask weight over the tokens the method saw in the loss (methods that drop tokens)",
 }
 
 
@@ -540,6 +570,42 @@ def apply_credit_method(
         batch = dataclasses.replace(batch, advantages_BT=advantages_BT)
     with torch.no_grad():
         return method(batch, values)
+
+
+def apply_credit_stack(
+    spec: str | list[str],
+    advantages_B: torch.Tensor,
+    mask_BT: torch.Tensor,
+    statistics: Mapping[str, torch.Tensor],
+    *,
+    vocab_size: int | None = None,
+    step: int = 0,
+    clip_range: tuple[float, float] = (0.2, 0.2),
+    **hyperparameters,
+) -> CreditResult:
+    """Run the stack `spec` (`"ar_lopti+taco+stapo"`) on one process's tensors, as the trainer runs a stage: each
+    method sees the advantages and the loss mask the methods before it produced (`CreditBatch.followed_by`).
+
+    Args:
+        advantages_B, mask_BT, statistics: as for [`apply_credit_method`]; `statistics` holds what every method reads.
+        **hyperparameters: any method's hyperparameters by field name; the others keep their defaults.
+
+    Returns:
+        The last method's advantages, and as `loss_mask_BT` the product of the loss masks the methods returned (None
+        when none did); no metrics.
+    """
+    stack = [get_credit_method(name) for name in parse_credit_methods(spec)]
+    values = stack_hyperparameters(stack, hyperparameters)
+    batch = CreditBatch.from_sequence_advantages(
+        advantages_B, mask_BT, statistics=statistics, vocab_size=vocab_size, step=step, clip_range=clip_range
+    )
+    drops_tokens = False
+    with torch.no_grad():
+        for method in stack:
+            result = method(batch, values[method.name])
+            drops_tokens |= result.loss_mask_BT is not None
+            batch = batch.followed_by(result)
+    return CreditResult(batch.advantages_BT, batch.loss_weights_BT if drops_tokens else None)
 
 
 def _qualname(function) -> str:

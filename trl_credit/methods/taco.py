@@ -7,6 +7,9 @@ https://huggingface.co/papers/2607.07976 (official code: https://github.com/xiuy
     w = 1 - lam * (1 - exp(-max(r, 0)))               in (1 - lam, 1]
     Â = w * A  if A > 0,  else  A                     positive credit only shrinks; no renormalisation
 
+`A` is the incoming token advantage (GRPO's `A_i`, or the previous method's output in a stack), as the official code
+reads the `advantages` tensor it is handed.
+
 Statistics: the current policy, from the training forward that also gives the PPO ratio (no extra forward).
 """
 
@@ -75,7 +78,7 @@ def taco(batch: CreditBatch, taco_alpha: float, taco_lambda: float) -> CreditRes
     logps_BT, entropy_BT = batch[POLICY_LOGPS], batch[POLICY_ENTROPY]
     risk_BT = taco_tail_risk(logps_BT, entropy_BT, taco_alpha)
     weights_BT = 1.0 - taco_lambda * (1.0 - torch.exp(-risk_BT.clamp(min=0.0)))  # exactly 1 outside the tail
-    positive_BT = batch.mask_BT & (batch.sequence_advantages_B > 0).unsqueeze(1)
+    positive_BT = batch.mask_BT & (batch.advantages_BT > 0)  # the incoming token advantage's sign, as officially
     in_tail_BT = batch.mask_BT & (risk_BT > 0)
     return CreditResult(
         advantages_BT=torch.where(positive_BT, weights_BT * batch.advantages_BT, batch.advantages_BT),

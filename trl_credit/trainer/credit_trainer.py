@@ -30,8 +30,8 @@ from ..methods.registry import (
     GENERATION_STATISTICS,
     LOSS_FORWARD_STATISTICS,
     POLICY_ENTROPY,
+    POLICY_LOGIT_GAP,
     POLICY_LOGPS,
-    POLICY_MAX_LOGPROB,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,
@@ -45,8 +45,8 @@ from .reference import DeviationReference, copy_initial_model
 from .sources import (
     generates_in_one_call,
     generation_statistics,
+    policy_logit_gap,
     policy_logps_and_entropy,
-    policy_max_logprob,
     recorded_final_hidden,
     recorded_generation_hidden,
     recorded_scoring_forward,
@@ -128,7 +128,7 @@ class CreditGRPOTrainer(GRPOTrainer):
                     f"(it supplies {list(self.supplied_statistics)})"
                 )
         self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
-        self._records_hidden = POLICY_MAX_LOGPROB in requested  # from the final hidden states of the forward
+        self._records_hidden = POLICY_LOGIT_GAP in requested  # from the final hidden states of the forward
         # Statistics of the rollout policy's full distribution (not just the sampled token's log-prob, which TRL keeps).
         self._reads_rollout_distribution = any(
             s in (ROLLOUT_ENTROPY, REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION) for s in self._generation_statistics
@@ -196,37 +196,45 @@ class CreditGRPOTrainer(GRPOTrainer):
         return torch.cat([row[:size] for row, size in zip(rows, sizes.tolist())])
 
     def _apply_credit(self, batch, methods, statistics, record_metrics: bool = True):
-        """Run `methods` in order on `batch`; return the batch keys to update and the last per-token statistic."""
+        """Run `methods` in order on `batch`; return the batch keys to update and the last per-token statistic.
+
+        Each method sees the advantages and the loss mask the methods before it produced (`CreditBatch.followed_by`),
+        starting from TRL's loss mask (completion mask x tool mask, soft where an earlier stage weighed tokens).
+        """
         mask_BT = valid_mask(batch)
         sequence_B = batch.get(SEQUENCE_ADVANTAGES, batch["advantages"]).float()
         advantages_BT = batch["advantages"].float()
         if advantages_BT.dim() == 1:
             advantages_BT = sequence_B.unsqueeze(1) * mask_BT
+        trl_mask_BT = (
+            batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+        )
+        credit_batch = CreditBatch(
+            advantages_BT,
+            sequence_B,
+            mask_BT,
+            statistics=statistics,
+            vocab_size=vocab_size(self.accelerator.unwrap_model(self.model)),
+            step=self.state.global_step,
+            gather=self._gather_all,
+            clip_range=(self.epsilon_low, self.epsilon_high),
+            loss_weights_BT=trl_mask_BT.float(),
+        )
         loss_mask_BT, statistic_BT = None, None
         mode = "train" if self.model.training else "eval"
-        num_vocab = vocab_size(self.accelerator.unwrap_model(self.model))
         for method, hyperparameters in methods:
-            credit_batch = CreditBatch(
-                advantages_BT,
-                sequence_B,
-                mask_BT,
-                statistics=statistics,
-                vocab_size=num_vocab,
-                step=self.state.global_step,
-                gather=self._gather_all,
-                clip_range=(self.epsilon_low, self.epsilon_high),
-            )
             result: CreditResult = method(credit_batch, hyperparameters)  # validates its inputs and its result
-            result.advantages_BT = torch.where(mask_BT, result.advantages_BT.float(), 0.0)
+            result.advantages_BT = torch.where(credit_batch.mask_BT, result.advantages_BT.float(), 0.0)
             if record_metrics:
                 for name, value in credit_metrics(
-                    self.accelerator, method.name, advantages_BT, result, mask_BT
+                    self.accelerator, method.name, credit_batch.advantages_BT, result, credit_batch.mask_BT
                 ).items():
                     self._metrics[mode][name].append(value)
             if result.loss_mask_BT is not None:
                 loss_mask_BT = result.loss_mask_BT if loss_mask_BT is None else loss_mask_BT * result.loss_mask_BT
-            advantages_BT = result.advantages_BT
             statistic_BT = result.statistic_BT if result.statistic_BT is not None else statistic_BT
+            credit_batch = credit_batch.followed_by(result)
+        advantages_BT = credit_batch.advantages_BT
         is_last_stage = methods is self._training_forward_methods or not self._training_forward_methods
         if record_metrics and is_last_stage:
             self._metrics[mode]["credit/adv_abs_mean"].append(
@@ -301,7 +309,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             POLICY_ENTROPY: torch.where(mask_BT, entropy_BT, 0.0),
         }
         if self._records_hidden:
-            statistics[POLICY_MAX_LOGPROB] = policy_max_logprob(self, batch, torch.cat(hidden))
+            statistics[POLICY_LOGIT_GAP] = policy_logit_gap(self, batch, torch.cat(hidden))
         statistics.update(self._batch_statistics(batch))
         return statistics
 

@@ -19,10 +19,10 @@
     no-grad forward of the reference) streamed through both LM heads and output transforms. The same pass gives the
     policy's full-vocabulary entropy, which is then `rollout_entropy`.
 * `policy_logps` / `policy_entropy` come from the training forward itself (see `CreditGRPOTrainer._compute_loss`).
-* `policy_max_logprob`: TRL's fused LM head does not expose the maximum logit (its `outputs` are log-probs, entropy,
+* `policy_logit_gap`: TRL's fused LM head does not expose the maximum logit (its `outputs` are log-probs, entropy,
   `log_sum_sq_probs`, `mean_logits`, `is_top1`), so the final hidden states of that same forward are recorded from
   its backbone (`recorded_final_hidden`) and the LM head is streamed over them once more, under no_grad, with the
-  model's output transform and the sampling temperature (`policy_max_logprob`): no second backbone forward and no
+  model's output transform and the sampling temperature (`policy_logit_gap`): no second backbone forward and no
   `(B, T, V)` logits, one extra LM-head pass over the valid tokens.
 
 Every process runs the same forwards and LM-head gathers whatever its masks, so ZeRO-3 and FSDP2 stay in step.
@@ -240,18 +240,18 @@ def _on_every_process(trainer, found: bool, device) -> bool:
 
 
 @torch.no_grad()
-def policy_max_logprob(trainer, batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
-    """`(B, T)` log-probability of the policy's most likely next token at each completion position, zero where masked,
+def policy_logit_gap(trainer, batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
+    """`(B, T)` sampled token's logit minus the policy's largest logit at each completion position, zero where masked,
     from the final hidden states `hidden_BLH` of prompt + completion."""
     prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
     # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
     hidden_BTH = hidden_BLH[:, prompt_len - 1 : prompt_len - 1 + completion_len]
-    return streamed_policy_statistics(trainer, batch, hidden_BTH).max_logprob
+    return streamed_policy_statistics(trainer, batch, hidden_BTH).logit_gap
 
 
 @torch.no_grad()
 def streamed_policy_statistics(trainer, batch, hidden_BTH: torch.Tensor) -> TokenStatistics:
-    """The policy's sampled-token log-probs, entropies and most likely token's log-probs, `(B, T)` each, zero where
+    """The policy's sampled-token log-probs, entropies and logit gaps to the largest logit, `(B, T)` each, zero where
     masked, from its final hidden states at the completion positions: the LM head streamed over the valid tokens with
     the model's output transform and the sampling temperature, as TRL's forward scores them."""
     policy = trainer.accelerator.unwrap_model(trainer.model)
