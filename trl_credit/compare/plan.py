@@ -153,9 +153,16 @@ class RunSpec:
         return [sys.executable, "-m", "trl_credit.cli.grpo", *self.grpo_argv(), *resume]
 
 
+# The quick start saves the final model only; without a recipe of its own, a comparison keeps a resume point per run.
+RESUMABLE = ("--save_strategy", "steps", "--save_steps", "10", "--save_total_limit", "1")
+
+
 def build_runs(config: CompareConfig, passthrough: list[str]) -> list[RunSpec]:
     """One `RunSpec` per (method, seed), seeds outermost so that early results already pair every method."""
     runs_dir = Path(config.output_dir) / "runs"
+    sets_saving = any(arg.replace("-", "_").startswith("__save_strategy") for arg in passthrough)
+    if config.config is None and not sets_saving:
+        passthrough = [*RESUMABLE, *passthrough]
     return [
         RunSpec(method, seed, runs_dir / run_name(method, seed), config.config, tuple(passthrough))
         for seed in config.seeds
