@@ -67,6 +67,14 @@ from .trl_compat import (
 SEQUENCE_ADVANTAGES = "credit_sequence_advantages"  # batch key: GRPO's A_i, kept once the advantages are (B, T)
 GROUP_INDEX = "credit_group_index"  # batch key: each row's prompt group (global over processes)
 REWARDS = "credit_rewards"  # batch key: each row's raw reward (TRL's weighted sum over reward functions)
+# Generation statistics of the rollout policy's full next-token distribution (beyond the sampled token's log-prob).
+ROLLOUT_DISTRIBUTION = (
+    ROLLOUT_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_MEAN_ENTROPY,
+    REFERENCE_DEVIATION,
+    PREVIOUS_POLICY_DEVIATION,
+)
 
 
 def statistic_key(name: str) -> str:
@@ -133,17 +141,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
         self._records_hidden = POLICY_MAX_LOGPROB in requested  # from the final hidden states of the forward
         # Statistics of the rollout policy's full distribution (not just the sampled token's log-prob, which TRL keeps).
-        self._reads_rollout_distribution = any(
-            s
-            in (
-                ROLLOUT_ENTROPY,
-                ROLLOUT_SUM_SQ_PROBS,
-                ROLLOUT_MEAN_ENTROPY,
-                REFERENCE_DEVIATION,
-                PREVIOUS_POLICY_DEVIATION,
-            )
-            for s in self._generation_statistics
-        )
+        self._reads_rollout_distribution = any(s in ROLLOUT_DISTRIBUTION for s in self._generation_statistics)
         # sum_v p_v^2 is streamed from the final hidden states of the forward that scored the batch.
         self._keeps_scoring_hidden = ROLLOUT_SUM_SQ_PROBS in self._generation_statistics
         deviations = [s for s in self._generation_statistics if s in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
