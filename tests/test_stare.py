@@ -32,6 +32,12 @@ LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 
 def stare_loop(advantages_B, logps_BT, mask_BT, batch_entropy, variant, ratio, w, m, target):
     """The official rule, token by token, in float64 (distinct surprisals: no ties to break)."""
+    advantages_BT = [[float(advantages_B[i])] * mask_BT.size(1) for i in range(mask_BT.size(0))]
+    return stare_token_loop(advantages_BT, logps_BT, mask_BT, batch_entropy, variant, ratio, w, m, target)
+
+
+def stare_token_loop(advantages_BT, logps_BT, mask_BT, batch_entropy, variant, ratio, w, m, target):
+    """The same on token advantages (the official loss reads its `advantages` tensor, per token)."""
     rows, cols = mask_BT.shape
     out = [[0.0] * cols for _ in range(rows)]
     gate_on = batch_entropy < target
@@ -43,7 +49,7 @@ def stare_loop(advantages_B, logps_BT, mask_BT, batch_entropy, variant, ratio, w
             (-float(logps_BT[i, t]), i, t)
             for i in range(rows)
             for t in range(cols)
-            if mask_BT[i, t] and (float(advantages_B[i]) > 0 if sign > 0 else float(advantages_B[i]) < 0)
+            if mask_BT[i, t] and (float(advantages_BT[i][t]) > 0 if sign > 0 else float(advantages_BT[i][t]) < 0)
         ]
         if not candidates or ratio <= 0:
             continue
@@ -53,7 +59,7 @@ def stare_loop(advantages_B, logps_BT, mask_BT, batch_entropy, variant, ratio, w
     for i in range(rows):
         for t in range(cols):
             if mask_BT[i, t]:
-                out[i][t] = float(advantages_B[i]) * (weight.get((i, t), 1.0) if gate_on else 1.0)
+                out[i][t] = float(advantages_BT[i][t]) * (weight.get((i, t), 1.0) if gate_on else 1.0)
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -182,6 +188,29 @@ def test_incoming_token_advantages_decide_the_sets():
     )
     torch.testing.assert_close(result.advantages_BT, torch.tensor([[-0.9, 2.2]]))
     assert result.metrics["target_entropy"] == 0.3
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_after_otb_the_sets_follow_each_token_advantage(seed):
+    # verl's composition: OTB estimates the token advantages, STARE's loss splits tokens by their sign.
+    from test_otb import _random_batch as otb_batch
+    from test_otb import otb_loop
+
+    rewards, groups, logps, sum_sq, mask = otb_batch(seed)
+    statistics = {
+        "rollout_logps": logps,
+        "rollout_sum_sq_probs": sum_sq,
+        "policy_logps": logps,
+        "rollout_mean_entropy": torch.zeros(mask.shape),
+    }
+    common = dict(group_index_B=groups, rewards_B=rewards)
+    estimated = apply_credit_method("otb", torch.zeros(len(rewards)), mask, statistics, **common).advantages_BT
+    got = apply_credit_method(
+        "stare", torch.zeros(len(rewards)), mask, statistics, advantages_BT=estimated, stare_variant="C2"
+    ).advantages_BT
+    otb_BT = otb_loop(rewards, groups, logps, sum_sq, mask).tolist()
+    want = stare_token_loop(otb_BT, logps, mask, 0.0, "C2", 0.1, 1.1, 0.9, 0.3)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ training
