@@ -49,7 +49,13 @@ from trl_credit.statistics import hellinger_and_entropy  # noqa: E402
 METHODS = ("grpo", "taco", "eapo", "tide")
 ENGINES = ("ddp", "zero2", "zero3", "fsdp2")
 STEPS = {"ddp": 3, "zero2": 2, "zero3": 2, "fsdp2": 2}
-ROW_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+ROW_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "credit_group_index", "credit_rewards")
+# Under DDP only (they add a launch's worth of time): OTB with every group spread over both processes, STARE with its
+# gate on (the tiny model's entropy is far above the paper's 0.3-nat target).
+DDP_ONLY = {
+    "otb": {"num_generations": 8},
+    "stare": {"stare_target_entropy": 100.0, "stare_variant": "C2", "stare_top_p_ratio": 0.3},
+}
 
 
 def char_reward(completions, **kwargs):
@@ -126,7 +132,12 @@ class RecordingTrainer(CreditGRPOTrainer):
         self.head_layouts.append(("credit", head_layout(self._unwrapped())))
         updates, statistic_BT = super()._apply_credit(batch, methods, statistics, record_metrics)
         if record_metrics:  # not the token-credit log's preview
-            forward = {"logps_BT": statistics.get("policy_logps"), "entropy_BT": statistics.get("policy_entropy")}
+            forward = {
+                "logps_BT": statistics.get("policy_logps"),
+                "entropy_BT": statistics.get("policy_entropy"),
+                "sum_sq_probs_BT": statistics.get("rollout_sum_sq_probs"),
+                "rollout_logps_BT": statistics.get("rollout_logps"),
+            }
             record = {**batch, "advantages": updates["credit_sequence_advantages"]}
             self._record(record, updates["advantages"], **{k: v for k, v in forward.items() if v is not None})
         return updates, statistic_BT
@@ -155,6 +166,7 @@ def train_method(out: Path, engine: str, method: str, run_name: str | None = Non
     overrides = dict(max_steps=STEPS[engine])
     if method == "taco":
         overrides.update(taco_alpha=0.5)  # enough tail tokens to compare
+    overrides.update(DDP_ONLY.get(method, {}))
     if uneven:  # one-token chunks: rank 0 streams several, rank 1 none
         overrides.update(statistics_token_chunk_size=1)
     args = tiny_config(method, out / run_name, **overrides)
@@ -196,7 +208,7 @@ def train_method(out: Path, engine: str, method: str, run_name: str | None = Non
             "temperature": trainer.temperature,
             "args": {
                 name: value
-                for m in ("taco", "eapo", "tide")
+                for m in ("taco", "eapo", "tide", *DDP_ONLY)
                 for name, value in CREDIT_METHODS[m]
                 .hyperparameters(
                     {k: v for k, v in (args.credit_kwargs or {}).items() if k in CREDIT_METHODS[m].argument_names}
@@ -339,6 +351,8 @@ def main() -> None:
     if engine == "ddp":
         from accelerate import PartialState
 
+        for method in DDP_ONLY:
+            train_method(out, engine, method)
         check_fsdp2_tide_helpers(out, PartialState().process_index)
 
 

@@ -25,13 +25,18 @@ from trl_credit.methods.registry import (
     REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
+    ROLLOUT_MEAN_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
 )
 from trl_credit.trainer.engines import completion_hidden
 
 RECORDS: list[dict] = []
 
 
-@register_credit_method("probe_generation", statistics=(ROLLOUT_LOGPS, ROLLOUT_ENTROPY, REFERENCE_DEVIATION))
+@register_credit_method(
+    "probe_generation",
+    statistics=(ROLLOUT_LOGPS, ROLLOUT_ENTROPY, ROLLOUT_SUM_SQ_PROBS, ROLLOUT_MEAN_ENTROPY, REFERENCE_DEVIATION),
+)
 def probe_generation(batch):
     RECORDS.append(
         {"stage": "generation", "mask": batch.mask_BT.clone(), **{k: v.clone() for k, v in batch.statistics.items()}}
@@ -127,6 +132,15 @@ def _prompts_of_several_lengths():
     return Dataset.from_dict({"prompt": prompts})
 
 
+def _close_batch_statistics(record, logp_BTV, mask):
+    """`sum_v p_v^2` per token and the batch's mean entropy against the full-vocabulary float64 log-probs."""
+    want_sum_sq = (2 * logp_BTV).exp().sum(-1)
+    torch.testing.assert_close(record[ROLLOUT_SUM_SQ_PROBS][mask].double(), want_sum_sq[mask], atol=1e-5, rtol=1e-5)
+    mean_entropy = (-(logp_BTV.exp() * logp_BTV).sum(-1))[mask].mean()
+    got = record[ROLLOUT_MEAN_ENTROPY][mask].double()
+    torch.testing.assert_close(got, torch.full_like(got, mean_entropy.item()), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize(
     "temperature,generation_kwargs",
     [
@@ -191,6 +205,7 @@ def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, 
     close(generation[0][ROLLOUT_LOGPS], logps, mask)
     close(generation[0][ROLLOUT_ENTROPY], -(logp_BTV.exp() * logp_BTV).sum(-1), mask)
     close(generation[0][REFERENCE_DEVIATION], deviation, mask)
+    _close_batch_statistics(generation[0], logp_BTV, mask)
     # The training forward (TRL's fused LM head) of the same, not yet updated, policy, on the shuffled micro-batch.
     micro_batch, mask = trainer.micro_batch, forward[0]["mask"]
     logps, logp_BTV = _naive(initial, micro_batch, temperature)
@@ -282,6 +297,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
         deviation = (1 - torch.exp(0.5 * (logp_BTV + logq_BTV)).sum(-1)).clamp(0, 1)
         assert deviation[mask].mean() > 0.01
         close(generation[0][REFERENCE_DEVIATION], deviation)
+        _close_batch_statistics(generation[0], logp_BTV, mask)
 
 
 @torch.no_grad()

@@ -20,7 +20,7 @@ def test_top_level_help_and_unknown_command(capsys):
     assert "unknown command 'fly'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("method", ["taco", "stapo", "eapo+taco"])
+@pytest.mark.parametrize("method", ["taco", "stapo", "eapo+taco", "stare", "otb+stare"])
 def test_grpo_help_shows_the_stack_options_with_their_help_and_defaults(capsys, method):
     from trl_credit.methods import CREDIT_METHODS, get_credit_method, parse_credit_methods
 

@@ -36,7 +36,15 @@ import torch.nn.functional as F
 import yaml
 from conftest import make_tiny_model, make_tiny_tokenizer
 
-from trl_credit.methods import eapo_advantages, eapo_kappa_schedule, taco_advantages, taco_tail_risk, tide_advantages
+from trl_credit.methods import (
+    eapo_advantages,
+    eapo_kappa_schedule,
+    otb_advantages,
+    stare_advantages,
+    taco_advantages,
+    taco_tail_risk,
+    tide_advantages,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "multiproc_worker.py"
@@ -416,6 +424,66 @@ def test_taco_two_processes_equal_single_process(run_dir):
 
 def test_tide_two_processes_equal_single_process(run_dir):
     check_tide(*_load(run_dir, "tide"))
+
+
+def test_otb_groups_spread_over_two_processes_equal_single_process(launched):
+    """One group of 8 completions, 4 on each process: the baselines sum over both ranks' rows."""
+    ranks, history = _load(launched("ddp"), "otb")
+    temperature, discriminating = ranks[0]["temperature"], False
+    for r0, r1 in _paired_batches(ranks):
+        groups = torch.cat([r0["credit_group_index"], r1["credit_group_index"]])
+        assert groups.unique().numel() == 1  # the group straddles the processes
+        logps, sum_sq = [], []
+        for r in (r0, r1):
+            logp = _naive_logps(r0["policy_state"], r, temperature)
+            logps.append(logp.gather(-1, r["completion_ids"].unsqueeze(-1)).squeeze(-1))
+            sum_sq.append((2 * logp).exp().sum(-1))
+        width = max(t.size(1) for t in logps)
+        mask_BT = _concat(r0, r1, "completion_mask").bool()
+        rewards = torch.cat([r0["credit_rewards"], r1["credit_rewards"]])
+        expected_BT = otb_advantages(rewards, groups, _pad_right(logps, width), _pad_right(sum_sq, width), mask_BT)
+        torch.testing.assert_close(_concat(r0, r1, "advantages_BT"), expected_BT, **TOL)
+        entry = _log_entry(history, r0["step"])
+        valid = mask_BT.bool()
+        baselines = torch.where(valid, rewards.unsqueeze(1) - expected_BT, 0.0)
+        assert entry["otb/mean_baseline"] == pytest.approx(baselines[valid].mean().item(), abs=1e-4)
+        n0 = r0["completion_mask"].size(0)
+        rank0_alone = otb_advantages(rewards[:n0], groups[:n0], logps[0], sum_sq[0], mask_BT[:n0, : logps[0].size(1)])
+        discriminating |= not torch.allclose(rank0_alone, expected_BT[:n0, : logps[0].size(1)], **TOL)
+    assert discriminating, "rank 0's own baselines never differed from the global ones: the test proves nothing"
+
+
+def test_stare_gate_reads_both_processes_and_selects_per_process(launched):
+    """The gate's entropy is the mean over both ranks' tokens; the top-k runs on each rank's micro-batch alone."""
+    ranks, history = _load(launched("ddp"), "stare")
+    args, temperature = ranks[0]["args"], ranks[0]["temperature"]
+    for r0, r1 in _paired_batches(ranks):
+        entropies = [_entropy(_naive_logps(r0["policy_state"], r, temperature)) for r in (r0, r1)]
+        masks = [r["completion_mask"].bool() for r in (r0, r1)]
+        batch_entropy = torch.cat([e[m] for e, m in zip(entropies, masks)]).mean().item()
+        entry = _log_entry(history, r0["step"])
+        assert entry["stare/batch_entropy"] == pytest.approx(batch_entropy, abs=1e-4)
+        assert entries_differ(entropies[0][masks[0]].mean().item(), batch_entropy)
+        assert entry["stare/gate_on"] == 1.0
+        for r in (r0, r1):
+            logps = _naive_logps(r0["policy_state"], r, temperature)
+            logps = logps.gather(-1, r["completion_ids"].unsqueeze(-1)).squeeze(-1)
+            expected_BT = stare_advantages(
+                r["advantages_B"],
+                logps,
+                r["completion_mask"].bool(),
+                batch_entropy,
+                args["stare_variant"],
+                args["stare_top_p_ratio"],
+                args["stare_reweight_w"],
+                args["stare_reweight_m"],
+                args["stare_target_entropy"],
+            )
+            torch.testing.assert_close(r["advantages_BT"], expected_BT, **TOL)
+
+
+def entries_differ(a: float, b: float) -> bool:
+    return abs(a - b) > 1e-4
 
 
 # ------------------------------------------------------------------------------------------- engine-specific

@@ -49,8 +49,11 @@ def _step_logs(trainer, steps):
         ("tide", {"tide_reference": "old"}),
         # A random draw seeded by the step: the resumed run must detach the same tokens.
         ("clip_cov", {"clip_cov_ratio": 0.5, "clip_cov_lb": -100.0, "clip_cov_ub": 100.0}),
+        # The gate on (the tiny model's entropy is far above 0.3 nats), so tokens are reweighted at the resumed steps.
+        ("stare", {"stare_target_entropy": 100.0, "stare_variant": "C2"}),
+        ("otb", {}),
     ],
-    ids=["grpo", "taco", "eapo-kappa-decay", "tide-ref", "tide-old", "clip-cov"],
+    ids=["grpo", "taco", "eapo-kappa-decay", "tide-ref", "tide-old", "clip-cov", "stare", "otb"],
 )
 def test_resume_equals_uninterrupted_run(tmp_path, method, overrides):
     uninterrupted = _trainer(method, tmp_path / "a", **overrides)
@@ -77,6 +80,8 @@ def test_resume_equals_uninterrupted_run(tmp_path, method, overrides):
         assert [got[s]["eapo/kappa"] for s in (3, 4)] == pytest.approx([math.log(4) / 2, math.log(4) / 4])
     if method == "tide":
         assert got[3]["tide/mean_deviation"] > 0
+    if method == "stare":
+        assert got[3]["stare/reweighted_fraction"] > 0  # step 4 of this seed has equal rewards: nothing to weigh
     if method == "clip_cov":  # tokens were drawn at the resumed steps, so the same draw was checked
         assert all(got[s]["clip_cov/detached_fraction"] > 0 for s in (3, 4))
     for (name, p_want), (_, p_got) in zip(uninterrupted.model.named_parameters(), resumed.model.named_parameters()):

@@ -1,6 +1,7 @@
 """Full-vocabulary statistics, streamed so the `(N, V)` logits of a batch are never held: TIDE's deviation and
-entropy, and one model's sampled-token log-probability, entropy and logit gap to the most likely token from hidden
-states recorded elsewhere (`token_statistics`: generation, the training forward; the min-p support weight).
+entropy, and one model's sampled-token log-probability, entropy, logit gap to the most likely token and
+`sum_v p_v^2` from hidden states recorded elsewhere (`token_statistics`: generation, the training forward; the min-p
+support weight, OTB's path variance).
 
 For N token positions with final hidden states `h` (policy) and `h_ref` (reference) and LM heads `W`, `W_ref`
 (`V x H`), TIDE needs per token the squared Hellinger distance `d = 1 - sum_v sqrt(p_v q_v)` between the two
@@ -148,6 +149,7 @@ class TokenStatistics(NamedTuple):
     logps: torch.Tensor | None  # log-probability of the given tokens (None when no tokens were given)
     entropy: torch.Tensor  # full-vocabulary entropy
     logit_gap: torch.Tensor | None  # the given token's logit minus the largest logit, `<= 0` (None as `logps`)
+    sum_sq_probs: torch.Tensor  # sum_v p_v^2
 
 
 @torch.no_grad()
@@ -161,36 +163,43 @@ def token_statistics(
     vocab_chunk_size: int = 16384,
     transform: LogitTransform = LogitTransform(),
 ) -> TokenStatistics:
-    """The log-probability of `token_ids_N`, the entropy and the logit gap `z_y - max_v z_v`, streamed.
+    """The log-probability of `token_ids_N`, the entropy, the logit gap `z_y - max_v z_v` and `sum_v p_v^2`,
+    streamed.
 
     From final hidden states recorded elsewhere, what TRL's forward gives for sampled tokens:
     `log p_y = z_y - log sum_v e^(z_v)`, logits `z` after the transform (temperature included). The gap is taken from
     the logits themselves, as the official min-p code reads it: `log p_y - log max_v p_v` is the same number in exact
-    arithmetic, but each float32 log-prob carries the rounding of `log sum_v e^(z_v)`.
+    arithmetic, but each float32 log-prob carries the rounding of `log sum_v e^(z_v)`. With `m = max_v z_v`,
+    `s = sum_v e^(z_v - m)` and `s2 = sum_v e^(2 (z_v - m))`, `sum_v p_v^2 = s2 / s^2` (TRL's fused head's
+    `log_sum_sq_probs` is its log).
     """
     _check_chunk_sizes(token_chunk_size, vocab_chunk_size)
     num_tokens, vocab_size = hidden_NH.shape[0], weight_VH.shape[0]
     logps_N = torch.zeros(num_tokens, device=hidden_NH.device)
     entropy_N = torch.zeros(num_tokens, device=hidden_NH.device)
     logit_gap_N = torch.zeros(num_tokens, device=hidden_NH.device)
+    sum_sq_probs_N = torch.zeros(num_tokens, device=hidden_NH.device)
     for t0 in range(0, num_tokens, token_chunk_size):
         rows = slice(t0, min(t0 + token_chunk_size, num_tokens))
         ids_n = token_ids_N[rows] if token_ids_N is not None else None
         policy = _StreamedSoftmax(rows.stop - rows.start, hidden_NH.device)
         sampled_logit_n = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)
+        square_sum_n = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)  # sum e^(2 (z - m))
         for v0 in range(0, vocab_size, vocab_chunk_size):
             v1 = min(v0 + vocab_chunk_size, vocab_size)
             z_nC = _logits(hidden_NH[rows], weight_VH, bias_V, v0, v1, transform, temperature)
-            policy.add(z_nC)
+            centred_nC, rescale_n = policy.add(z_nC)
+            square_sum_n = rescale_n**2 * square_sum_n + torch.exp(2.0 * centred_nC).sum(dim=1)
             if ids_n is not None:
                 chunk_logit_n = z_nC.gather(1, (ids_n - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)).squeeze(1)
                 sampled_logit_n = torch.where((ids_n >= v0) & (ids_n < v1), chunk_logit_n, sampled_logit_n)
         logps_N[rows] = sampled_logit_n - policy.log_normalizer()
         entropy_N[rows] = policy.entropy()
         logit_gap_N[rows] = sampled_logit_n - policy.max
+        sum_sq_probs_N[rows] = square_sum_n / policy.sum**2
     if token_ids_N is None:
-        return TokenStatistics(None, entropy_N, None)
-    return TokenStatistics(logps_N, entropy_N, logit_gap_N)
+        return TokenStatistics(None, entropy_N, None, sum_sq_probs_N)
+    return TokenStatistics(logps_N, entropy_N, logit_gap_N, sum_sq_probs_N)
 
 
 @torch.no_grad()

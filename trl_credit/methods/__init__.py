@@ -10,6 +10,7 @@ from .eapo import EAPOArguments, eapo_advantages, eapo_kappa_schedule, eapo_norm
 from .entropy_adv import EntropyAdvArguments, entropy_adv_advantages
 from .high_entropy import HighEntropyArguments, high_entropy_advantages
 from .minp_support import MinPSupportArguments, minp_support_weights
+from .otb import OTBArguments, otb_advantages, otb_baselines, otb_path_variance
 from .registry import (
     CREDIT_METHODS,
     STATISTICS,
@@ -23,6 +24,7 @@ from .registry import (
     register_credit_method,
 )
 from .stapo import STAPOArguments, stapo_advantages
+from .stare import STAREArguments, stare_advantages, stare_selection_size, stare_weights
 from .taco import TACOArguments, taco_advantages, taco_tail_risk
 from .tampo import TAMPOArguments, tampo_advantages
 from .tide import DISTANCES, TIDEArguments, tide_advantages, tide_entropy_gate, tide_scores
@@ -44,7 +46,9 @@ __all__ = [
     "EntropyAdvArguments",
     "HighEntropyArguments",
     "MinPSupportArguments",
+    "OTBArguments",
     "STAPOArguments",
+    "STAREArguments",
     "TAMPOArguments",
     "TACOArguments",
     "TIDEArguments",
@@ -59,10 +63,16 @@ __all__ = [
     "get_credit_method",
     "high_entropy_advantages",
     "minp_support_weights",
+    "otb_advantages",
+    "otb_baselines",
+    "otb_path_variance",
     "parse_credit_methods",
     "quantile_linear",
     "register_credit_method",
     "stapo_advantages",
+    "stare_advantages",
+    "stare_selection_size",
+    "stare_weights",
     "taco_advantages",
     "taco_tail_risk",
     "tampo_advantages",

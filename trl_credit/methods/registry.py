@@ -39,6 +39,11 @@ POLICY_ENTROPY = "policy_entropy"  # full-vocabulary entropy (nats) of the curre
 POLICY_LOGIT_GAP = "policy_logit_gap"
 ROLLOUT_LOGPS = "rollout_logps"  # the same for the policy that generated the batch, once per generation batch
 ROLLOUT_ENTROPY = "rollout_entropy"
+# sum_v pi_v^2 of the rollout policy's next-token distribution (in (0, 1]), from the same source as `rollout_entropy`
+ROLLOUT_SUM_SQ_PROBS = "rollout_sum_sq_probs"
+# The token mean of `rollout_entropy` over every valid token of the generation batch (all processes), the same value at
+# every valid position: a batch-level entropy that a method in the training forward can read from any micro-batch
+ROLLOUT_MEAN_ENTROPY = "rollout_mean_entropy"
 REFERENCE_DEVIATION = "reference_deviation"  # squared Hellinger distance to the frozen initial model
 PREVIOUS_POLICY_DEVIATION = "previous_policy_deviation"  # ... to the policy of the previous generation batch
 # 1.0 on the tokens the task's ground truth marks as deciding the reward, else 0. The trainer cannot compute it: only a
@@ -46,7 +51,14 @@ PREVIOUS_POLICY_DEVIATION = "previous_policy_deviation"  # ... to the policy of 
 TASK_DECISIVE = "task_decisive"
 
 LOSS_FORWARD_STATISTICS = (POLICY_LOGPS, POLICY_ENTROPY, POLICY_LOGIT_GAP)
-GENERATION_STATISTICS = (ROLLOUT_LOGPS, ROLLOUT_ENTROPY, REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)
+GENERATION_STATISTICS = (
+    ROLLOUT_LOGPS,
+    ROLLOUT_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_MEAN_ENTROPY,
+    REFERENCE_DEVIATION,
+    PREVIOUS_POLICY_DEVIATION,
+)
 STATISTICS = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS + (TASK_DECISIVE,)
 
 
@@ -74,6 +86,10 @@ class CreditBatch:
         loss_weights_BT: float, each token's weight in the loss: the product of the loss masks the earlier methods
             of the stack returned (soft for min-p), as the official code multiplies verl's `response_mask` step by
             step. `mask_BT` as float when omitted.
+        group_index_B: long, the prompt group of each row, the same number on every process for the completions of
+            one prompt (a group may span processes), for advantage estimators; None outside a trainer unless given.
+        rewards_B: the raw reward of each row (TRL's weighted sum over reward functions, before any normalisation),
+            for advantage estimators; None outside a trainer unless given.
     """
 
     advantages_BT: torch.Tensor
@@ -85,6 +101,8 @@ class CreditBatch:
     gather: Callable[[torch.Tensor], torch.Tensor] = _local
     clip_range: tuple[float, float] = (0.2, 0.2)
     loss_weights_BT: torch.Tensor | None = None
+    group_index_B: torch.Tensor | None = None
+    rewards_B: torch.Tensor | None = None
 
     def __post_init__(self):
         if self.loss_weights_BT is None:
@@ -145,7 +163,11 @@ Check = tuple[Callable[[Any], bool], str]
 
 # Statistics with a bounded range: a streamed computation may round slightly outside it, anything further is a bug
 # upstream. The rest need only be finite.
-STATISTIC_RANGES = {REFERENCE_DEVIATION: (0.0, 1.0), PREVIOUS_POLICY_DEVIATION: (0.0, 1.0)}
+STATISTIC_RANGES = {
+    REFERENCE_DEVIATION: (0.0, 1.0),
+    PREVIOUS_POLICY_DEVIATION: (0.0, 1.0),
+    ROLLOUT_SUM_SQ_PROBS: (0.0, 1.0),
+}
 _RANGE_TOLERANCE = 1e-4
 
 
@@ -284,6 +306,7 @@ class CreditMethod:
     summary: str = ""
     diagnostics: Mapping[str, str] = field(default_factory=dict)
     token_statistic: tuple[str, str] | None = None
+    estimates_advantages: bool = False
 
     @property
     def argument_names(self) -> tuple[str, ...]:
@@ -347,6 +370,15 @@ class CreditMethod:
                 f"{tuple(batch.sequence_advantages_B.shape)}"
             )
         _check_finite(self.name, "sequence_advantages_B", batch.sequence_advantages_B, None)
+        if self.estimates_advantages:
+            for what, values_B in (("group_index_B", batch.group_index_B), ("rewards_B", batch.rewards_B)):
+                if values_B is None or values_B.shape != mask_BT.shape[:1]:
+                    got = "None" if values_B is None else tuple(values_B.shape)
+                    raise ValueError(
+                        f"credit method {self.name!r} estimates advantages from the groups and raw rewards: the batch "
+                        f"must carry {what} of shape ({mask_BT.size(0)},), got {got}"
+                    )
+            _check_finite(self.name, "rewards_B", batch.rewards_B, None)
         _check_finite(
             self.name, "advantages_BT", _same_shape(self.name, "advantages_BT", batch.advantages_BT, mask_BT), mask_BT
         )
@@ -453,6 +485,7 @@ def register_credit_method(
     summary: str = "",
     diagnostics: Mapping[str, str] | None = None,
     token_statistic: tuple[str, str] | None = None,
+    estimates_advantages: bool = False,
 ):
     """Register `function(batch: CreditBatch, **hyperparameters) -> CreditResult | Tensor` as credit method `name`.
 
@@ -470,6 +503,8 @@ def register_credit_method(
         diagnostics: `{metric: meaning}` of every metric it returns (logged as `name/metric`); returning an
             undeclared one is an error.
         token_statistic: `(name, meaning)` of the per-token statistic it returns for the token-credit view.
+        estimates_advantages: it computes token advantages from the raw rewards and the groups (`batch.rewards_B`,
+            `batch.group_index_B`) instead of reshaping the incoming ones, so it must come first in a stack.
 
     Registering a second, different function under an existing name is an error.
     """
@@ -504,6 +539,7 @@ def register_credit_method(
             summary,
             dict(diagnostics or {}),
             token_statistic,
+            estimates_advantages,
         )
         existing = CREDIT_METHODS.get(name)
         if existing is not None and _qualname(existing.function) != _qualname(function):
@@ -544,6 +580,8 @@ def apply_credit_method(
     step: int = 0,
     clip_range: tuple[float, float] = (0.2, 0.2),
     advantages_BT: torch.Tensor | None = None,
+    group_index_B: torch.Tensor | None = None,
+    rewards_B: torch.Tensor | None = None,
     **hyperparameters,
 ) -> CreditResult:
     """Run registered method `name` on one process's tensors, as the trainer does, outside a trainer.
@@ -553,6 +591,7 @@ def apply_credit_method(
         mask_BT: `(B, T)` valid completion positions (bool or 0/1).
         statistics: the statistics the method reads, `(B, T)` each, by name.
         advantages_BT: incoming token advantages (a previous method's output); `A_i` on every valid token if None.
+        group_index_B, rewards_B: `(B,)` prompt group of each row and raw rewards, for advantage estimators.
         **hyperparameters: the method's hyperparameters by field name; the others keep their defaults.
 
     Batch-global reductions (EAPO's quantiles) span the tensors passed in.
@@ -564,7 +603,14 @@ def apply_credit_method(
             f"advantages_B must have shape (B,) and mask_BT (B, T), got {tuple(advantages_B.shape)} and {tuple(mask_BT.shape)}"
         )
     batch = CreditBatch.from_sequence_advantages(
-        advantages_B, mask_BT, statistics=statistics, vocab_size=vocab_size, step=step, clip_range=clip_range
+        advantages_B,
+        mask_BT,
+        statistics=statistics,
+        vocab_size=vocab_size,
+        step=step,
+        clip_range=clip_range,
+        group_index_B=group_index_B,
+        rewards_B=None if rewards_B is None else rewards_B.float(),
     )
     if advantages_BT is not None:
         batch = dataclasses.replace(batch, advantages_BT=advantages_BT)

@@ -169,6 +169,12 @@ class CreditGRPOConfig(GRPOConfig):
                 else:
                     credit_kwargs[name] = value
         self.credit_kwargs = credit_kwargs or None
+        late_estimators = [m.name for m in stack[1:] if m.estimates_advantages]
+        if late_estimators:
+            raise ValueError(
+                f"credit_method {self.credit_method!r}: {', '.join(late_estimators)} computes the token advantages from "
+                "the rewards, replacing what came before it: it must come first in the stack"
+            )
         in_forward = [m.reads_training_forward(resolved[m.name]) for m in stack]
         if in_forward != sorted(in_forward):
             raise ValueError(

@@ -35,6 +35,8 @@ from ..methods.registry import (
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,
+    ROLLOUT_MEAN_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
     CreditBatch,
     CreditResult,
 )
@@ -64,6 +66,16 @@ from .trl_compat import (
 )
 
 SEQUENCE_ADVANTAGES = "credit_sequence_advantages"  # batch key: GRPO's A_i, kept once the advantages are (B, T)
+GROUP_INDEX = "credit_group_index"  # batch key: each row's prompt group (global over processes)
+REWARDS = "credit_rewards"  # batch key: each row's raw reward (TRL's weighted sum over reward functions)
+# Generation statistics of the rollout policy's full next-token distribution (beyond the sampled token's log-prob).
+ROLLOUT_DISTRIBUTION = (
+    ROLLOUT_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_MEAN_ENTROPY,
+    REFERENCE_DEVIATION,
+    PREVIOUS_POLICY_DEVIATION,
+)
 
 
 def statistic_key(name: str) -> str:
@@ -130,9 +142,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
         self._records_hidden = POLICY_LOGIT_GAP in requested  # from the final hidden states of the forward
         # Statistics of the rollout policy's full distribution (not just the sampled token's log-prob, which TRL keeps).
-        self._reads_rollout_distribution = any(
-            s in (ROLLOUT_ENTROPY, REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION) for s in self._generation_statistics
-        )
+        self._reads_rollout_distribution = any(s in ROLLOUT_DISTRIBUTION for s in self._generation_statistics)
+        # sum_v p_v^2 is streamed from the final hidden states of the forward that scored the batch.
+        self._keeps_scoring_hidden = ROLLOUT_SUM_SQ_PROBS in self._generation_statistics
         deviations = [s for s in self._generation_statistics if s in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
         if len(deviations) > 1:
             raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
@@ -150,9 +162,12 @@ class CreditGRPOTrainer(GRPOTrainer):
         score = self._reads_rollout_distribution and runs_scoring_forward(self)
         with (
             recorded_generation_hidden(self, record) as generation,
-            recorded_scoring_forward(self, score, keep_hidden=self.deviation_reference is not None) as scoring,
+            recorded_scoring_forward(
+                self, score, keep_hidden=self.deviation_reference is not None or self._keeps_scoring_hidden
+            ) as scoring,
         ):
             batch = super()._generate_and_score_completions(inputs)
+        batch.update(self._groups_and_rewards(batch))
         if self._generation_statistics:
             statistics = generation_statistics(
                 self, batch, self._generation_statistics, self.deviation_reference, generation, scoring
@@ -179,6 +194,21 @@ class CreditGRPOTrainer(GRPOTrainer):
             if logged_step < first_step + steps_served:
                 self._log_token_credit(batch, statistic_BT, logged_step)
         return batch
+
+    def _groups_and_rewards(self, batch) -> dict[str, torch.Tensor]:
+        """Batch keys for advantage estimators: each row's prompt group and raw reward, as TRL laid them out.
+
+        TRL's generation batch holds every process's rows in process order, each prompt's completions consecutive;
+        the rows of this process are its slice, and `_calculate_rewards` returned every process's rewards.
+        """
+        num_rows = batch["completion_ids"].size(0)
+        num_generations = self.num_generations if self.model.training else self.num_generations_eval
+        rows = self.accelerator.process_index * num_rows + torch.arange(
+            num_rows, device=batch["completion_ids"].device
+        )
+        rewards_per_func = self._last_rewards_per_func[rows.to(self._last_rewards_per_func.device)]
+        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)  # TRL's sum
+        return {GROUP_INDEX: rows // num_generations, REWARDS: rewards.float().to(rows.device)}
 
     def _batch_statistics(self, batch) -> dict[str, torch.Tensor]:
         return {name: batch[statistic_key(name)] for name in self._generation_statistics}
@@ -219,6 +249,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             gather=self._gather_all,
             clip_range=(self.epsilon_low, self.epsilon_high),
             loss_weights_BT=trl_mask_BT.float(),
+            group_index_B=batch.get(GROUP_INDEX),
+            rewards_B=batch.get(REWARDS),
         )
         loss_mask_BT, statistic_BT = None, None
         mode = "train" if self.model.training else "eval"

@@ -15,6 +15,9 @@
   sampling options and prefill chunking, on TRL's vLLM branch and its off-policy branch.
   * `rollout_logps` / `rollout_entropy`: TRL's scoring forward, that LM-head stream, or TRL's forward;
     `rollout_logps` is TRL's `old_per_token_logps` when it ran.
+  * `rollout_sum_sq_probs`: the LM head streamed over the final hidden states of the same source (recorded from TRL's
+    scoring forward, from `generate`, or from TRL's forward in case 3): no second policy forward.
+  * `rollout_mean_entropy`: the token mean of `rollout_entropy` over the generation batch, summed over processes.
   * `reference_deviation` / `previous_policy_deviation`: the policy's and the reference's final hidden states (one
     no-grad forward of the reference) streamed through both LM heads and output transforms. The same pass gives the
     policy's full-vocabulary entropy, which is then `rollout_entropy`.
@@ -40,6 +43,8 @@ from ..methods.registry import (
     REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
+    ROLLOUT_MEAN_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
 )
 from ..statistics import TokenStatistics, hellinger_and_entropy, token_statistics
 from .engines import backbone, completion_hidden, full_lm_head, logit_transform, unsharded_root
@@ -243,10 +248,14 @@ def _on_every_process(trainer, found: bool, device) -> bool:
 def policy_logit_gap(trainer, batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
     """`(B, T)` sampled token's logit minus the policy's largest logit at each completion position, zero where masked,
     from the final hidden states `hidden_BLH` of prompt + completion."""
+    return streamed_policy_statistics(trainer, batch, completion_positions(batch, hidden_BLH)).logit_gap
+
+
+def completion_positions(batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
+    """`(B, T, H)`: the final hidden states of prompt + completion at the positions that score the completion."""
     prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
     # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
-    hidden_BTH = hidden_BLH[:, prompt_len - 1 : prompt_len - 1 + completion_len]
-    return streamed_policy_statistics(trainer, batch, hidden_BTH).logit_gap
+    return hidden_BLH[:, prompt_len - 1 : prompt_len - 1 + completion_len]
 
 
 @torch.no_grad()
@@ -303,16 +312,30 @@ def generation_statistics(
         )
     if ROLLOUT_LOGPS in names and "old_per_token_logps" in batch:
         statistics[ROLLOUT_LOGPS] = batch["old_per_token_logps"].float()  # TRL's own old-log-prob forward
-    if ROLLOUT_ENTROPY in names and scored_entropy_BT is not None:
+    # The batch's mean entropy is taken from the per-token entropies.
+    needed = {*names, ROLLOUT_ENTROPY} if ROLLOUT_MEAN_ENTROPY in names else set(names)
+    if ROLLOUT_ENTROPY in needed and scored_entropy_BT is not None:
         statistics.setdefault(ROLLOUT_ENTROPY, scored_entropy_BT)
-    if any(name in names and name not in statistics for name in (ROLLOUT_LOGPS, ROLLOUT_ENTROPY)):
+    if any(n in needed and n not in statistics for n in (ROLLOUT_LOGPS, ROLLOUT_ENTROPY, ROLLOUT_SUM_SQ_PROBS)):
         if policy_hidden_BTH is None:
-            logps_BT, entropy_BT = policy_logps_and_entropy(trainer, batch, trainer._forward_batch_size())
-        else:
-            logps_BT, entropy_BT, _ = streamed_policy_statistics(trainer, batch, policy_hidden_BTH)
-        statistics.setdefault(ROLLOUT_LOGPS, logps_BT)
-        statistics.setdefault(ROLLOUT_ENTROPY, entropy_BT)
+            # sum_v p_v^2 is streamed from the final hidden states of TRL's forward, recorded as it runs.
+            with recorded_final_hidden(trainer, ROLLOUT_SUM_SQ_PROBS in needed) as hidden:
+                logps_BT, entropy_BT = policy_logps_and_entropy(trainer, batch, trainer._forward_batch_size())
+            statistics.setdefault(ROLLOUT_LOGPS, logps_BT)
+            statistics.setdefault(ROLLOUT_ENTROPY, entropy_BT)
+            if hidden:
+                policy_hidden_BTH = completion_positions(batch, torch.cat(hidden))
+        if policy_hidden_BTH is not None:
+            streamed = streamed_policy_statistics(trainer, batch, policy_hidden_BTH)
+            statistics.setdefault(ROLLOUT_LOGPS, streamed.logps)
+            statistics.setdefault(ROLLOUT_ENTROPY, streamed.entropy)
+            statistics.setdefault(ROLLOUT_SUM_SQ_PROBS, streamed.sum_sq_probs)
     mask_BT = valid_mask(batch)
+    if ROLLOUT_MEAN_ENTROPY in names:  # over every valid token of every process (a collective)
+        entropy_BT = statistics[ROLLOUT_ENTROPY]
+        totals = torch.stack([torch.where(mask_BT, entropy_BT, 0.0).sum(), mask_BT.sum().float()])
+        total, count = trainer.accelerator.reduce(totals, reduction="sum").tolist()
+        statistics[ROLLOUT_MEAN_ENTROPY] = torch.full_like(entropy_BT, total / count if count else 0.0)
     return {name: torch.where(mask_BT, statistics[name], 0.0) for name in names}
 
 

@@ -1,0 +1,278 @@
+"""OTB against the official rule (verl-project/verl: `compute_optimal_token_baseline_advantage` in
+`verl/trainer/ppo/core_algos.py`), worked out here by loops over groups, rows and positions, on fixed tensors and in
+training.
+
+The official rule: the return at every valid position is the response's reward (one reward per response, at its last
+token); `w = 1 - 2 exp(old_log_prob) + sum_pi_squared` on valid tokens, `W` its cumulative sum along the response;
+per prompt group of at least 2 responses and per position `t`, `B_t = sum_i G_i W_it m_it / (sum_i W_it m_it + 1e-8)`;
+with `handle_zero_tail` the single longest response of a group (if strictly longer than the second) gets `B = 0` from
+column `second-longest length` on; a group of one response gets `B = 0`; `Â = (G - B) * mask`.
+"""
+
+import threading
+
+import pytest
+import torch
+from conftest import (
+    length_reward,
+    make_tiny_model,
+    make_tiny_tokenizer,
+    naive_logprobs,
+    sampled,
+    tiny_config,
+    tiny_prompt_dataset,
+)
+from trl import GRPOTrainer
+
+from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
+from trl_credit.methods import CREDIT_METHODS, apply_credit_method, otb_advantages, otb_baselines, otb_path_variance
+
+LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
+
+
+def otb_loop(rewards, groups, logps, sum_sq, mask, handle_zero_tail=True):
+    """The official rule with Python loops, in float64."""
+    rows, cols = mask.shape
+    weight = [[0.0] * cols for _ in range(rows)]
+    for i in range(rows):
+        total = 0.0
+        for t in range(cols):
+            if mask[i, t]:
+                total += (
+                    1 - 2 * float(torch.tensor(float(logps[i, t]), dtype=torch.float64).exp()) + float(sum_sq[i, t])
+                )
+            weight[i][t] = total
+    lengths = [int(mask[i].sum()) for i in range(rows)]
+    baseline = [[0.0] * cols for _ in range(rows)]
+    for g in {int(x) for x in groups}:
+        members = [i for i in range(rows) if int(groups[i]) == g]
+        if len(members) == 1:
+            continue
+        for t in range(cols):
+            num = sum(float(rewards[i]) * weight[i][t] for i in members if mask[i, t])
+            den = sum(weight[i][t] for i in members if mask[i, t]) + 1e-8
+            for i in members:
+                baseline[i][t] = num / den
+        if handle_zero_tail:
+            ordered = sorted(lengths[i] for i in members)
+            longest = [i for i in members if lengths[i] == ordered[-1]]
+            if len(longest) == 1 and ordered[-1] > ordered[-2]:
+                for t in range(ordered[-2], cols):
+                    baseline[longest[0]][t] = 0.0
+    return torch.tensor(
+        [[(float(rewards[i]) - baseline[i][t]) if mask[i, t] else 0.0 for t in range(cols)] for i in range(rows)],
+        dtype=torch.float64,
+    )
+
+
+def _random_batch(seed, groups=3, size=4, cols=10, vocab=30):
+    """Rollout statistics of real distributions: the sampled token's log-prob and sum_v p_v^2 of random logits."""
+    g = torch.Generator().manual_seed(seed)
+    rows = groups * size
+    lengths = torch.randint(0, cols + 1, (rows,), generator=g)
+    mask = torch.arange(cols).unsqueeze(0) < lengths.unsqueeze(1)
+    logp_all = torch.log_softmax(torch.randn(rows, cols, vocab, generator=g) * 3, dim=-1)
+    ids = torch.multinomial(logp_all.exp().view(-1, vocab), 1, generator=g).view(rows, cols)
+    logps = logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    sum_sq = (2 * logp_all).exp().sum(-1)
+    rewards = torch.randint(0, 2, (rows,), generator=g).float() if seed % 2 else torch.randn(rows, generator=g)
+    group_index = torch.arange(groups).repeat_interleave(size)[torch.randperm(rows, generator=g)]  # any row order
+    return rewards, group_index, logps, sum_sq, mask
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("handle_zero_tail", [True, False])
+def test_random_batches_match_the_official_rule(seed, handle_zero_tail):
+    rewards, groups, logps, sum_sq, mask = _random_batch(seed, groups=1 + seed % 4, size=1 + seed % 5)
+    got = otb_advantages(rewards, groups, logps, sum_sq, mask, handle_zero_tail)
+    want = otb_loop(rewards, groups, logps, sum_sq, mask, handle_zero_tail)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+
+
+def test_edge_cases():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    nan = float("nan")
+    logps = torch.tensor(
+        [[-0.5, -1.0, -2.0, nan], [-0.1, -0.3, nan, nan], [-1.0, nan, nan, nan], [nan] * 4, [0.0, 0.0, nan, nan]]
+    )
+    sum_sq = torch.where(mask, torch.tensor(0.4), torch.tensor(nan))
+    sum_sq[4] = torch.tensor([1.0, 1.0, nan, nan])  # a deterministic policy: w = 0, no baseline from it
+    rewards = torch.tensor([1.0, 0.0, 1.0, 3.0, 2.0])
+    groups = torch.tensor([0, 0, 0, 0, 1])  # group 0 holds an all-masked row; group 1 is a single response
+    for tail in (True, False):
+        got = otb_advantages(rewards, groups, logps, sum_sq, mask, tail)
+        want = otb_loop(rewards, groups, torch.nan_to_num(logps), torch.nan_to_num(sum_sq), mask, tail)
+        torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-6)
+        assert torch.isfinite(got).all() and (got[~mask] == 0).all()
+        torch.testing.assert_close(got[4], torch.tensor([2.0, 2.0, 0.0, 0.0]))  # a group of one: Â = G
+    # The single longest response keeps its reward as advantage beyond the second-longest one's length.
+    assert otb_advantages(rewards, groups, logps, sum_sq, mask, True)[0, 2] == 1.0
+    # Equal rewards in a group and equal lengths: the baseline is the reward, the advantage 0.
+    equal = otb_advantages(
+        torch.ones(3), torch.zeros(3), torch.full((3, 4), -0.7), torch.full((3, 4), 0.3), torch.ones(3, 4).bool()
+    )
+    torch.testing.assert_close(equal, torch.zeros(3, 4), atol=1e-6, rtol=0)
+
+
+def test_path_variance_is_a_cumulative_sum_over_valid_tokens():
+    mask = torch.tensor([[1, 0, 1]], dtype=torch.bool)
+    got = otb_path_variance(torch.log(torch.tensor([[0.5, 0.9, 0.25]])), torch.tensor([[0.5, 0.9, 0.25]]), mask)
+    torch.testing.assert_close(
+        got, torch.tensor([[0.5, 0.5, 0.5 + 0.75]])
+    )  # 1 - 1 + 0.5; masked adds 0; 1 - 0.5 + 0.25
+
+
+class ThreadGather:
+    """`batch.gather` over threads that stand for processes: each call returns every thread's values in order."""
+
+    def __init__(self, parties):
+        self.barrier, self.slots, self.parties = threading.Barrier(parties), [None] * parties, parties
+
+    def for_rank(self, rank):
+        def gather(values_N):
+            self.slots[rank] = values_N.float().flatten()
+            self.barrier.wait()
+            out = torch.cat(list(self.slots))
+            self.barrier.wait()
+            return out
+
+        return gather
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_groups_split_over_processes_give_the_same_advantages(seed):
+    rewards, groups, logps, sum_sq, mask = _random_batch(seed, groups=3, size=4)
+    path_variance = otb_path_variance(logps, sum_sq, mask)
+    whole, _ = otb_baselines(rewards, groups, path_variance, mask)
+    gather, halves, cut = ThreadGather(2), [None, None], [slice(0, 5), slice(5, 12)]  # groups straddle the cut
+
+    def run(rank):
+        rows = cut[rank]
+        halves[rank] = otb_baselines(
+            rewards[rows], groups[rows], path_variance[rows], mask[rows], True, gather.for_rank(rank)
+        )[0]
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    torch.testing.assert_close(torch.cat(halves), whole, atol=1e-6, rtol=1e-6)
+
+
+def test_registration_and_stack_position():
+    method = CREDIT_METHODS["otb"]
+    assert method.estimates_advantages and method.hyperparameters() == {"otb_handle_zero_tail": True}
+    assert method.paper["id"] == "2602.07078"
+    assert [
+        m.name for m in CreditGRPOConfig(output_dir="/tmp/u", credit_method="otb+taco", use_cpu=True).credit_methods
+    ] == ["otb", "taco"]
+    for stack in ("taco+otb", "eapo+otb"):
+        with pytest.raises(ValueError, match="must come first"):
+            CreditGRPOConfig(output_dir="/tmp/u", credit_method=stack, use_cpu=True)
+    with pytest.raises(ValueError, match="group_index_B"):
+        apply_credit_method(
+            "otb",
+            torch.zeros(1),
+            torch.ones(1, 2),
+            {"rollout_logps": torch.zeros(1, 2), "rollout_sum_sq_probs": torch.ones(1, 2)},
+        )
+
+
+def test_incoming_advantages_are_replaced_and_later_methods_reshape():
+    rewards, groups, logps, sum_sq, mask = _random_batch(4)
+    statistics = {"rollout_logps": logps, "rollout_sum_sq_probs": sum_sq}
+    common = dict(group_index_B=groups, rewards_B=rewards)
+    first = apply_credit_method("otb", torch.randn(len(rewards)), mask, statistics, **common).advantages_BT
+    other = apply_credit_method(
+        "otb", torch.randn(len(rewards)), mask, statistics, advantages_BT=torch.randn(mask.shape), **common
+    )
+    torch.testing.assert_close(first, other.advantages_BT)
+    # AR-Lopti after OTB multiplies OTB's token advantages by its rollout-probability weights.
+    reshaped = apply_credit_method(
+        "ar_lopti", torch.zeros(len(rewards)), mask, statistics, advantages_BT=first
+    ).advantages_BT
+    torch.testing.assert_close(reshaped, first * (0.9 + 0.1 * logps.exp()) * mask)
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+
+class OTBRecorder:
+    """At generation, checks the advantages the trainer wrote against the loop on the model's own float64 logits,
+    and the raw rewards and groups against TRL's own GRPO advantages of the same batch."""
+
+    def __init__(self, monkeypatch, trainer):
+        self.checked, self.consumed = 0, 0
+        original_generate, original_loss = CreditGRPOTrainer._generate_and_score_completions, GRPOTrainer._compute_loss
+        hp = trainer.args.credit_hyperparameters()
+
+        def generate(trainer_self, inputs):
+            batch = original_generate(trainer_self, inputs)
+            mask = batch["completion_mask"].bool()
+            with torch.no_grad():
+                logp = naive_logprobs(trainer_self.model, batch, trainer_self.temperature, torch.float64)
+            logps, sum_sq = sampled(logp, batch["completion_ids"]), (2 * logp).exp().sum(-1)
+            rewards, groups = batch["credit_rewards"], batch["credit_group_index"]
+            want = otb_loop(rewards, groups, logps, sum_sq, mask, hp["otb_handle_zero_tail"])
+            torch.testing.assert_close(batch["advantages"].double(), want, atol=1e-4, rtol=1e-4)
+            # TRL's GRPO advantage of each row, (r - group mean) / (group std + 1e-4), from the same rewards and groups.
+            for g in groups.unique():
+                rows = groups == g
+                r = rewards[rows]
+                grpo = (r - r.mean()) / (r.std() + 1e-4)
+                torch.testing.assert_close(batch["credit_sequence_advantages"][rows], grpo, atol=1e-5, rtol=1e-5)
+            self.checked += 1
+            return batch
+
+        def inner_loss(trainer_self, model, inputs):
+            assert inputs["advantages"].dim() == 2
+            self.consumed += 1
+            return original_loss(trainer_self, model, inputs)
+
+        monkeypatch.setattr(CreditGRPOTrainer, "_generate_and_score_completions", generate)
+        monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
+
+
+def _train(monkeypatch, tmp_path, method="otb", **overrides):
+    tokenizer = make_tiny_tokenizer()
+    trainer = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=tiny_config(method, tmp_path / "out", **overrides),
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    recorder = OTBRecorder(monkeypatch, trainer)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])]
+    assert not unchanged, f"parameters that did not change: {unchanged}"
+    return trainer, recorder
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_trains_under_every_loss_type_with_the_official_advantages(monkeypatch, tmp_path, loss_type):
+    extra = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
+    trainer, recorder = _train(monkeypatch, tmp_path, loss_type=loss_type, max_steps=2, **extra)
+    assert recorder.checked == 2 and recorder.consumed == 2
+    logged = trainer.state.log_history[0]
+    assert "otb/mean_baseline" in logged and 0.0 <= logged["otb/zero_tail_fraction"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"steps_per_generation": 2},
+        {"per_device_train_batch_size": 2, "num_generations": 4, "gradient_accumulation_steps": 2},
+    ],
+    ids=["trl-scoring-forward", "groups-over-micro-batches"],
+)
+def test_batching_options(monkeypatch, tmp_path, options):
+    _, recorder = _train(monkeypatch, tmp_path, max_steps=2, **options)
+    assert recorder.checked >= 1
+
+
+def test_stack_with_a_training_forward_method(monkeypatch, tmp_path):
+    trainer, recorder = _train(monkeypatch, tmp_path, method="otb+taco", max_steps=1)
+    assert recorder.checked == 1 and "taco/mean_weight" in trainer.state.log_history[0]

@@ -1,0 +1,183 @@
+"""OTB: the Optimal Token Baseline, an advantage estimator.
+
+"The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL", https://huggingface.co/papers/2602.07078.
+Rule and defaults as in verl (https://github.com/verl-project/verl, `compute_optimal_token_baseline_advantage` in
+`verl/trainer/ppo/core_algos.py`, registered as the `optimal_token_baseline` advantage estimator):
+
+    w_t  = 1 - 2 pi_t + sum_v pi_v^2           per valid token (pi_t: the sampled token's probability)
+    W_t  = sum_{j <= t} w_j                     cumulative path variance, over the valid tokens of the response
+    B_t  = sum_i G_i W_it / (sum_i W_it + 1e-8) over the responses i of one prompt's group valid at position t
+    Â_t  = G_i - B_t                            G_i: the raw reward (its reward-to-go, 1 reward per response)
+
+A group of one response has no baseline (`Â = G`). With `otb_handle_zero_tail` (verl's default), the part of a
+group's single longest response beyond the second-longest one gets no baseline either.
+
+It replaces GRPO's advantage instead of reshaping it: it reads the raw rewards and the group of each row, ignores the
+incoming advantages, and must come first in a stack; the methods after it reshape its token advantages.
+
+Statistics: the rollout policy's log-probs and `sum_v pi_v^2`, once per generation batch (verl reads the old-log-prob
+forward). Groups may span processes: the sums over a group are taken over every process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ._checks import paper
+from .registry import (
+    ROLLOUT_LOGPS,
+    ROLLOUT_SUM_SQ_PROBS,
+    CreditBatch,
+    CreditResult,
+    apply_credit_method,
+    register_credit_method,
+)
+
+_EPS = 1e-8  # verl's `epsilon` in the baseline's denominator
+
+OTB_PAPER = paper(
+    "The Optimal Token Baseline: Variance Reduction for Long-Horizon LLM-RL",
+    "2602.07078",
+    "li2026otb",
+    "Li, Yingru and Xu, Jiawei and Li, Ziniu and Liu, Jiacai and Liu, Wei and Tong, Yuxuan and Zheng, Longtao and "
+    "Xue, Zhenghai and Zhang, Yaxiang and Cai, Tianle and Zhang, Ge and Liu, Qian and Wang, Baoxiang",
+)
+
+
+@dataclass
+class OTBArguments:
+    """OTB's options (verl's defaults)."""
+
+    otb_handle_zero_tail: bool = field(
+        default=True,
+        metadata={
+            "help": "OTB: give no baseline to the part of a group's single longest response beyond the second-longest "
+            "(verl's default)."
+        },
+    )
+
+
+def otb_path_variance(logps_BT: torch.Tensor, sum_sq_probs_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """`W_t`: the cumulative sum over the response of `1 - 2 pi_t + sum_v pi_v^2` on valid tokens, `(B, T)` float32."""
+    return ((1.0 - 2.0 * logps_BT.float().exp() + sum_sq_probs_BT.float()) * mask_BT).cumsum(dim=1)
+
+
+@torch.no_grad()
+def otb_baselines(
+    rewards_B: torch.Tensor,
+    group_index_B: torch.Tensor,
+    path_variance_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    handle_zero_tail: bool = True,
+    gather=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-token baselines `B_t` of this process's rows, `(B, T)` float32 (0 where masked), and the bool mask of
+    the tokens whose baseline the zero-tail rule removed.
+
+    `gather` concatenates every process's values (a collective): a group's sums run over all its rows, wherever they are.
+    Without it, the rows passed in are the whole batch.
+    """
+    gather = gather or (lambda values_N: values_N)
+    valid_BT = mask_BT.bool()
+    num_rows, num_tokens = valid_BT.shape
+    position_BT = torch.arange(num_tokens, device=valid_BT.device).expand(num_rows, -1)
+    group_BT = group_index_B.view(-1, 1).expand(-1, num_tokens)
+    weight_N = path_variance_BT[valid_BT]
+    # Every process's valid tokens, keyed by (group, position), in float64 sums.
+    groups_N = gather(group_BT[valid_BT].float()).double()
+    positions_N = gather(position_BT[valid_BT].float()).double()
+    weights_N = gather(weight_N.float()).double()
+    weighted_returns_N = gather((rewards_B.float().view(-1, 1) * path_variance_BT)[valid_BT]).double()
+    stride = float(positions_N.max().item() + 1) if positions_N.numel() else 1.0
+    keys, slot_N = torch.unique(groups_N * stride + positions_N, return_inverse=True)
+    numerator = torch.zeros(keys.numel(), dtype=torch.float64, device=keys.device).index_add_(
+        0, slot_N, weighted_returns_N
+    )
+    denominator = torch.zeros_like(numerator).index_add_(0, slot_N, weights_N)
+    local_keys_N = group_BT[valid_BT].double() * stride + position_BT[valid_BT].double()
+    local_slot_N = torch.searchsorted(keys, local_keys_N)
+    baselines_BT = torch.zeros(valid_BT.shape, dtype=torch.float32, device=valid_BT.device)
+    baselines_BT[valid_BT] = (numerator[local_slot_N] / (denominator[local_slot_N] + _EPS)).float()
+
+    # Group sizes and response lengths (valid-token counts) over every process's rows.
+    all_groups_R = gather(group_index_B.float())
+    all_lengths_R = gather(valid_BT.sum(dim=1).float())
+    zero_tail_BT = torch.zeros_like(valid_BT)
+    for row in range(num_rows):
+        members = all_groups_R == float(group_index_B[row])
+        if int(members.sum()) < 2:  # a group of one response: no baseline
+            baselines_BT[row] = 0.0
+            continue
+        if not handle_zero_tail:
+            continue
+        lengths = torch.sort(all_lengths_R[members]).values
+        longest, second = lengths[-1], lengths[-2]
+        if longest > second and valid_BT[row].sum() == longest:  # the only longest response of its group
+            zero_tail_BT[row, int(second) :] = valid_BT[row, int(second) :]
+            baselines_BT[row, int(second) :] = 0.0
+    return baselines_BT, zero_tail_BT
+
+
+@register_credit_method(
+    "otb",
+    statistics=(ROLLOUT_LOGPS, ROLLOUT_SUM_SQ_PROBS),
+    arguments=OTBArguments,
+    paper=OTB_PAPER,
+    display_name="OTB",
+    summary="Advantage estimator: each token gets its raw reward minus the group's per-position baseline, weighted by "
+    "the cumulative path variance 1 - 2p + sum p^2 (must come first in a stack).",
+    diagnostics={
+        "mean_baseline": "mean baseline B_t over valid tokens",
+        "mean_path_variance": "mean cumulative path variance W_t over valid tokens",
+        "zero_tail_fraction": "fraction of valid tokens left without a baseline by the zero-tail rule",
+    },
+    token_statistic=("baseline", "the group's optimal token baseline B_t at the token's position"),
+    estimates_advantages=True,
+)
+def otb(batch: CreditBatch, otb_handle_zero_tail: bool) -> CreditResult:
+    mask_BT = batch.mask_BT
+    path_variance_BT = otb_path_variance(batch[ROLLOUT_LOGPS], batch[ROLLOUT_SUM_SQ_PROBS], mask_BT)
+    baselines_BT, zero_tail_BT = otb_baselines(
+        batch.rewards_B, batch.group_index_B, path_variance_BT, mask_BT, otb_handle_zero_tail, batch.gather
+    )
+    returns_BT = batch.rewards_B.float().view(-1, 1) * mask_BT
+    return CreditResult(
+        advantages_BT=(returns_BT - baselines_BT) * mask_BT,
+        metrics={
+            "mean_baseline": baselines_BT,
+            "mean_path_variance": path_variance_BT,
+            "zero_tail_fraction": (zero_tail_BT, mask_BT),
+        },
+        statistic_BT=baselines_BT,
+    )
+
+
+def otb_advantages(
+    rewards_B: torch.Tensor,
+    group_index_B: torch.Tensor,
+    logps_BT: torch.Tensor,
+    sum_sq_probs_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    handle_zero_tail: bool = True,
+) -> torch.Tensor:
+    """The registered `otb` method on plain tensors (every row of every group): `(B, T)` float32 token advantages.
+
+    Args:
+        rewards_B: `(B,)` raw rewards.
+        group_index_B: `(B,)` prompt group of each row (integers).
+        logps_BT: `(B, T)` rollout-policy log-probabilities of the sampled tokens.
+        sum_sq_probs_BT: `(B, T)` `sum_v pi_v^2` of the rollout policy.
+        mask_BT: `(B, T)` valid completion positions.
+    """
+    statistics = {ROLLOUT_LOGPS: logps_BT, ROLLOUT_SUM_SQ_PROBS: sum_sq_probs_BT}
+    return apply_credit_method(
+        "otb",
+        torch.zeros(mask_BT.size(0)),
+        mask_BT,
+        statistics,
+        group_index_B=group_index_B,
+        rewards_B=rewards_B,
+        otb_handle_zero_tail=handle_zero_tail,
+    ).advantages_BT

@@ -1,0 +1,240 @@
+"""STARE: Surprisal-guided Token-level Advantage Reweighting for policy Entropy stability.
+
+"STARE: Surprisal-Guided Token-Level Advantage Reweighting for Policy Entropy Stability",
+https://huggingface.co/papers/2606.19236. Rule and defaults as in the official code (https://github.com/hp-luo/STARE,
+a verl 0.7 fork: `compute_stare_token_weights` in `verl/trainer/ppo/core_algos.py`, the gate of `STAREController`,
+updated by `recipe/STARE/stare_ray_trainer.py`):
+
+    gate  = mean entropy of the generation batch (old-log-prob forward, every valid token of every process) < H_tgt
+    s     = -log p under the current policy                          surprisal, selects tokens only
+    L+    = the ceil(P * |T+|) tokens of highest s among T+ = {valid, A > 0} of the micro-batch
+    L-    = the same among T- = {valid, A < 0}                       variant C2 only
+    w     = W on L+, M on L- (C2), 1 elsewhere, when the gate is on; 1 everywhere when it is off
+    Â     = w * A
+
+The official code multiplies verl's per-token clipped surrogate by `w`; for `w > 0` that equals scaling the advantage
+(every TRL loss type is positively homogeneous in `A` per token), so the weight enters through the advantage.
+
+Statistics: the current policy's log-probs, from the training forward (the selection runs per micro-batch and per
+process, with no gather, as the official loss does); the gate reads `rollout_mean_entropy`, the token mean of the
+rollout policy's entropy over the whole generation batch, as the official trainer computes it once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from ._checks import in_range, paper
+from .registry import (
+    POLICY_LOGPS,
+    ROLLOUT_MEAN_ENTROPY,
+    CreditBatch,
+    CreditResult,
+    apply_credit_method,
+    register_credit_method,
+)
+
+STARE_PAPER = paper(
+    "STARE: Surprisal-Guided Token-Level Advantage Reweighting for Policy Entropy Stability",
+    "2606.19236",
+    "luo2026stare",
+    "Luo, Haipeng and Sun, Qingfeng and Wu, Songli and Xu, Can and Deng, Wenfeng and Hu, Han and Tang, Yansong",
+)
+
+VARIANTS = ("O1", "C2")
+
+
+@dataclass
+class STAREArguments:
+    """STARE's hyperparameters (the official recipe's defaults for 7B models)."""
+
+    stare_variant: Literal["O1", "C2"] = field(
+        default="O1",
+        metadata={
+            "help": "STARE variant: O1 amplifies the high-surprisal positive-advantage tokens (W); C2 also attenuates "
+            "the high-surprisal negative-advantage tokens (M)."
+        },
+    )
+    stare_top_p_ratio: float = field(
+        default=0.1,
+        metadata={
+            "help": "STARE: share P of each advantage sign's tokens (highest surprisal -log p) that are reweighted, "
+            "per micro-batch. In [0, 1]; 0 is GRPO."
+        },
+    )
+    stare_reweight_w: float = field(
+        default=1.1,
+        metadata={"help": "STARE weight W of the selected positive-advantage tokens (> 0; the paper uses W > 1)."},
+    )
+    stare_reweight_m: float = field(
+        default=0.9,
+        metadata={"help": "STARE weight M of the selected negative-advantage tokens, variant C2 (> 0; M < 1)."},
+    )
+    stare_target_entropy: float = field(
+        default=0.3,
+        metadata={
+            "help": "STARE target entropy (nats): reweighting is on only while the generation batch's mean rollout "
+            "entropy is below it. >= 0; inf keeps it always on."
+        },
+    )
+
+
+def stare_selection_size(candidate_count: int, top_p_ratio: float) -> int:
+    """How many of `candidate_count` tokens are selected: `ceil(count * P)`, at least 1, as the official code rounds
+    (`int(count * P + 0.999999)`); 0 without candidates or with `P = 0`."""
+    if candidate_count == 0 or top_p_ratio <= 0.0:
+        return 0
+    return min(max(1, int(candidate_count * top_p_ratio + 0.999999)), candidate_count)
+
+
+def _highest(surprisal_BT: torch.Tensor, candidates_BT: torch.Tensor, top_p_ratio: float) -> torch.Tensor:
+    """The candidates of highest surprisal (`torch.topk` over the candidates in row-major order)."""
+    selected_BT = torch.zeros_like(candidates_BT)
+    k = stare_selection_size(int(candidates_BT.sum()), top_p_ratio)
+    if k == 0:
+        return selected_BT
+    top_k = torch.topk(surprisal_BT[candidates_BT], k=k, largest=True).indices
+    selected_BT.view(-1)[candidates_BT.view(-1).nonzero().squeeze(1)[top_k]] = True
+    return selected_BT
+
+
+@torch.no_grad()
+def stare_weights(
+    advantages_BT: torch.Tensor,
+    logps_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    gate_on: bool,
+    variant: str = "O1",
+    top_p_ratio: float = 0.1,
+    reweight_w: float = 1.1,
+    reweight_m: float = 0.9,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """STARE's per-token weights for one micro-batch.
+
+    Args:
+        advantages_BT: `(B, T)` token advantages; their sign splits the tokens into `T+` and `T-`.
+        logps_BT: `(B, T)` current-policy log-probabilities of the sampled tokens (surprisal `-log p`).
+        mask_BT: `(B, T)` bool, the valid completion positions.
+        gate_on: whether the batch's mean entropy is below the target.
+
+    Returns:
+        `(weights_BT, l_plus_BT, l_minus_BT)`: the weights (1 where nothing applies) and the selected sets, selected
+        whether or not the gate is on (the official code logs them either way).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"STARE variant must be one of {VARIANTS}, got {variant!r}")
+    surprisal_BT = -logps_BT.float()
+    l_plus_BT = _highest(surprisal_BT, mask_BT & (advantages_BT > 0), top_p_ratio)
+    l_minus_BT = torch.zeros_like(mask_BT)
+    if variant == "C2":
+        l_minus_BT = _highest(surprisal_BT, mask_BT & (advantages_BT < 0), top_p_ratio)
+    weights_BT = torch.ones_like(surprisal_BT)
+    if gate_on:
+        weights_BT = weights_BT.masked_fill(l_plus_BT, reweight_w).masked_fill(l_minus_BT, reweight_m)
+    return weights_BT, l_plus_BT, l_minus_BT
+
+
+def _positive(value) -> bool:
+    return 0.0 < float(value) < float("inf")
+
+
+@register_credit_method(
+    "stare",
+    statistics=(POLICY_LOGPS, ROLLOUT_MEAN_ENTROPY),
+    arguments=STAREArguments,
+    checks={
+        "stare_top_p_ratio": in_range(0.0, 1.0),
+        "stare_reweight_w": (_positive, "finite and > 0"),
+        "stare_reweight_m": (_positive, "finite and > 0"),
+        "stare_target_entropy": (lambda value: float(value) >= 0.0, ">= 0 (inf: always on)"),
+    },
+    paper=STARE_PAPER,
+    display_name="STARE",
+    summary="While the batch's mean entropy is below a target, multiplies by W the advantage of the 10 % "
+    "highest-surprisal positive-advantage tokens of each micro-batch (C2: and by M the negative ones).",
+    diagnostics={
+        "gate_on": "share of micro-batches whose reweighting was on (mean entropy below the target)",
+        "batch_entropy": "mean rollout entropy of the generation batch, which the gate compares with the target",
+        "target_entropy": "the target entropy of the gate",
+        "reweighted_fraction": "fraction of valid tokens whose advantage was reweighted (0 while the gate is off)",
+        "positive_selected_fraction": "fraction of valid tokens in L+ (selected whether or not the gate is on)",
+        "negative_selected_fraction": "fraction of valid tokens in L- (variant C2)",
+    },
+    token_statistic=(
+        "surprisal",
+        "-log p under the current policy; the highest of each advantage sign are reweighted",
+    ),
+)
+def stare(
+    batch: CreditBatch,
+    stare_variant: str,
+    stare_top_p_ratio: float,
+    stare_reweight_w: float,
+    stare_reweight_m: float,
+    stare_target_entropy: float,
+) -> CreditResult:
+    mask_BT = batch.mask_BT
+    # The same value at every valid position of the generation batch; a micro-batch without one reweights nothing.
+    has_valid = bool(mask_BT.any())
+    batch_entropy = batch[ROLLOUT_MEAN_ENTROPY][mask_BT][0] if has_valid else mask_BT.new_zeros((), dtype=torch.float)
+    gate_on = has_valid and bool(batch_entropy < stare_target_entropy)
+    weights_BT, l_plus_BT, l_minus_BT = stare_weights(
+        batch.advantages_BT,
+        batch[POLICY_LOGPS],
+        mask_BT,
+        gate_on,
+        stare_variant,
+        stare_top_p_ratio,
+        stare_reweight_w,
+        stare_reweight_m,
+    )
+    one = mask_BT.new_tensor(float(has_valid))
+    reweighted_BT = (l_plus_BT | l_minus_BT) & gate_on
+    return CreditResult(
+        advantages_BT=weights_BT * batch.advantages_BT,
+        metrics={
+            "gate_on": (one * gate_on, one),
+            "batch_entropy": (batch_entropy.float() * one, one),
+            "target_entropy": float(stare_target_entropy),
+            "reweighted_fraction": (reweighted_BT, mask_BT),
+            "positive_selected_fraction": (l_plus_BT, mask_BT),
+            "negative_selected_fraction": (l_minus_BT, mask_BT),
+        },
+        statistic_BT=-batch[POLICY_LOGPS],
+    )
+
+
+def stare_advantages(
+    advantages_B: torch.Tensor,
+    logps_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    batch_entropy: float,
+    variant: str = "O1",
+    top_p_ratio: float = 0.1,
+    reweight_w: float = 1.1,
+    reweight_m: float = 0.9,
+    target_entropy: float = 0.3,
+) -> torch.Tensor:
+    """The registered `stare` method on plain tensors (one micro-batch): `(B, T)` float32 token advantages.
+
+    Args:
+        advantages_B: `(B,)` sequence advantages `A_i`.
+        logps_BT: `(B, T)` current-policy log-probabilities of the sampled tokens.
+        mask_BT: `(B, T)` valid completion positions.
+        batch_entropy: the generation batch's mean rollout entropy, which the gate compares with `target_entropy`.
+    """
+    statistics = {POLICY_LOGPS: logps_BT, ROLLOUT_MEAN_ENTROPY: torch.full(mask_BT.shape, float(batch_entropy))}
+    return apply_credit_method(
+        "stare",
+        advantages_B,
+        mask_BT,
+        statistics,
+        stare_variant=variant,
+        stare_top_p_ratio=top_p_ratio,
+        stare_reweight_w=reweight_w,
+        stare_reweight_m=reweight_m,
+        stare_target_entropy=target_entropy,
+    ).advantages_BT
