@@ -167,7 +167,7 @@ def kernel_check(config, device: str, num_tokens: int) -> dict:
             out = call()
             synchronize(device)
             timed[label] = (time.perf_counter() - start, out)
-        logps, entropy, logit_gap = timed["token_statistics"][1]
+        logps, entropy, logit_gap, _ = timed["token_statistics"][1]
         deviation, entropy2 = timed["hellinger_and_entropy"][1]
         errors = {
             "logps": (logps.double() - want_logps).abs().max().item(),
