@@ -14,6 +14,7 @@ import torch
 from trl_credit.cli import main as cli_main
 from trl_credit.lab.metrics import (
     add_sums,
+    collapsed,
     credit_mass,
     gap_fraction,
     mean_of_edges,
@@ -274,6 +275,20 @@ def test_steps_until_solved_and_edges():
     with pytest.raises(ValueError, match="window must be >= 1"):
         steps_until_solved([1.0], window=0)
     assert mean_of_edges([1.0, 2.0, 3.0, 4.0], count=2) == (1.5, 3.5)
+
+
+def test_a_collapse_is_a_final_reward_or_accuracy_at_the_floor():
+    assert collapsed(0.0, 0.9) and collapsed(0.9, 0.05) and collapsed(0.04, math.nan)
+    assert not collapsed(0.06, 0.9) and not collapsed(math.nan, math.nan)
+    assert collapsed(0.52, 0.9, floor=0.5) and not collapsed(0.56, 0.9, floor=0.5)
+    from trl_credit.lab.run import collapse_counts
+
+    runs = [
+        {"task": "mdp", "method": m, "seed": s, "metrics": {"final_reward": r, "avg@16": a}}
+        for m, s, r, a in [("grpo", 0, 0.9, 0.9), ("grpo", 1, 0.0, 0.0), ("oracle", 0, 0.9, 0.01), ("oracle", 1, 1, 1)]
+    ]
+    counts = collapse_counts(runs, "mdp", ["grpo", "oracle", "taco"], eval_samples=16)
+    assert counts["grpo"]["text"] == "1/2" and counts["oracle"]["mean"] == 0.5 and counts["taco"]["text"] == "–"
 
 
 def test_within_step_spread_by_hand():

@@ -8,6 +8,7 @@
   (1), with its t interval over seeds.
 - Gradient-norm spread (`within_step_spread`): variance and coefficient of variation of the micro-batch gradient
   norms inside each optimizer step, averaged over steps.
+- Collapse (`collapsed`): a run whose final training reward or avg@n ends at the task's reward floor.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import torch
 from ..compare.stats import Interval, t_interval
 
 SIGNS = ("pos", "neg")
+# A run has collapsed when its final reward or avg@n is within this of the task's floor: at most one success in 20.
+COLLAPSE_TOLERANCE = 0.05
 
 
 def credit_mass(advantages_BT: torch.Tensor, mask_BT: torch.Tensor, labels_BT: torch.Tensor) -> dict[str, float]:
@@ -140,3 +143,12 @@ def gap_fraction(values: Mapping[int, float], floor: Mapping[int, float], ceilin
             continue
         fractions.append((value - low) / (high - low))
     return t_interval(fractions)
+
+
+def collapsed(final_reward: float, accuracy: float, floor: float = 0.0, tolerance: float = COLLAPSE_TOLERANCE) -> bool:
+    """Whether a run ended at the task's reward `floor`: its final training reward or its avg@n within `tolerance`.
+
+    Every lab task starts above its floor (the base policy succeeds 8 % to 30 % of the time), so a run that ends
+    there unlearned what the base policy could do. NaN values do not count as collapsed.
+    """
+    return any(not math.isnan(v) and v <= floor + tolerance for v in (final_reward, accuracy))

@@ -28,20 +28,35 @@ class OracleArguments:
         default=0.0,
         metadata={"help": "Oracle credit on non-decisive tokens, as a fraction of the sequence advantage. In [0, 1]."},
     )
+    oracle_keep_mass: bool = field(
+        default=False,
+        metadata={"help": "Scale the decisive tokens' credit so each response keeps GRPO's total |A_i| mass."},
+    )
 
 
 @torch.no_grad()
 def oracle_advantages(
-    advantages_B: torch.Tensor, decisive_BT: torch.Tensor, mask_BT: torch.Tensor, floor: float = 0.0
+    advantages_B: torch.Tensor,
+    decisive_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    floor: float = 0.0,
+    keep_mass: bool = False,
 ) -> torch.Tensor:
     """`(B, T)` token advantages: `A_i` on decisive valid tokens, `floor * A_i` on the others, 0 where masked.
 
-    A response with no decisive valid token keeps `A_i` on every valid token.
+    With `keep_mass`, the decisive tokens take `(n - floor * (n - d)) / d * A_i` instead (`n` valid, `d` decisive
+    tokens), so the response's mass `sum_t |Â_t|` is `n * |A_i|`, GRPO's. A response with no decisive valid token
+    keeps `A_i` on every valid token.
     """
     valid_BT = mask_BT.bool()
     decisive_BT = decisive_BT.bool() & valid_BT
     has_decisive_B = decisive_BT.any(dim=1, keepdim=True)
-    weights_BT = torch.where(decisive_BT | ~has_decisive_B, 1.0, floor)
+    decisive_weight_B1 = torch.ones_like(has_decisive_B, dtype=torch.float)
+    if keep_mass:
+        num_valid_B1 = valid_BT.sum(dim=1, keepdim=True).float()
+        num_decisive_B1 = decisive_BT.sum(dim=1, keepdim=True).float()
+        decisive_weight_B1 = (num_valid_B1 - floor * (num_valid_B1 - num_decisive_B1)) / num_decisive_B1.clamp(min=1)
+    weights_BT = torch.where(decisive_BT, decisive_weight_B1, torch.where(has_decisive_B, floor, 1.0))
     return torch.where(valid_BT, weights_BT * advantages_B.float().unsqueeze(1), 0.0)
 
 
@@ -58,9 +73,11 @@ def oracle_advantages(
     },
     token_statistic=("decisive", "1 on the tokens the task marks decisive, else 0"),
 )
-def oracle(batch: CreditBatch, oracle_floor: float) -> CreditResult:
+def oracle(batch: CreditBatch, oracle_floor: float, oracle_keep_mass: bool) -> CreditResult:
     decisive_BT = batch[TASK_DECISIVE].bool() & batch.mask_BT
-    advantages_BT = oracle_advantages(batch.sequence_advantages_B, decisive_BT, batch.mask_BT, oracle_floor)
+    advantages_BT = oracle_advantages(
+        batch.sequence_advantages_B, decisive_BT, batch.mask_BT, oracle_floor, oracle_keep_mass
+    )
     broadcast_BT = batch.mask_BT & ~decisive_BT.any(dim=1, keepdim=True)
     return CreditResult(
         advantages_BT=advantages_BT,

@@ -19,7 +19,15 @@ from pathlib import Path
 
 from ..compare.stats import paired_difference, t_interval
 from ..methods import DEFAULT_COMPARISON
-from .metrics import gap_fraction, mean_of_edges, precision, steps_until_solved, within_step_spread
+from .metrics import (
+    COLLAPSE_TOLERANCE,
+    collapsed,
+    gap_fraction,
+    mean_of_edges,
+    precision,
+    steps_until_solved,
+    within_step_spread,
+)
 from .oracle import CEILING
 from .tasks import COMPLETION_LENGTH, RARE_TOKEN, TASKS, get_task
 
@@ -329,10 +337,32 @@ def _value(record: dict, key: str) -> float:
     return math.nan if value is None else float(value)
 
 
+def collapse_counts(records: list[dict], task: str, methods: list[str], eval_samples: int) -> dict[str, dict]:
+    """Per method, how many of its runs on `task` collapsed (`metrics.collapsed`): `{"mean": rate, "n", "text"}`."""
+    floor = get_task(task).reward_floor
+    counts = {}
+    for method in methods:
+        runs = [r for r in records if r["task"] == task and r["method"] == method]
+        hits = sum(collapsed(_value(r, "final_reward"), _value(r, f"avg@{eval_samples}"), floor) for r in runs)
+        counts[method] = {
+            "mean": hits / len(runs) if runs else math.nan,
+            "n": len(runs),
+            "count": hits,
+            "text": f"{hits}/{len(runs)}" if runs else "–",
+        }
+    return counts
+
+
 def summarize(records: list[dict], config: LabConfig) -> dict:
     """`{task: {metric: {method: {"mean": .., "ci": .., "n": .., "vs_grpo": ..}}}}` over seeds."""
     summary: dict = {}
     for task in config.tasks:
+        summary[task] = {
+            "collapsed": {
+                "label": f"collapsed runs (final reward or avg@{config.eval_samples} ≤ floor + {COLLAPSE_TOLERANCE})",
+                "methods": collapse_counts(records, task, config.methods, config.eval_samples),
+            }
+        }
         for key, label, tasks in _metric_keys(config):
             if task not in tasks:
                 continue
@@ -406,7 +436,9 @@ def render_report(summary: dict, config: LabConfig, records: list[dict], command
         "Cells: mean ± half-width of the 95 % t interval over seeds; `Δ` is the paired difference to `grpo` on the "
         "same seed with its 95 % t interval (`*` when the interval excludes 0). `steps until solved` averages the "
         "solved runs only; the count of solved runs is shown beside it. The fraction of the gap closed is, per seed, "
-        f"(method − grpo) / ({CEILING} − grpo) (seeds where the two are equal left out); 0 is GRPO, 1 the {CEILING}.",
+        f"(method − grpo) / ({CEILING} − grpo) (seeds where the two are equal left out); 0 is GRPO, 1 the {CEILING}. "
+        "`collapsed runs` counts the runs whose train reward over the last 10 steps or whose avg@n ends within "
+        f"{COLLAPSE_TOLERANCE} of the task's floor (reward 0, a failure).",
         "",
     ]
     for task, metrics in summary.items():

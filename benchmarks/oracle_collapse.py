@@ -1,0 +1,177 @@
+"""Why the lab's oracle collapsed with several decisive forks: one lab run, traced step by step.
+
+    python benchmarks/oracle_collapse.py --method oracle --seeds 4 --decisive 4 --horizon 32
+    python benchmarks/oracle_collapse.py --method grpo --seeds 4 --decisive 4 --max_grad_norm 0
+
+Trains one `mdp` run exactly as `trl-credit lab` does (`run_one`), with `LabTrainer` extended to record, per
+optimizer step: the mean reward; the share of sampled completions with the right choice at each fork; each
+response's advantage mass `sum_t |Â_t|` and its largest token advantage; the gradient norm before clipping (TRL's
+`grad_norm`) and the norm of the parameter update the optimizer applied. `--max_grad_norm` and `--learning_rate`
+vary the step size; `--oracle_floor` spreads some credit on the non-decisive tokens. Writes one JSON per run to
+`--output_dir` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402, F401  (sets the offline environment and the repository import path)
+import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+import trl_credit  # noqa: E402
+import trl_credit.lab.run as lab_run  # noqa: E402
+import trl_credit.lab.trainer as lab_trainer  # noqa: E402
+
+
+def traced_trainer(trace: dict):
+    """A `LabTrainer` that also records per-step advantage mass, fork choices and update norms into `trace`."""
+
+    class TracedLabTrainer(lab_trainer.LabTrainer):
+        def _record_micro_batch(self, model, inputs, loss):
+            super()._record_micro_batch(model, inputs, loss)
+            mask_BT = inputs["completion_mask"].bool()
+            advantages = inputs["advantages"].detach().float()
+            if advantages.dim() == 1:
+                advantages = advantages.unsqueeze(1).expand(mask_BT.shape)
+            mass_B = (advantages.abs() * mask_BT).sum(1)
+            step = trace["steps"].setdefault(self.state.global_step, {"mass": [], "max": [], "right": [], "len": []})
+            step["mass"] += mass_B.tolist()
+            step["max"] += (advantages.abs() * mask_BT).amax(1).tolist()
+            step["len"] += mask_BT.sum(1).tolist()
+            task, tokens = self.lab_task, self.processing_class.convert_ids_to_tokens
+            for completion_ids in inputs["completion_ids"].tolist():
+                words = tokens(completion_ids)
+                step["right"].append([words[p] == task.right_choice([], j) for j, p in enumerate(task.fork_positions)])
+
+    return TracedLabTrainer
+
+
+class UpdateNorm(TrainerCallback):
+    """The norm of each optimizer step's parameter change (what Adam and the clipping made of the gradient)."""
+
+    def __init__(self, trace):
+        self.trace, self.before = trace, None
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        self.before = [p.detach().clone() for p in model.parameters()]
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        change = sum(((p.detach() - b) ** 2).sum() for p, b in zip(model.parameters(), self.before))
+        self.trace["update_norm"].append(float(change.sqrt()))
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "grad_norm" in logs:
+            self.trace["grad_norm"].append(float(logs["grad_norm"]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--method", default="oracle")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[4])
+    parser.add_argument("--horizon", type=int, default=32)
+    parser.add_argument("--decisive", type=int, default=4)
+    parser.add_argument("--max_steps", type=int, default=60)
+    parser.add_argument("--learning_rate", type=float, default=2e-3)
+    parser.add_argument("--max_grad_norm", type=float, default=1.0, help="TRL's default 1.0; 0 turns clipping off")
+    parser.add_argument("--oracle_floor", type=float, default=0.0)
+    parser.add_argument("--oracle_keep_mass", action="store_true")
+    parser.add_argument("--output_dir", default="docs/lab_oracle/traces")
+    parser.add_argument("--verbose", action="store_true", help="print every step")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    trace = {"steps": {}, "update_norm": [], "grad_norm": []}
+    lab_trainer.LabTrainer = traced_trainer(trace)  # run_one imports LabTrainer when it is called
+    base_config = trl_credit.CreditGRPOConfig
+
+    method_kwargs = (
+        {"credit_kwargs": {"oracle_floor": args.oracle_floor, "oracle_keep_mass": args.oracle_keep_mass}}
+        if args.method == "oracle"
+        else {}
+    )
+
+    class TracedConfig(base_config):  # the run's step-size knobs, set where run_one builds its config
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs, max_grad_norm=args.max_grad_norm, **method_kwargs)
+
+    trl_credit.CreditGRPOConfig = TracedConfig
+    original_trainer_init = lab_trainer.LabTrainer.__init__
+
+    def with_update_norm(self, *a, callbacks=None, **kw):
+        original_trainer_init(self, *a, callbacks=[*(callbacks or []), UpdateNorm(trace)], **kw)
+
+    lab_trainer.LabTrainer.__init__ = with_update_norm
+
+    for seed in args.seeds:
+        trace["steps"].clear(), trace["update_norm"].clear(), trace["grad_norm"].clear()
+        trace_one(args, seed, trace)
+
+
+def trace_one(args, seed: int, trace: dict) -> None:
+    config = lab_run.LabConfig(
+        methods=[args.method],
+        tasks=["mdp"],
+        seeds=[seed],
+        horizon=args.horizon,
+        decisive=args.decisive,
+        max_steps=args.max_steps,
+        learning_rate=args.learning_rate,
+        warm_up_steps=200,
+        eval_samples=16,
+        pass_k=[1, 4],
+    )
+    started = time.monotonic()
+    record = lab_run.run_one("mdp", args.method, seed, config, "/tmp/oracle_collapse_work")
+    steps = []
+    for step, reward in enumerate(record["rewards"]):
+        s = trace["steps"].get(step, {"mass": [0], "max": [0], "right": [[]]})
+        steps.append(
+            {
+                "step": step + 1,
+                "reward": reward,
+                "right_per_fork": [round(statistics.fmean(fork), 3) for fork in zip(*s["right"]) if fork],
+                "mass_mean": statistics.fmean(s["mass"]),
+                "token_max": max(s["max"]),
+                "grad_norm": trace["grad_norm"][step] if step < len(trace["grad_norm"]) else None,
+                "update_norm": trace["update_norm"][step] if step < len(trace["update_norm"]) else None,
+            }
+        )
+    label = (
+        f"{args.method}_k{args.decisive}_h{args.horizon}_s{seed}_lr{args.learning_rate:g}_clip{args.max_grad_norm:g}"
+        + (f"_floor{args.oracle_floor:g}" if args.oracle_floor else "")
+        + ("_keepmass" if args.oracle_keep_mass else "")
+    )
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "command": "python benchmarks/oracle_collapse.py " + " ".join(sys.argv[1:]),
+        "seed": seed,
+        "wall_seconds": round(time.monotonic() - started, 1),
+        "final_reward": record["metrics"]["final_reward"],
+        "mean_reward": record["metrics"]["mean_reward"],
+        "avg@16": record["metrics"]["avg@16"],
+        "steps": steps,
+    }
+    (out / f"{label}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(
+        f"{label}: final reward {result['final_reward']:.3f}, mean reward {result['mean_reward']:.3f}, "
+        f"avg@16 {result['avg@16']:.3f}, {result['wall_seconds']} s",
+        flush=True,
+    )
+    if args.verbose:
+        for s in steps:
+            print(
+                f"{s['step']:3d} r {s['reward']:.2f} right {s['right_per_fork']} mass {s['mass_mean']:.2f} "
+                f"max {s['token_max']:.2f} grad {s['grad_norm'] or 0:.3f} update {s['update_norm'] or 0:.4f}"
+            )
+
+
+if __name__ == "__main__":
+    main()
