@@ -28,6 +28,7 @@ from transformers import TrainerCallback  # noqa: E402
 import trl_credit  # noqa: E402
 import trl_credit.lab.run as lab_run  # noqa: E402
 import trl_credit.lab.trainer as lab_trainer  # noqa: E402
+from trl_credit.lab.tasks import ForkTask  # noqa: E402
 
 
 def traced_trainer(trace: dict):
@@ -71,6 +72,24 @@ class UpdateNorm(TrainerCallback):
             self.trace["grad_norm"].append(float(logs["grad_norm"]))
 
 
+def _every_fork(task, prompt, completion):
+    return [position in task.fork_positions for position in range(len(completion))]
+
+
+def _all_but_exonerated_forks(task, prompt, completion):
+    """GRPO's broadcast credit, minus the blame on the right forks of a failure (they did not cause it)."""
+    success = task.reward(prompt, completion) > 0
+    right = {
+        p
+        for j, p in enumerate(task.fork_positions)
+        if p < len(completion) and completion[p] == task.right_choice(prompt, j)
+    }
+    return [success or position not in right for position in range(len(completion))]
+
+
+LABELS = {"task": None, "all_forks": _every_fork, "exonerate": _all_but_exonerated_forks}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--method", default="oracle")
@@ -82,6 +101,13 @@ def main() -> None:
     parser.add_argument("--max_grad_norm", type=float, default=1.0, help="TRL's default 1.0; 0 turns clipping off")
     parser.add_argument("--oracle_floor", type=float, default=0.0)
     parser.add_argument("--oracle_keep_mass", action="store_true")
+    parser.add_argument(
+        "--labels",
+        choices=list(LABELS),
+        default="task",
+        help="which tokens the oracle credits: the task's decisive tokens, every fork of every response, or every "
+        "token except a failure's right forks",
+    )
     parser.add_argument("--output_dir", default="docs/lab_oracle/traces")
     parser.add_argument("--verbose", action="store_true", help="print every step")
     args = parser.parse_args()
@@ -102,6 +128,8 @@ def main() -> None:
             super().__init__(**kwargs, max_grad_norm=args.max_grad_norm, **method_kwargs)
 
     trl_credit.CreditGRPOConfig = TracedConfig
+    if LABELS[args.labels] is not None:  # the oracle reads the labels the task's `decisive` gives LabTrainer
+        ForkTask.decisive = LABELS[args.labels]
     original_trainer_init = lab_trainer.LabTrainer.__init__
 
     def with_update_norm(self, *a, callbacks=None, **kw):
@@ -147,6 +175,7 @@ def trace_one(args, seed: int, trace: dict) -> None:
         f"{args.method}_k{args.decisive}_h{args.horizon}_s{seed}_lr{args.learning_rate:g}_clip{args.max_grad_norm:g}"
         + (f"_floor{args.oracle_floor:g}" if args.oracle_floor else "")
         + ("_keepmass" if args.oracle_keep_mass else "")
+        + (f"_{args.labels}" if args.labels != "task" else "")
     )
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)

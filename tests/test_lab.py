@@ -16,8 +16,11 @@ from trl_credit.lab.metrics import (
     add_sums,
     collapsed,
     credit_mass,
+    effect_size,
     gap_fraction,
+    holm,
     mean_of_edges,
+    paired_t_p_value,
     precision,
     steps_until_solved,
     within_step_spread,
@@ -289,6 +292,16 @@ def test_a_collapse_is_a_final_reward_or_accuracy_at_the_floor():
     ]
     counts = collapse_counts(runs, "mdp", ["grpo", "oracle", "taco"], eval_samples=16)
     assert counts["grpo"]["text"] == "1/2" and counts["oracle"]["mean"] == 0.5 and counts["taco"]["text"] == "–"
+
+
+def test_paired_t_holm_and_effect_size_by_hand():
+    # Differences 1, 2, 3: mean 2, sd 1, t = 2 * sqrt(3) = 3.464 on 2 df; two-sided p = 0.0742 (t tables).
+    assert paired_t_p_value([1.0, 2.0, 3.0]) == pytest.approx(0.0742, abs=5e-4)
+    assert effect_size([1.0, 2.0, 3.0]) == pytest.approx(2.0) and math.isnan(effect_size([1.0, 1.0]))
+    assert paired_t_p_value([0.5, 0.5]) == 0.0 and paired_t_p_value([0.0, 0.0]) == 1.0 == paired_t_p_value([1.0])
+    # Holm: sorted 0.01, 0.02, 0.04, 0.3 times 4, 3, 2, 1 -> 0.04, 0.06, 0.08, 0.3, made monotone, in input order.
+    assert holm([0.04, 0.3, 0.01, 0.02]) == pytest.approx([0.08, 0.3, 0.04, 0.06])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0]) and holm([]) == []
 
 
 def test_within_step_spread_by_hand():
