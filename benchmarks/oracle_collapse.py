@@ -14,7 +14,9 @@ vary the step size; `--oracle_floor` spreads some credit on the non-decisive tok
 from __future__ import annotations
 
 import argparse
+import collections
 import json
+import math
 import statistics
 import sys
 import time
@@ -28,7 +30,7 @@ from transformers import TrainerCallback  # noqa: E402
 import trl_credit  # noqa: E402
 import trl_credit.lab.run as lab_run  # noqa: E402
 import trl_credit.lab.trainer as lab_trainer  # noqa: E402
-from trl_credit.lab.tasks import ForkTask  # noqa: E402
+from trl_credit.lab.tasks import FILLERS, ForkTask  # noqa: E402
 
 
 def traced_trainer(trace: dict):
@@ -47,9 +49,21 @@ def traced_trainer(trace: dict):
             step["max"] += (advantages.abs() * mask_BT).amax(1).tolist()
             step["len"] += mask_BT.sum(1).tolist()
             task, tokens = self.lab_task, self.processing_class.convert_ids_to_tokens
-            for completion_ids in inputs["completion_ids"].tolist():
+            for row, completion_ids in enumerate(inputs["completion_ids"].tolist()):
                 words = tokens(completion_ids)
-                step["right"].append([words[p] == task.right_choice([], j) for j, p in enumerate(task.fork_positions)])
+                right = [words[p] == task.right_choice([], j) for j, p in enumerate(task.fork_positions)]
+                step["right"].append(right)
+                step.setdefault("fork_tokens", []).append([words[p] for p in task.fork_positions])
+                others = [p for p in range(len(words)) if p not in task.fork_positions and mask_BT[row, p]]
+                # Share of the other positions holding their template filler (FILLERS[p % 8], the prior's 0.9).
+                template = [words[p] == FILLERS[p % len(FILLERS)] for p in others]
+                step.setdefault("template", []).append(statistics.fmean(template) if template else math.nan)
+                # Signed push toward fork j's right choice: credit on a right token, minus credit on a wrong one.
+                credit = [advantages[row, p].item() * mask_BT[row, p].item() for p in task.fork_positions]
+                step.setdefault("push", []).append([c if r else -c for c, r in zip(credit, right)])
+                step.setdefault("token_credit", []).append(
+                    {word: sum(c for c, p in zip(credit, task.fork_positions) if words[p] == word) for word in "LR"}
+                )
 
     return TracedLabTrainer
 
@@ -70,6 +84,7 @@ class UpdateNorm(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "grad_norm" in logs:
             self.trace["grad_norm"].append(float(logs["grad_norm"]))
+            self.trace["method_metrics"].append({k: v for k, v in logs.items() if "/" in k and "credit/" not in k})
 
 
 def _every_fork(task, prompt, completion):
@@ -87,6 +102,11 @@ def _all_but_exonerated_forks(task, prompt, completion):
     return [success or position not in right for position in range(len(completion))]
 
 
+def _brief(metrics: dict) -> dict:
+    """The method's logged quantiles and weights, rounded, for the step table."""
+    return {k.split("/")[-1]: round(v, 3) for k, v in metrics.items() if k.endswith(("q_lo", "q_hi", "weight_mean"))}
+
+
 LABELS = {"task": None, "all_forks": _every_fork, "exonerate": _all_but_exonerated_forks}
 
 
@@ -102,6 +122,9 @@ def main() -> None:
     parser.add_argument("--oracle_floor", type=float, default=0.0)
     parser.add_argument("--oracle_keep_mass", action="store_true")
     parser.add_argument(
+        "--credit_kwargs", type=json.loads, default=None, help="JSON hyperparameters of another method"
+    )
+    parser.add_argument(
         "--labels",
         choices=list(LABELS),
         default="task",
@@ -113,13 +136,15 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
 
-    trace = {"steps": {}, "update_norm": [], "grad_norm": []}
+    trace = {"steps": {}, "update_norm": [], "grad_norm": [], "method_metrics": []}
     lab_trainer.LabTrainer = traced_trainer(trace)  # run_one imports LabTrainer when it is called
     base_config = trl_credit.CreditGRPOConfig
 
     method_kwargs = (
         {"credit_kwargs": {"oracle_floor": args.oracle_floor, "oracle_keep_mass": args.oracle_keep_mass}}
         if args.method == "oracle"
+        else {"credit_kwargs": args.credit_kwargs}
+        if args.credit_kwargs
         else {}
     )
 
@@ -138,7 +163,8 @@ def main() -> None:
     lab_trainer.LabTrainer.__init__ = with_update_norm
 
     for seed in args.seeds:
-        trace["steps"].clear(), trace["update_norm"].clear(), trace["grad_norm"].clear()
+        for series in trace.values():
+            series.clear()
         trace_one(args, seed, trace)
 
 
@@ -167,7 +193,15 @@ def trace_one(args, seed: int, trace: dict) -> None:
                 "right_per_fork": [round(statistics.fmean(fork), 3) for fork in zip(*s["right"]) if fork],
                 "mass_mean": statistics.fmean(s["mass"]),
                 "token_max": max(s["max"]),
+                "template_share": round(statistics.fmean(s.get("template", [math.nan])), 3),
+                "fork_tokens": [
+                    dict(collections.Counter(fork).most_common(3)) for fork in zip(*s.get("fork_tokens", []))
+                ],
+                "push_toward_right": [round(sum(fork), 3) for fork in zip(*s.get("push", []))],
+                "fork_credit_L": round(sum(c["L"] for c in s.get("token_credit", [])), 3),
+                "fork_credit_R": round(sum(c["R"] for c in s.get("token_credit", [])), 3),
                 "grad_norm": trace["grad_norm"][step] if step < len(trace["grad_norm"]) else None,
+                "method_metrics": trace["method_metrics"][step] if step < len(trace["method_metrics"]) else {},
                 "update_norm": trace["update_norm"][step] if step < len(trace["update_norm"]) else None,
             }
         )
@@ -176,6 +210,7 @@ def trace_one(args, seed: int, trace: dict) -> None:
         + (f"_floor{args.oracle_floor:g}" if args.oracle_floor else "")
         + ("_keepmass" if args.oracle_keep_mass else "")
         + (f"_{args.labels}" if args.labels != "task" else "")
+        + "".join(f"_{k}{v}" for k, v in (args.credit_kwargs or {}).items())
     )
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -198,7 +233,8 @@ def trace_one(args, seed: int, trace: dict) -> None:
         for s in steps:
             print(
                 f"{s['step']:3d} r {s['reward']:.2f} right {s['right_per_fork']} mass {s['mass_mean']:.2f} "
-                f"max {s['token_max']:.2f} grad {s['grad_norm'] or 0:.3f} update {s['update_norm'] or 0:.4f}"
+                f"max {s['token_max']:.2f} template {s['template_share']} forks {s['fork_tokens']} push {s['push_toward_right']} L {s['fork_credit_L']} "
+                f"R {s['fork_credit_R']} {_brief(s['method_metrics'])} grad {s['grad_norm'] or 0:.3f} update {s['update_norm'] or 0:.4f}"
             )
 
 
