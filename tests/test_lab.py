@@ -304,6 +304,25 @@ def test_paired_t_holm_and_effect_size_by_hand():
     assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0]) and holm([]) == []
 
 
+def test_the_reward_reads_token_positions_as_the_labels_do():
+    """A special token inside a completion must not shift the positions the reward reads (decoding drops it)."""
+    from trl_credit.lab.model import make_tokenizer
+    from trl_credit.lab.run import token_reward
+
+    task, tokenizer = get_task("mdp", horizon=8, decisive=2), make_tokenizer()
+    assert task.fork_positions == (1, 5)
+    right = ["f0", "L", "f2", "f3", "f4", "R", "f6", "f7"]
+    shifted = ["<pad>", "f1", "L", "f3", "f4", "f5", "R", "f7"]  # decoded: "f1 L f3 f4 f5 R f7", right at 1 and 5
+    wrong_at_first_fork = ["f0", "<unk>", "f2", "f3", "f4", "R", "<eos>", "<pad>"]
+    ids = [tokenizer.convert_tokens_to_ids(words) for words in (right, shifted, wrong_at_first_fork)]
+    texts = [tokenizer.decode(i, skip_special_tokens=True) for i in ids]
+    assert task.reward(["go", "k0"], texts[1].split()) == 1.0  # what scoring the text would have said
+    rewards = token_reward(task, tokenizer)(["go k0"] * 3, texts, completion_ids=ids)
+    assert rewards == [1.0, 0.0, 0.0]
+    # The labeller judges success on the same token list (`ForkTask.decisive` calls `reward` on it).
+    assert rewards == [task.reward(["go", "k0"], words) for words in (right, shifted, wrong_at_first_fork)]
+
+
 def test_within_step_spread_by_hand():
     spread = within_step_spread([[1.0, 3.0], [2.0, 2.0, 2.0], [5.0], [0.0, 0.0]])
     # Variances 2, 0, 0 ([5] has one micro-batch); CVs sqrt(2)/2 and 0 ([0, 0] has no CV).

@@ -155,6 +155,25 @@ def _probe_sequences(task, seed: int, count: int = 64) -> list[list[str]]:
     return sequences
 
 
+def token_reward(task, tokenizer):
+    """The reward function `LabTrainer` trains with: `task.reward` of each completion's tokens up to `<eos>`.
+
+    It scores the generated token ids, not the decoded text: decoding drops special tokens (`<pad>`, `<unk>`) that a
+    drifting policy may emit, which would shift every later position of a `fork` or `mdp` completion, while the
+    decisive labels (`LabTrainer._labels`) keep the token positions. Then a success could be labelled a failure.
+    """
+
+    def reward(prompts, completions, completion_ids, **kwargs):
+        rewards = []
+        for prompt, ids in zip(prompts, completion_ids):
+            words = tokenizer.convert_ids_to_tokens(list(ids))
+            words = words[: words.index(tokenizer.eos_token)] if tokenizer.eos_token in words else words
+            rewards.append(task.reward(prompt.split(), words))
+        return rewards
+
+    return reward
+
+
 def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir: str | Path) -> dict:
     """Warm up a fresh tiny model on the task's prior, train it with `method`, and measure it.
 
@@ -217,13 +236,10 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
         disable_tqdm=True,
     )
 
-    def reward(prompts, completions, **kwargs):
-        return [task.reward(p.split(), c.split()) for p, c in zip(prompts, completions)]
-
     dataset = Dataset.from_dict({"prompt": task.prompts() * 64})
     trainer = LabTrainer(
         model=model,
-        reward_funcs=reward,
+        reward_funcs=token_reward(task, tokenizer),
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
