@@ -50,16 +50,21 @@ def traced_trainer(trace: dict):
             step["len"] += mask_BT.sum(1).tolist()
             task, tokens = self.lab_task, self.processing_class.convert_ids_to_tokens
             for row, completion_ids in enumerate(inputs["completion_ids"].tolist()):
-                words = tokens(completion_ids)
+                # A micro-batch is padded to its longest completion: positions past it hold no token.
+                words = tokens(completion_ids) + ["<none>"] * (task.completion_length - len(completion_ids))
                 right = [words[p] == task.right_choice([], j) for j, p in enumerate(task.fork_positions)]
                 step["right"].append(right)
                 step.setdefault("fork_tokens", []).append([words[p] for p in task.fork_positions])
-                others = [p for p in range(len(words)) if p not in task.fork_positions and mask_BT[row, p]]
+                width = len(completion_ids)
+                others = [p for p in range(width) if p not in task.fork_positions and mask_BT[row, p]]
                 # Share of the other positions holding their template filler (FILLERS[p % 8], the prior's 0.9).
                 template = [words[p] == FILLERS[p % len(FILLERS)] for p in others]
                 step.setdefault("template", []).append(statistics.fmean(template) if template else math.nan)
                 # Signed push toward fork j's right choice: credit on a right token, minus credit on a wrong one.
-                credit = [advantages[row, p].item() * mask_BT[row, p].item() for p in task.fork_positions]
+                credit = [
+                    advantages[row, p].item() * mask_BT[row, p].item() if p < width else 0.0
+                    for p in task.fork_positions
+                ]
                 step.setdefault("push", []).append([c if r else -c for c, r in zip(credit, right)])
                 step.setdefault("token_credit", []).append(
                     {word: sum(c for c, p in zip(credit, task.fork_positions) if words[p] == word) for word in "LR"}
@@ -119,8 +124,7 @@ def main() -> None:
     parser.add_argument("--max_steps", type=int, default=60)
     parser.add_argument("--learning_rate", type=float, default=2e-3)
     parser.add_argument("--max_grad_norm", type=float, default=1.0, help="TRL's default 1.0; 0 turns clipping off")
-    parser.add_argument("--oracle_floor", type=float, default=0.0)
-    parser.add_argument("--oracle_keep_mass", action="store_true")
+    parser.add_argument("--oracle_floor", type=float, default=0.0, help="0: the oracle as it was, no anchoring")
     parser.add_argument(
         "--credit_kwargs", type=json.loads, default=None, help="JSON hyperparameters of another method"
     )
@@ -141,7 +145,7 @@ def main() -> None:
     base_config = trl_credit.CreditGRPOConfig
 
     method_kwargs = (
-        {"credit_kwargs": {"oracle_floor": args.oracle_floor, "oracle_keep_mass": args.oracle_keep_mass}}
+        {"credit_kwargs": {"oracle_floor": args.oracle_floor}}
         if args.method == "oracle"
         else {"credit_kwargs": args.credit_kwargs}
         if args.credit_kwargs
@@ -208,7 +212,6 @@ def trace_one(args, seed: int, trace: dict) -> None:
     label = (
         f"{args.method}_k{args.decisive}_h{args.horizon}_s{seed}_lr{args.learning_rate:g}_clip{args.max_grad_norm:g}"
         + (f"_floor{args.oracle_floor:g}" if args.oracle_floor else "")
-        + ("_keepmass" if args.oracle_keep_mass else "")
         + (f"_{args.labels}" if args.labels != "task" else "")
         + "".join(f"_{k}{v}" for k, v in (args.credit_kwargs or {}).items())
     )
