@@ -205,7 +205,11 @@ def trace_one(args, seed: int, trace: dict) -> None:
                 "fork_credit_L": round(sum(c["L"] for c in s.get("token_credit", [])), 3),
                 "fork_credit_R": round(sum(c["R"] for c in s.get("token_credit", [])), 3),
                 "grad_norm": trace["grad_norm"][step] if step < len(trace["grad_norm"]) else None,
-                "method_metrics": trace["method_metrics"][step] if step < len(trace["method_metrics"]) else {},
+                "method_metrics": {  # the method's own logged statistics (e.g. EAPO's entropy quantiles)
+                    k: v
+                    for k, v in (trace["method_metrics"][step] if step < len(trace["method_metrics"]) else {}).items()
+                    if k.startswith(f"{args.method}/")
+                },
                 "update_norm": trace["update_norm"][step] if step < len(trace["update_norm"]) else None,
             }
         )
@@ -226,7 +230,7 @@ def trace_one(args, seed: int, trace: dict) -> None:
         "avg@16": record["metrics"]["avg@16"],
         "steps": steps,
     }
-    (out / f"{label}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{label}.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
     print(
         f"{label}: final reward {result['final_reward']:.3f}, mean reward {result['mean_reward']:.3f}, "
         f"avg@16 {result['avg@16']:.3f}, {result['wall_seconds']} s",
