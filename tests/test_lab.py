@@ -14,9 +14,13 @@ import torch
 from trl_credit.cli import main as cli_main
 from trl_credit.lab.metrics import (
     add_sums,
+    collapsed,
     credit_mass,
+    effect_size,
     gap_fraction,
+    holm,
     mean_of_edges,
+    paired_t_p_value,
     precision,
     steps_until_solved,
     within_step_spread,
@@ -215,6 +219,22 @@ def test_oracle_credit_falls_exactly_on_the_decisive_positions():
         method.hyperparameters({"oracle_floor": 1.5})
 
 
+def test_the_default_oracle_leaves_no_token_of_a_response_without_credit():
+    """Zero credit off the decisive tokens let them drift until the oracle collapsed (docs/evidence.md): by default
+    every valid token of a response with A_i != 0 gets credit of A_i's sign, at least ORACLE_FLOOR * |A_i|."""
+    from trl_credit.lab.oracle import ORACLE_FLOOR, oracle_advantages
+    from trl_credit.methods import get_credit_method
+
+    generator = torch.Generator().manual_seed(0)
+    advantages_B = torch.randn(32, generator=generator)
+    mask_BT = torch.rand(32, 24, generator=generator) > 0.1
+    decisive_BT = torch.rand(32, 24, generator=generator) > 0.85
+    assert get_credit_method("oracle").hyperparameters() == {"oracle_floor": ORACLE_FLOOR} and ORACLE_FLOOR > 0
+    out_BT = oracle_advantages(advantages_B, decisive_BT, mask_BT)
+    ratio_BT = out_BT / advantages_B.unsqueeze(1)
+    assert (ratio_BT[mask_BT] >= ORACLE_FLOOR - 1e-6).all() and (out_BT[~mask_BT] == 0).all()
+
+
 # ---------------------------------------------------------------------------------------------- metrics
 
 
@@ -276,6 +296,49 @@ def test_steps_until_solved_and_edges():
     assert mean_of_edges([1.0, 2.0, 3.0, 4.0], count=2) == (1.5, 3.5)
 
 
+def test_a_collapse_is_a_final_reward_or_accuracy_at_the_floor():
+    assert collapsed(0.0, 0.9) and collapsed(0.9, 0.05) and collapsed(0.04, math.nan)
+    assert not collapsed(0.06, 0.9) and not collapsed(math.nan, math.nan)
+    assert collapsed(0.52, 0.9, floor=0.5) and not collapsed(0.56, 0.9, floor=0.5)
+    from trl_credit.lab.run import collapse_counts
+
+    runs = [
+        {"task": "mdp", "method": m, "seed": s, "metrics": {"final_reward": r, "avg@16": a}}
+        for m, s, r, a in [("grpo", 0, 0.9, 0.9), ("grpo", 1, 0.0, 0.0), ("oracle", 0, 0.9, 0.01), ("oracle", 1, 1, 1)]
+    ]
+    counts = collapse_counts(runs, "mdp", ["grpo", "oracle", "taco"], eval_samples=16)
+    assert counts["grpo"]["text"] == "1/2" and counts["oracle"]["mean"] == 0.5 and counts["taco"]["text"] == "–"
+
+
+def test_paired_t_holm_and_effect_size_by_hand():
+    # Differences 1, 2, 3: mean 2, sd 1, t = 2 * sqrt(3) = 3.464 on 2 df; two-sided p = 0.0742 (t tables).
+    assert paired_t_p_value([1.0, 2.0, 3.0]) == pytest.approx(0.0742, abs=5e-4)
+    assert effect_size([1.0, 2.0, 3.0]) == pytest.approx(2.0) and math.isnan(effect_size([1.0, 1.0]))
+    assert paired_t_p_value([0.5, 0.5]) == 0.0 and paired_t_p_value([0.0, 0.0]) == 1.0 == paired_t_p_value([1.0])
+    # Holm: sorted 0.01, 0.02, 0.04, 0.3 times 4, 3, 2, 1 -> 0.04, 0.06, 0.08, 0.3, made monotone, in input order.
+    assert holm([0.04, 0.3, 0.01, 0.02]) == pytest.approx([0.08, 0.3, 0.04, 0.06])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0]) and holm([]) == []
+
+
+def test_the_reward_reads_token_positions_as_the_labels_do():
+    """A special token inside a completion must not shift the positions the reward reads (decoding drops it)."""
+    from trl_credit.lab.model import make_tokenizer
+    from trl_credit.lab.run import token_reward
+
+    task, tokenizer = get_task("mdp", horizon=8, decisive=2), make_tokenizer()
+    assert task.fork_positions == (1, 5)
+    right = ["f0", "L", "f2", "f3", "f4", "R", "f6", "f7"]
+    shifted = ["<pad>", "f1", "L", "f3", "f4", "f5", "R", "f7"]  # decoded: "f1 L f3 f4 f5 R f7", right at 1 and 5
+    wrong_at_first_fork = ["f0", "<unk>", "f2", "f3", "f4", "R", "<eos>", "<pad>"]
+    ids = [tokenizer.convert_tokens_to_ids(words) for words in (right, shifted, wrong_at_first_fork)]
+    texts = [tokenizer.decode(i, skip_special_tokens=True) for i in ids]
+    assert task.reward(["go", "k0"], texts[1].split()) == 1.0  # what scoring the text would have said
+    rewards = token_reward(task, tokenizer)(["go k0"] * 3, texts, completion_ids=ids)
+    assert rewards == [1.0, 0.0, 0.0]
+    # The labeller judges success on the same token list (`ForkTask.decisive` calls `reward` on it).
+    assert rewards == [task.reward(["go", "k0"], words) for words in (right, shifted, wrong_at_first_fork)]
+
+
 def test_within_step_spread_by_hand():
     spread = within_step_spread([[1.0, 3.0], [2.0, 2.0, 2.0], [5.0], [0.0, 0.0]])
     # Variances 2, 0, 0 ([5] has one micro-batch); CVs sqrt(2)/2 and 0 ([0, 0] has no CV).
@@ -333,8 +396,10 @@ def test_lab_help_describes_the_knobs(capsys):
         assert option in text and words in text, option
 
 
-def test_tiny_oracle_run_credits_only_the_forks(tmp_path):
-    """The oracle through the real trainer: all the credit of every response lands on its forks, GRPO's on 1/H."""
+def test_tiny_oracle_run_credits_the_forks(tmp_path):
+    """The oracle through the real trainer: each response's forks take A_i, the rest a quarter; GRPO spreads 1/H."""
+    from trl_credit.lab.oracle import ORACLE_FLOOR
+
     argv = [
         "lab",
         "--methods",
@@ -361,10 +426,15 @@ def test_tiny_oracle_run_credits_only_the_forks(tmp_path):
     ]
     assert cli_main(argv) == 0
     grpo, oracle = (r["metrics"] for r in json.loads((tmp_path / "results.json").read_text())["runs"])
+    # A success has both forks decisive: 2 of 16 tokens at A_i, 14 at ORACLE_FLOOR * A_i. A failure labels only its
+    # wrong forks, so its share lies between the one-fork and the two-fork share.
+    share = {d: d / (d + ORACLE_FLOOR * (16 - d)) for d in (1, 2)}
+    if not math.isnan(oracle["decisive_precision_pos"]):
+        assert oracle["decisive_precision_pos"] == pytest.approx(share[2], rel=1e-4)
+        assert oracle["decisive_lift_pos"] == pytest.approx(share[2] * 8, rel=1e-4)  # uniform share 2/16
+    if not math.isnan(oracle["decisive_precision_neg"]):
+        assert share[1] - 1e-4 <= oracle["decisive_precision_neg"] <= share[2] + 1e-4
     for sign in ("pos", "neg"):
-        if not math.isnan(oracle[f"decisive_precision_{sign}"]):
-            assert oracle[f"decisive_precision_{sign}"] == pytest.approx(1.0)
-            assert oracle[f"decisive_lift_{sign}"] == pytest.approx(8.0, rel=1e-4)  # 16 tokens, 2 decisive
         if not math.isnan(grpo[f"decisive_precision_{sign}"]):
             assert grpo[f"decisive_precision_{sign}"] == pytest.approx(2 / 16)
     report = (tmp_path / "report.md").read_text()

@@ -8,6 +8,9 @@
   (1), with its t interval over seeds.
 - Gradient-norm spread (`within_step_spread`): variance and coefficient of variation of the micro-batch gradient
   norms inside each optimizer step, averaged over steps.
+- Collapse (`collapsed`): a run whose final training reward or avg@n ends at the task's reward floor.
+- Many comparisons (`paired_t_p_value`, `holm`, `effect_size`): the paired t test's p-value, Holm's adjustment
+  within a table of comparisons, and the paired effect size d_z.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..compare.stats import Interval, t_interval
+from ..compare.stats import Interval, student_t_cdf, t_interval
 
 SIGNS = ("pos", "neg")
+# A run has collapsed when its final reward or avg@n is within this of the task's floor: at most one success in 20.
+COLLAPSE_TOLERANCE = 0.05
 
 
 def credit_mass(advantages_BT: torch.Tensor, mask_BT: torch.Tensor, labels_BT: torch.Tensor) -> dict[str, float]:
@@ -140,3 +145,41 @@ def gap_fraction(values: Mapping[int, float], floor: Mapping[int, float], ceilin
             continue
         fractions.append((value - low) / (high - low))
     return t_interval(fractions)
+
+
+def collapsed(final_reward: float, accuracy: float, floor: float = 0.0, tolerance: float = COLLAPSE_TOLERANCE) -> bool:
+    """Whether a run ended at the task's reward `floor`: its final training reward or its avg@n within `tolerance`.
+
+    Every lab task starts above its floor (the base policy succeeds 8 % to 30 % of the time), so a run that ends
+    there unlearned what the base policy could do. NaN values do not count as collapsed.
+    """
+    return any(not math.isnan(v) and v <= floor + tolerance for v in (final_reward, accuracy))
+
+
+def paired_t_p_value(differences: list[float]) -> float:
+    """Two-sided p-value of the paired t test of mean 0 (1 with fewer than 2 values; 0 when all equal and non-zero)."""
+    n = len(differences)
+    if n < 2:
+        return 1.0
+    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    t = mean / (sd / math.sqrt(n))
+    return 2.0 * (1.0 - student_t_cdf(abs(t), n - 1))
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment of `p_values` (same order): family-wise error at most the level of each test."""
+    order = sorted(range(len(p_values)), key=p_values.__getitem__)
+    adjusted, running = [1.0] * len(p_values), 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        adjusted[index] = running
+    return adjusted
+
+
+def effect_size(differences: list[float]) -> float:
+    """Cohen's d_z: the mean paired difference over the standard deviation of the differences (NaN if undefined)."""
+    if len(differences) < 2 or statistics.stdev(differences) == 0:
+        return math.nan
+    return statistics.fmean(differences) / statistics.stdev(differences)

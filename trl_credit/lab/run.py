@@ -19,7 +19,15 @@ from pathlib import Path
 
 from ..compare.stats import paired_difference, t_interval
 from ..methods import DEFAULT_COMPARISON
-from .metrics import gap_fraction, mean_of_edges, precision, steps_until_solved, within_step_spread
+from .metrics import (
+    COLLAPSE_TOLERANCE,
+    collapsed,
+    gap_fraction,
+    mean_of_edges,
+    precision,
+    steps_until_solved,
+    within_step_spread,
+)
 from .oracle import CEILING
 from .tasks import COMPLETION_LENGTH, RARE_TOKEN, TASKS, get_task
 
@@ -147,6 +155,25 @@ def _probe_sequences(task, seed: int, count: int = 64) -> list[list[str]]:
     return sequences
 
 
+def token_reward(task, tokenizer):
+    """The reward function `LabTrainer` trains with: `task.reward` of each completion's tokens up to `<eos>`.
+
+    It scores the generated token ids, not the decoded text: decoding drops special tokens (`<pad>`, `<unk>`) that a
+    drifting policy may emit, which would shift every later position of a `fork` or `mdp` completion, while the
+    decisive labels (`LabTrainer._labels`) keep the token positions. Then a success could be labelled a failure.
+    """
+
+    def reward(prompts, completions, completion_ids, **kwargs):
+        rewards = []
+        for prompt, ids in zip(prompts, completion_ids):
+            words = tokenizer.convert_ids_to_tokens(list(ids))
+            words = words[: words.index(tokenizer.eos_token)] if tokenizer.eos_token in words else words
+            rewards.append(task.reward(prompt.split(), words))
+        return rewards
+
+    return reward
+
+
 def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir: str | Path) -> dict:
     """Warm up a fresh tiny model on the task's prior, train it with `method`, and measure it.
 
@@ -209,13 +236,10 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
         disable_tqdm=True,
     )
 
-    def reward(prompts, completions, **kwargs):
-        return [task.reward(p.split(), c.split()) for p, c in zip(prompts, completions)]
-
     dataset = Dataset.from_dict({"prompt": task.prompts() * 64})
     trainer = LabTrainer(
         model=model,
-        reward_funcs=reward,
+        reward_funcs=token_reward(task, tokenizer),
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -329,10 +353,32 @@ def _value(record: dict, key: str) -> float:
     return math.nan if value is None else float(value)
 
 
+def collapse_counts(records: list[dict], task: str, methods: list[str], eval_samples: int) -> dict[str, dict]:
+    """Per method, how many of its runs on `task` collapsed (`metrics.collapsed`): `{"mean": rate, "n", "text"}`."""
+    floor = get_task(task).reward_floor
+    counts = {}
+    for method in methods:
+        runs = [r for r in records if r["task"] == task and r["method"] == method]
+        hits = sum(collapsed(_value(r, "final_reward"), _value(r, f"avg@{eval_samples}"), floor) for r in runs)
+        counts[method] = {
+            "mean": hits / len(runs) if runs else math.nan,
+            "n": len(runs),
+            "count": hits,
+            "text": f"{hits}/{len(runs)}" if runs else "–",
+        }
+    return counts
+
+
 def summarize(records: list[dict], config: LabConfig) -> dict:
     """`{task: {metric: {method: {"mean": .., "ci": .., "n": .., "vs_grpo": ..}}}}` over seeds."""
     summary: dict = {}
     for task in config.tasks:
+        summary[task] = {
+            "collapsed": {
+                "label": f"collapsed runs (final reward or avg@{config.eval_samples} ≤ floor + {COLLAPSE_TOLERANCE})",
+                "methods": collapse_counts(records, task, config.methods, config.eval_samples),
+            }
+        }
         for key, label, tasks in _metric_keys(config):
             if task not in tasks:
                 continue
@@ -406,7 +452,9 @@ def render_report(summary: dict, config: LabConfig, records: list[dict], command
         "Cells: mean ± half-width of the 95 % t interval over seeds; `Δ` is the paired difference to `grpo` on the "
         "same seed with its 95 % t interval (`*` when the interval excludes 0). `steps until solved` averages the "
         "solved runs only; the count of solved runs is shown beside it. The fraction of the gap closed is, per seed, "
-        f"(method − grpo) / ({CEILING} − grpo) (seeds where the two are equal left out); 0 is GRPO, 1 the {CEILING}.",
+        f"(method − grpo) / ({CEILING} − grpo) (seeds where the two are equal left out); 0 is GRPO, 1 the {CEILING}. "
+        "`collapsed runs` counts the runs whose train reward over the last 10 steps or whose avg@n ends within "
+        f"{COLLAPSE_TOLERANCE} of the task's floor (reward 0, a failure).",
         "",
     ]
     for task, metrics in summary.items():

@@ -94,6 +94,7 @@ class LabTask:
     prompt_word: str
     max_decisive = 1  # tasks whose decisive tokens are occurrences of a token, not a number of positions
     min_horizon = 1
+    reward_floor = 0.0  # the reward of a failure: a run whose reward ends here has collapsed
 
     def __init__(self, horizon: int = COMPLETION_LENGTH, decisive: int = 1):
         if not self.min_horizon <= horizon <= MAX_HORIZON:
