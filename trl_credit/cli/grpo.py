@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
-import json
 import os
 import re
 import subprocess
@@ -196,25 +195,26 @@ class _Sources:
     """Where each argument of a command line came from, to name it in errors as the user wrote it."""
 
     def __init__(self, argv: list[str], config: dict, config_path: str | None):
+        from ..trainer.config import parse_credit_kwargs
+
         self.flags, self.config, self.config_path = _given_options(argv), config, config_path
         raw = _peek_option(argv, "--credit_kwargs")
         self.credit_kwargs_origin = "--credit_kwargs" if raw is not None else f"credit_kwargs in {config_path}"
         if raw is None:
             raw = config.get("credit_kwargs")
-        if isinstance(raw, str):
-            try:
-                raw = json.loads(raw)
-            except json.JSONDecodeError as error:
-                raise UsageError(f"--credit_kwargs must be a JSON object, got {raw!r} ({error})") from None
-        if raw is not None and not isinstance(raw, dict):
-            raise UsageError(f"{self.credit_kwargs_origin} must map hyperparameter names to values, got {raw!r}")
-        self.credit_kwargs = raw or {}
+        try:
+            self.credit_kwargs = parse_credit_kwargs(raw) or {}
+        except ValueError as error:
+            raise UsageError(f"{self.credit_kwargs_origin}: {error}") from None
+
+    def flagged(self, name: str) -> bool:
+        return name in self.flags or f"no_{name}" in self.flags  # `--no_x` sets a boolean x
 
     def given(self, name: str) -> bool:
-        return name in self.flags or f"no_{name}" in self.flags or name in self.config
+        return self.flagged(name) or name in self.config
 
     def describe(self, name: str) -> str:
-        if name in self.flags or f"no_{name}" in self.flags:
+        if self.flagged(name):
             return f"--{name}"
         if name in self.config:
             return f"{name} (in {self.config_path})"

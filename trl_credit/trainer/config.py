@@ -94,17 +94,7 @@ class CreditGRPOConfig(GRPOConfig):
         # Credit fields are checked first so that a bad value is reported before anything else is set up.
         if not isinstance(self.credit_method, str):  # a list from Python or YAML
             self.credit_method = "+".join(str(name) for name in self.credit_method)
-        if isinstance(self.credit_kwargs, str):
-            try:
-                self.credit_kwargs = json.loads(self.credit_kwargs)
-            except json.JSONDecodeError as error:
-                raise ValueError(
-                    f"credit_kwargs must be a JSON object, got {self.credit_kwargs!r} ({error})"
-                ) from None
-        if self.credit_kwargs is not None and not isinstance(self.credit_kwargs, dict):
-            raise ValueError(
-                f"credit_kwargs must be a mapping of hyperparameter names to values, got {self.credit_kwargs!r}"
-            )
+        self.credit_kwargs = parse_credit_kwargs(self.credit_kwargs)
         self.validate_credit_fields()
         self.validate_run_sizes()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
@@ -214,6 +204,19 @@ class CreditGRPOConfig(GRPOConfig):
         for method in self.credit_methods:
             values.update(self.method_hyperparameters(method))
         return values
+
+
+def parse_credit_kwargs(value: Any) -> dict[str, Any] | None:
+    """`credit_kwargs` as given (a mapping, a JSON object string from YAML or the command line, or None) as a dict;
+    `ValueError` naming what is wrong otherwise."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"credit_kwargs must be a JSON object, got {value!r} ({error})") from None
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"credit_kwargs must be a mapping of hyperparameter names to values, got {value!r}")
+    return value
 
 
 def _default(f: dataclasses.Field) -> Any:
