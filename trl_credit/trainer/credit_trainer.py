@@ -47,6 +47,7 @@ from .reference import DeviationReference, copy_initial_model
 from .sources import (
     generates_in_one_call,
     generation_statistics,
+    loss_weights,
     policy_logit_gap,
     policy_logps_and_entropy,
     recorded_final_hidden,
@@ -231,14 +232,12 @@ class CreditGRPOTrainer(GRPOTrainer):
         Each method sees the advantages and the loss mask the methods before it produced (`CreditBatch.followed_by`),
         starting from TRL's loss mask (completion mask x tool mask, soft where an earlier stage weighed tokens).
         """
-        mask_BT = valid_mask(batch)
+        weights_BT = loss_weights(batch)
+        mask_BT = weights_BT.bool()
         sequence_B = batch.get(SEQUENCE_ADVANTAGES, batch["advantages"]).float()
         advantages_BT = batch["advantages"].float()
         if advantages_BT.dim() == 1:
             advantages_BT = sequence_B.unsqueeze(1) * mask_BT
-        trl_mask_BT = (
-            batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
-        )
         credit_batch = CreditBatch(
             advantages_BT,
             sequence_B,
@@ -248,7 +247,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             step=self.state.global_step,
             gather=self._gather_all,
             clip_range=(self.epsilon_low, self.epsilon_high),
-            loss_weights_BT=trl_mask_BT.float(),
+            loss_weights_BT=weights_BT,
             group_index_B=batch.get(GROUP_INDEX),
             rewards_B=batch.get(REWARDS),
         )

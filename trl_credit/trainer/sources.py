@@ -62,10 +62,15 @@ def sequence_inputs(batch) -> tuple[torch.Tensor, torch.Tensor, dict]:
     return input_ids, attention_mask, multimodal
 
 
-def valid_mask(batch) -> torch.Tensor:
-    """Completion mask x tool mask, as TRL's loss masks tokens."""
+def loss_weights(batch) -> torch.Tensor:
+    """Completion mask x tool mask, as TRL's loss weighs tokens (soft where a generation-batch method weighed them)."""
     mask_BT = batch["completion_mask"]
-    return (mask_BT * batch["tool_mask"] if "tool_mask" in batch else mask_BT).bool()
+    return (mask_BT * batch["tool_mask"] if "tool_mask" in batch else mask_BT).float()
+
+
+def valid_mask(batch) -> torch.Tensor:
+    """The tokens TRL's loss counts: a positive `loss_weights`."""
+    return loss_weights(batch).bool()
 
 
 @torch.no_grad()
