@@ -76,7 +76,7 @@ def hyperparameters_table() -> str:
 
 def metrics_list() -> str:
     """Every metric trl-credit logs: the trainer's own, those of every method, and each method's diagnostics."""
-    from .methods.registry import COMMON_DIAGNOSTICS
+    from .methods import COMMON_DIAGNOSTICS
     from .rewards import RewardStats
     from .trainer.diagnostics import TRAINER_METRICS
 

@@ -55,15 +55,13 @@ REDACTED = "<redacted>"
 
 def _display_name(method: str | None) -> str:
     """A method's display name from its registration (`None`: GRPO)."""
-    from .methods import CREDIT_METHODS
-    from .methods.registry import GRPO_DISPLAY_NAME
+    from .methods import CREDIT_METHODS, GRPO_DISPLAY_NAME
 
     return GRPO_DISPLAY_NAME if method is None else CREDIT_METHODS[method].display_name
 
 
 def _summary(method: str | None) -> str:
-    from .methods import CREDIT_METHODS
-    from .methods.registry import GRPO_SUMMARY
+    from .methods import CREDIT_METHODS, GRPO_SUMMARY
 
     if method is None:
         return GRPO_SUMMARY

@@ -285,7 +285,7 @@ def parse_arguments(argv: list[str]):
     `argv` comes back normalised (`--taco-alpha` -> `--taco_alpha`), with the quick-start config inserted when none
     was given.
     """
-    from ..methods.registry import SettingError
+    from ..methods import SettingError
     from ..resources import packaged_dir
 
     argv = _normalise_options(argv)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..methods._checks import in_range
-from ..methods.registry import TASK_DECISIVE, CreditBatch, CreditResult, register_credit_method
+from ..methods import TASK_DECISIVE, CreditBatch, CreditResult, register_credit_method
+from ..methods.settings import in_range
 
 CEILING = "oracle"  # the name the lab's reports compare every method with
 ORACLE_FLOOR = 0.25  # credit on the non-decisive tokens, as a fraction of A_i: the least that kept the oracle stable

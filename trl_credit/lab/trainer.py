@@ -23,7 +23,7 @@ from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOTrainer
 
-from ..methods.registry import TASK_DECISIVE
+from ..methods import TASK_DECISIVE
 from . import oracle  # noqa: F401  (registers the `oracle` credit method)
 from .metrics import add_sums, credit_mass
 from .tasks import LabTask

@@ -19,10 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
-from ._checks import check_range, check_token_inputs, in_range, paper
-from .registry import ROLLOUT_LOGPS, CreditBatch, CreditResult, register_credit_method
+from .batch import ROLLOUT_LOGPS, CreditBatch, CreditResult
+from .registry import get_credit_method, paper, register_credit_method
+from .settings import in_range
 
 AR_LOPTI_PAPER = paper(
     "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs",
@@ -46,33 +45,6 @@ class ARLoptiArguments:
     )
 
 
-def ar_lopti_weights(rollout_logps_BT: torch.Tensor, alpha: float) -> torch.Tensor:
-    """`(1 - alpha) + alpha * p_old`, in `[1 - alpha, 1]`."""
-    return (1.0 - alpha) + alpha * rollout_logps_BT.exp()
-
-
-@torch.no_grad()
-def ar_lopti_advantages(
-    advantages_BT: torch.Tensor, rollout_logps_BT: torch.Tensor, mask_BT: torch.Tensor, alpha: float = 0.1
-) -> torch.Tensor:
-    """Shrink the advantage of tokens the rollout policy found improbable, on both signs.
-
-    Args:
-        advantages_BT: `(B, T)` token advantages.
-        rollout_logps_BT: `(B, T)` log-probabilities of the sampled tokens under the policy that generated them.
-        mask_BT: `(B, T)` valid completion positions.
-        alpha: interpolation factor, in `[0, 1]`; `0` is GRPO.
-
-    Returns:
-        `(B, T)` float32 token advantages, 0 on masked positions.
-    """
-    check_range("alpha", alpha, 0.0, 1.0)
-    _, (advantages_BT, rollout_logps_BT) = check_token_inputs(
-        advantages_BT, mask_BT, rollout_logps_BT=rollout_logps_BT
-    )
-    return advantages_BT * ar_lopti_weights(rollout_logps_BT, alpha)
-
-
 @register_credit_method(
     "ar_lopti",
     statistics=(ROLLOUT_LOGPS,),
@@ -85,9 +57,13 @@ def ar_lopti_advantages(
     token_statistic=("rollout_prob", "probability p of the sampled token under the rollout policy"),
 )
 def ar_lopti(batch: CreditBatch, ar_lopti_alpha: float) -> CreditResult:
-    rollout_logps_BT = batch[ROLLOUT_LOGPS]
+    rollout_probs_BT = batch[ROLLOUT_LOGPS].exp()
     return CreditResult(
-        advantages_BT=ar_lopti_advantages(batch.advantages_BT, rollout_logps_BT, batch.mask_BT, ar_lopti_alpha),
-        metrics={"prob_mean": rollout_logps_BT.exp()},
-        statistic_BT=rollout_logps_BT.exp(),
+        advantages_BT=batch.advantages_BT * ((1.0 - ar_lopti_alpha) + ar_lopti_alpha * rollout_probs_BT),
+        metrics={"prob_mean": rollout_probs_BT},
+        statistic_BT=rollout_probs_BT,
     )
+
+
+# AR-Lopti on plain tensors: `ar_lopti_advantages(advantages_B, mask_BT, rollout_logps=..., ar_lopti_alpha=...)`.
+ar_lopti_advantages = get_credit_method("ar_lopti").on_tensors

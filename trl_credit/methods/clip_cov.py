@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_range, check_token_inputs, paper
-from .registry import POLICY_LOGPS, ROLLOUT_LOGPS, CreditBatch, CreditResult, register_credit_method
+from .batch import POLICY_LOGPS, ROLLOUT_LOGPS, CreditBatch, CreditResult
+from .registry import get_credit_method, paper, register_credit_method
+from .settings import SettingError
 
 CLIP_COV_PAPER = paper(
     "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
@@ -67,6 +68,15 @@ class ClipCovArguments:
         default=0, metadata={"help": "Clip-Cov: seed of the random draw (combined with the step and the micro-batch)."}
     )
 
+    def __post_init__(self):
+        # The one check across two fields; `checks` below require each bound to be finite.
+        if (
+            math.isfinite(self.clip_cov_lb)
+            and math.isfinite(self.clip_cov_ub)
+            and not self.clip_cov_lb < self.clip_cov_ub
+        ):
+            raise SettingError("clip_cov_ub", f"must be > clip_cov_lb = {self.clip_cov_lb}, got {self.clip_cov_ub}")
+
 
 def clip_cov_covariance(advantages_BT: torch.Tensor, logps_BT: torch.Tensor, weights_BT: torch.Tensor) -> torch.Tensor:
     """`(A - mean A) * (log p - mean log p)`, means weighted by the loss weights `weights_BT` (a bool mask weighs 0 or
@@ -85,63 +95,6 @@ def clip_cov_generator(seed: int, step: int, valid_BT: torch.Tensor) -> torch.Ge
     for part in key:
         mixed = (mixed * 1_000_003 + part) % (2**63 - 1)
     return torch.Generator().manual_seed(mixed)
-
-
-@torch.no_grad()
-def clip_cov_advantages(
-    advantages_BT: torch.Tensor,
-    logps_BT: torch.Tensor,
-    old_logps_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    clip_range: tuple[float, float] = (0.2, 0.2),
-    ratio: float = 0.0002,
-    lb: float = 1.0,
-    ub: float = 5.0,
-    generator: torch.Generator | None = None,
-    loss_weights_BT: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Zero the advantage of a random few tokens whose advantage-log-prob covariance lies in `(lb, ub)`.
-
-    Args:
-        advantages_BT: `(B, T)` token advantages.
-        logps_BT: `(B, T)` log-probabilities of the sampled tokens under the current policy.
-        old_logps_BT: `(B, T)` the same under the policy the loss takes its ratio against (rollout policy).
-        mask_BT: `(B, T)` valid completion positions: one micro-batch, as verl computes it.
-        clip_range: `(epsilon_low, epsilon_high)` of the PPO clip; tokens it already clips are not candidates.
-        ratio: fraction of the valid tokens detached, `max(int(ratio * N), 1)` of them, in `(0, 1]`.
-        lb, ub: exclusive covariance bounds of the candidates, `lb < ub`.
-        generator: the random draw's CPU generator (a new one with torch's default seed when `None`).
-        loss_weights_BT: `(B, T)` weights in `[0, 1]` of the valid tokens in the loss (earlier methods' loss masks);
-            1 when `None`. They weigh the means and the count; a token of weight 0 is no candidate.
-
-    Returns:
-        `(advantages_BT, detached_BT, candidates_BT)`: the advantages with the drawn tokens set to 0, and bool masks
-        of the drawn tokens and of the candidates.
-    """
-    check_range("ratio", ratio, 0.0, 1.0, low_open=True)
-    if not (math.isfinite(lb) and math.isfinite(ub) and lb < ub):
-        raise ValueError(f"clip-cov bounds must be finite with lb < ub, got {(lb, ub)}")
-    valid_BT, (advantages_BT, logps_BT, old_logps_BT) = check_token_inputs(
-        advantages_BT, mask_BT, logps_BT=logps_BT, old_logps_BT=old_logps_BT
-    )
-    weights_BT = valid_BT.float() if loss_weights_BT is None else torch.where(valid_BT, loss_weights_BT.float(), 0.0)
-    valid_BT = weights_BT > 0
-    epsilon_low, epsilon_high = clip_range
-    ratio_BT = torch.exp(logps_BT - old_logps_BT)
-    # verl: -A * clip(r) > -A * r, i.e. the clipped term is the one PPO's max keeps.
-    clipped_BT = valid_BT & (
-        -advantages_BT * ratio_BT.clamp(1 - epsilon_low, 1 + epsilon_high) > -advantages_BT * ratio_BT
-    )
-    covariance_BT = clip_cov_covariance(advantages_BT, logps_BT, weights_BT)
-    candidates_BT = valid_BT & ~clipped_BT & (covariance_BT > lb) & (covariance_BT < ub)
-    count = max(int(ratio * weights_BT.sum().item()), 1)
-    positions_N2 = torch.nonzero(candidates_BT)  # row-major, as verl draws from
-    generator = torch.Generator() if generator is None else generator
-    order_N = torch.randperm(positions_N2.size(0), generator=generator).to(positions_N2.device)
-    drawn_N2 = positions_N2[order_N[:count]]
-    detached_BT = torch.zeros_like(valid_BT)
-    detached_BT[drawn_N2[:, 0], drawn_N2[:, 1]] = True
-    return advantages_BT.masked_fill(detached_BT, 0.0), detached_BT, candidates_BT
 
 
 @register_credit_method(
@@ -165,26 +118,35 @@ def clip_cov_advantages(
 def clip_cov(
     batch: CreditBatch, clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float, clip_cov_seed: int
 ) -> CreditResult:
-    if not clip_cov_lb < clip_cov_ub:
-        raise ValueError(f"clip_cov_lb must be < clip_cov_ub, got {clip_cov_lb} and {clip_cov_ub}")
-    logps_BT = batch[POLICY_LOGPS]
-    advantages_BT, detached_BT, candidates_BT = clip_cov_advantages(
-        batch.advantages_BT,
-        logps_BT,
-        batch[ROLLOUT_LOGPS],
-        batch.mask_BT,
-        batch.clip_range,
-        clip_cov_ratio,
-        clip_cov_lb,
-        clip_cov_ub,
-        clip_cov_generator(clip_cov_seed, batch.step, batch.mask_BT),
-        batch.loss_weights_BT,
+    advantages_BT, logps_BT, old_logps_BT = batch.advantages_BT, batch[POLICY_LOGPS], batch[ROLLOUT_LOGPS]
+    weights_BT = batch.loss_weights_BT  # verl's `response_mask`, as the earlier methods of a stack left it
+    in_loss_BT = weights_BT > 0
+    epsilon_low, epsilon_high = batch.clip_range
+    ratio_BT = torch.exp(logps_BT - old_logps_BT)
+    # verl: -A * clip(r) > -A * r, i.e. the clipped term is the one PPO's max keeps.
+    clipped_BT = in_loss_BT & (
+        -advantages_BT * ratio_BT.clamp(1 - epsilon_low, 1 + epsilon_high) > -advantages_BT * ratio_BT
     )
+    covariance_BT = clip_cov_covariance(advantages_BT, logps_BT, weights_BT)
+    candidates_BT = in_loss_BT & ~clipped_BT & (covariance_BT > clip_cov_lb) & (covariance_BT < clip_cov_ub)
+    count = max(int(clip_cov_ratio * weights_BT.sum().item()), 1)
+    positions_N2 = torch.nonzero(candidates_BT)  # row-major, as verl draws from
+    generator = clip_cov_generator(clip_cov_seed, batch.step, batch.mask_BT)
+    order_N = torch.randperm(positions_N2.size(0), generator=generator).to(positions_N2.device)
+    drawn_N2 = positions_N2[order_N[:count]]
+    detached_BT = torch.zeros_like(in_loss_BT)
+    detached_BT[drawn_N2[:, 0], drawn_N2[:, 1]] = True
     return CreditResult(
-        advantages_BT=advantages_BT,
+        advantages_BT=advantages_BT.masked_fill(detached_BT, 0.0),
         metrics={
             "detached_fraction": (detached_BT, batch.mask_BT),
             "candidate_fraction": (candidates_BT, batch.mask_BT),
         },
-        statistic_BT=clip_cov_covariance(batch.advantages_BT, logps_BT, batch.loss_weights_BT),
+        statistic_BT=covariance_BT,
     )
+
+
+# Clip-Cov on plain tensors (one micro-batch): `clip_cov_advantages(advantages_B, mask_BT, policy_logps=...,
+# rollout_logps=..., clip_range=..., step=..., clip_cov_ratio=...)`; the drawn tokens are
+# `metrics["detached_fraction"][0]`.
+clip_cov_advantages = get_credit_method("clip_cov").on_tensors

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import FINITE_NON_NEGATIVE, paper
-from .registry import ROLLOUT_ENTROPY, CreditBatch, CreditResult, apply_credit_method, register_credit_method
+from .batch import ROLLOUT_ENTROPY, CreditBatch, CreditResult
+from .registry import get_credit_method, paper, register_credit_method
+from .settings import FINITE_NON_NEGATIVE
 
 _EPS = 1e-8
 
@@ -127,22 +128,6 @@ def eapo(batch: CreditBatch, eapo_kappa: float, eapo_kappa_decay_steps: int, eap
     )
 
 
-def eapo_advantages(
-    advantages_B: torch.Tensor,
-    entropy_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    kappa: float = math.log(4),
-    quantiles: tuple[float, float] = (0.1, 0.9),
-) -> torch.Tensor:
-    """The registered `eapo` method on plain tensors: `(B, T)` float32 token advantages, 0 on masked positions.
-
-    Args:
-        advantages_B: `(B,)` sequence advantages.
-        entropy_BT: `(B, T)` entropies (nats) of the rollout policy.
-        mask_BT: `(B, T)` valid completion positions; the quantiles are taken over these tokens.
-        kappa: strength, `>= 0`; `kappa = 0` is GRPO. Paper default `log 4`.
-        quantiles: `(lo, hi)` with `0 <= lo < hi <= 1`.
-    """
-    return apply_credit_method(
-        "eapo", advantages_B, mask_BT, {ROLLOUT_ENTROPY: entropy_BT}, eapo_kappa=kappa, eapo_quantiles=list(quantiles)
-    ).advantages_BT
+# EAPO on plain tensors: `eapo_advantages(advantages_B, mask_BT, rollout_entropy=..., eapo_kappa=...)`; its quantiles
+# span the rows passed in.
+eapo_advantages = get_credit_method("eapo").on_tensors

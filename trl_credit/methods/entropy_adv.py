@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import FINITE_NON_NEGATIVE, check_range, check_token_inputs, paper
-from .registry import POLICY_ENTROPY, CreditBatch, CreditResult, register_credit_method
+from .batch import POLICY_ENTROPY, CreditBatch, CreditResult
+from .registry import get_credit_method, paper, register_credit_method
+from .settings import FINITE_NON_NEGATIVE
 
 ENTROPY_ADV_PAPER = paper(
     "Reasoning with Exploration: An Entropy Perspective",
@@ -50,39 +51,6 @@ class EntropyAdvArguments:
     )
 
 
-def entropy_adv_bonus(
-    advantages_BT: torch.Tensor, entropy_BT: torch.Tensor, alpha: float, kappa: float
-) -> torch.Tensor:
-    """`psi = min(alpha * H, |A| / kappa)`."""
-    return torch.minimum(alpha * entropy_BT, advantages_BT.abs() / kappa)
-
-
-@torch.no_grad()
-def entropy_adv_advantages(
-    advantages_BT: torch.Tensor,
-    entropy_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    alpha: float = 0.4,
-    kappa: float = 2.0,
-) -> torch.Tensor:
-    """Add the bounded entropy bonus to every valid token's advantage.
-
-    Args:
-        advantages_BT: `(B, T)` token advantages.
-        entropy_BT: `(B, T)` entropies (nats) of the current policy.
-        mask_BT: `(B, T)` valid completion positions.
-        alpha: entropy coefficient, `>= 0`.
-        kappa: the bonus is at most `|A| / kappa`, `> 1`.
-
-    Returns:
-        `(B, T)` float32 token advantages, 0 on masked positions.
-    """
-    check_range("alpha", alpha, 0.0, math.inf, high_open=True)
-    check_range("kappa", kappa, 1.0, math.inf, low_open=True, high_open=True)
-    valid_BT, (advantages_BT, entropy_BT) = check_token_inputs(advantages_BT, mask_BT, entropy_BT=entropy_BT)
-    return torch.where(valid_BT, advantages_BT + entropy_adv_bonus(advantages_BT, entropy_BT, alpha, kappa), 0.0)
-
-
 @register_credit_method(
     "entropy_adv",
     statistics=(POLICY_ENTROPY,),
@@ -101,13 +69,16 @@ def entropy_adv_advantages(
     token_statistic=("bonus", "entropy bonus psi = min(alpha * H, |A| / kappa)"),
 )
 def entropy_adv(batch: CreditBatch, entropy_adv_alpha: float, entropy_adv_kappa: float) -> CreditResult:
-    entropy_BT = batch[POLICY_ENTROPY]
-    bonus_BT = entropy_adv_bonus(batch.advantages_BT, entropy_BT, entropy_adv_alpha, entropy_adv_kappa)
-    bounded_BT = batch.mask_BT & (batch.advantages_BT.abs() / entropy_adv_kappa < entropy_adv_alpha * entropy_BT)
+    advantages_BT, entropy_BT, valid_BT = batch.advantages_BT, batch[POLICY_ENTROPY], batch.mask_BT
+    entropy_bonus_BT = entropy_adv_alpha * entropy_BT
+    bound_BT = advantages_BT.abs() / entropy_adv_kappa
+    psi_BT = torch.minimum(entropy_bonus_BT, bound_BT)
     return CreditResult(
-        advantages_BT=entropy_adv_advantages(
-            batch.advantages_BT, entropy_BT, batch.mask_BT, entropy_adv_alpha, entropy_adv_kappa
-        ),
-        metrics={"mean_bonus": bonus_BT, "bounded_fraction": (bounded_BT, batch.mask_BT)},
-        statistic_BT=bonus_BT,
+        advantages_BT=torch.where(valid_BT, advantages_BT + psi_BT, 0.0),
+        metrics={"mean_bonus": psi_BT, "bounded_fraction": (valid_BT & (bound_BT < entropy_bonus_BT), valid_BT)},
+        statistic_BT=psi_BT,
     )
+
+
+# EntropyAdv on plain tensors: `entropy_adv_advantages(advantages_B, mask_BT, policy_entropy=..., entropy_adv_alpha=...)`.
+entropy_adv_advantages = get_credit_method("entropy_adv").on_tensors

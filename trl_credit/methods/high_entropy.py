@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_range, check_token_inputs, in_range, paper
-from .registry import POLICY_ENTROPY, CreditBatch, CreditResult, register_credit_method
+from .batch import POLICY_ENTROPY, CreditBatch, CreditResult
+from .registry import get_credit_method, paper, register_credit_method
+from .settings import in_range
 
 HIGH_ENTROPY_PAPER = paper(
     "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning",
@@ -61,32 +62,6 @@ def high_entropy_count(num_valid: int, top_ratio: float) -> int:
     return max(1, int(num_valid * top_ratio + 0.9999))
 
 
-@torch.no_grad()
-def high_entropy_advantages(
-    advantages_BT: torch.Tensor, entropy_BT: torch.Tensor, mask_BT: torch.Tensor, top_ratio: float = 0.2
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the policy gradient of the `ceil(rho * N)` highest-entropy valid tokens only.
-
-    Args:
-        advantages_BT: `(B, T)` token advantages.
-        entropy_BT: `(B, T)` entropies (nats) of the current policy.
-        mask_BT: `(B, T)` valid completion positions: one micro-batch, as the official code selects.
-        top_ratio: `rho`, in `[0, 1]`.
-
-    Returns:
-        `(advantages_BT, loss_mask_BT)`: advantages set to 0 outside the kept tokens, and the `(B, T)` float loss mask
-        (1 on kept tokens; all 0 without valid tokens).
-    """
-    check_range("top_ratio", top_ratio, 0.0, 1.0)
-    valid_BT, (advantages_BT, entropy_BT) = check_token_inputs(advantages_BT, mask_BT, entropy_BT=entropy_BT)
-    kept_BT = torch.zeros_like(valid_BT)
-    positions_N = valid_BT.flatten().nonzero().squeeze(1)
-    if positions_N.numel():
-        order_N = torch.sort(entropy_BT.flatten()[positions_N], descending=True, stable=True).indices
-        kept_BT.view(-1)[positions_N[order_N[: high_entropy_count(positions_N.numel(), top_ratio)]]] = True
-    return advantages_BT.masked_fill(~kept_BT, 0.0), kept_BT.float()
-
-
 @register_credit_method(
     "high_entropy",
     statistics=(POLICY_ENTROPY,),
@@ -100,16 +75,25 @@ def high_entropy_advantages(
     token_statistic=("entropy", "current-policy entropy H (nats)"),
 )
 def high_entropy(batch: CreditBatch, high_entropy_top_ratio: float) -> CreditResult:
-    entropy_BT = batch[POLICY_ENTROPY]
-    advantages_BT, loss_mask_BT = high_entropy_advantages(
-        batch.advantages_BT, entropy_BT, batch.mask_BT, high_entropy_top_ratio
-    )
-    kept_BT = loss_mask_BT.bool()
+    entropy_BT, valid_BT = batch[POLICY_ENTROPY], batch.mask_BT
+    # The k valid tokens of highest entropy; a stable sort keeps the earlier of tied tokens.
+    kept_BT = torch.zeros_like(valid_BT)
+    positions_N = valid_BT.flatten().nonzero().squeeze(1)
+    if positions_N.numel():
+        order_N = torch.sort(entropy_BT.flatten()[positions_N], descending=True, stable=True).indices
+        kept_BT.view(-1)[positions_N[order_N[: high_entropy_count(positions_N.numel(), high_entropy_top_ratio)]]] = (
+            True
+        )
     lowest_kept = entropy_BT[kept_BT].min() if kept_BT.any() else entropy_BT.new_tensor(0.0)
     return CreditResult(
-        advantages_BT=advantages_BT,
-        loss_mask_BT=loss_mask_BT,
+        advantages_BT=batch.advantages_BT.masked_fill(~kept_BT, 0.0),
+        loss_mask_BT=kept_BT.float(),
         # The lowest kept entropy of each micro-batch, averaged over micro-batches and processes.
-        metrics={"entropy_threshold": (lowest_kept.float(), batch.mask_BT.new_tensor(1.0))},
+        metrics={"entropy_threshold": (lowest_kept.float(), valid_BT.new_tensor(1.0))},
         statistic_BT=entropy_BT,
     )
+
+
+# 80/20 on plain tensors (one micro-batch): `high_entropy_advantages(advantages_B, mask_BT, policy_entropy=...,
+# high_entropy_top_ratio=...)`.
+high_entropy_advantages = get_credit_method("high_entropy").on_tensors

@@ -26,13 +26,13 @@ usual min-p sampling value, our choice. Pass the value of the run you reproduce.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import FINITE_POSITIVE, check_range, check_token_inputs, in_range
-from .registry import POLICY_LOGIT_GAP, CreditBatch, CreditResult, register_credit_method
+from .batch import POLICY_LOGIT_GAP, CreditBatch, CreditResult
+from .registry import get_credit_method, register_credit_method
+from .settings import FINITE_POSITIVE, in_range
 from .taco import TACO_PAPER
 
 
@@ -67,38 +67,6 @@ def minp_support_margin(logit_gap_BT: torch.Tensor, min_p: float) -> torch.Tenso
     return logit_gap_BT - torch.tensor(min_p, dtype=torch.float32).log().item()
 
 
-@torch.no_grad()
-def minp_support_weights(
-    advantages_BT: torch.Tensor,
-    logit_gap_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    min_p: float = 0.1,
-    tau: float = 0.2,
-    min_weight: float = 0.2,
-    only_positive: bool = True,
-) -> torch.Tensor:
-    """The min-p support weight, a `(B, T)` soft loss mask in `[min_weight, 1]` (1 at masked positions).
-
-    Args:
-        advantages_BT: `(B, T)` token advantages (only their sign is read).
-        logit_gap_BT: `(B, T)` sampled token's logit minus the largest logit, current policy at the sampling
-            temperature (`<= 0`).
-        mask_BT: `(B, T)` valid completion positions.
-        min_p: min-p threshold, in `(0, 1)`.
-        tau: decay temperature outside the set, `> 0`.
-        min_weight: weight far outside the set, in `[0, 1]`.
-        only_positive: weight only positive-advantage tokens.
-    """
-    check_range("min_p", min_p, 0.0, 1.0, low_open=True, high_open=True)
-    check_range("tau", tau, 0.0, math.inf, low_open=True, high_open=True)
-    check_range("min_weight", min_weight, 0.0, 1.0)
-    valid_BT, (advantages_BT, logit_gap_BT) = check_token_inputs(advantages_BT, mask_BT, logit_gap_BT=logit_gap_BT)
-    margin_BT = minp_support_margin(logit_gap_BT, min_p)
-    weights_BT = min_weight + (1.0 - min_weight) * torch.exp(margin_BT.clamp(max=0.0) / tau)
-    weighted_BT = valid_BT & (advantages_BT > 0) if only_positive else valid_BT
-    return torch.where(weighted_BT, weights_BT, 1.0)
-
-
 @register_credit_method(
     "minp_support",
     statistics=(POLICY_LOGIT_GAP,),
@@ -127,18 +95,14 @@ def minp_support(
     minp_support_min_weight: float,
     minp_support_only_positive_advantage: bool,
 ) -> CreditResult:
-    logit_gap_BT = batch[POLICY_LOGIT_GAP]
-    weights_BT = minp_support_weights(
-        batch.advantages_BT,
-        logit_gap_BT,
-        batch.mask_BT,
-        minp_support_min_p,
-        minp_support_tau,
-        minp_support_min_weight,
-        minp_support_only_positive_advantage,
+    valid_BT = batch.mask_BT
+    margin_BT = minp_support_margin(batch[POLICY_LOGIT_GAP], minp_support_min_p)
+    support_BT = minp_support_min_weight + (1.0 - minp_support_min_weight) * torch.exp(
+        margin_BT.clamp(max=0.0) / minp_support_tau
     )
-    margin_BT = minp_support_margin(logit_gap_BT, minp_support_min_p)
-    positive_BT = batch.mask_BT & (batch.advantages_BT > 0)
+    positive_BT = valid_BT & (batch.advantages_BT > 0)
+    weighted_BT = positive_BT if minp_support_only_positive_advantage else valid_BT
+    weights_BT = torch.where(weighted_BT, support_BT, 1.0)  # 1 at masked positions: the loss mask removes them
     return CreditResult(
         advantages_BT=batch.advantages_BT,
         loss_mask_BT=weights_BT,
@@ -149,3 +113,8 @@ def minp_support(
         },
         statistic_BT=margin_BT,
     )
+
+
+# Min-p support weighting on plain tensors: `minp_support_advantages(advantages_B, mask_BT, policy_logit_gap=...,
+# minp_support_min_p=...)`; the weight is the result's `loss_mask_BT`.
+minp_support_advantages = get_credit_method("minp_support").on_tensors

@@ -25,15 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import paper
-from .registry import (
-    ROLLOUT_LOGPS,
-    ROLLOUT_SUM_SQ_PROBS,
-    CreditBatch,
-    CreditResult,
-    apply_credit_method,
-    register_credit_method,
-)
+from .batch import ROLLOUT_LOGPS, ROLLOUT_SUM_SQ_PROBS, CreditBatch, CreditResult
+from .registry import get_credit_method, paper, register_credit_method
 
 _EPS = 1e-8  # verl's `epsilon` in the baseline's denominator
 
@@ -154,30 +147,6 @@ def otb(batch: CreditBatch, otb_handle_zero_tail: bool) -> CreditResult:
     )
 
 
-def otb_advantages(
-    rewards_B: torch.Tensor,
-    group_index_B: torch.Tensor,
-    logps_BT: torch.Tensor,
-    sum_sq_probs_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    handle_zero_tail: bool = True,
-) -> torch.Tensor:
-    """The registered `otb` method on plain tensors (every row of every group): `(B, T)` float32 token advantages.
-
-    Args:
-        rewards_B: `(B,)` raw rewards.
-        group_index_B: `(B,)` prompt group of each row (integers).
-        logps_BT: `(B, T)` rollout-policy log-probabilities of the sampled tokens.
-        sum_sq_probs_BT: `(B, T)` `sum_v pi_v^2` of the rollout policy.
-        mask_BT: `(B, T)` valid completion positions.
-    """
-    statistics = {ROLLOUT_LOGPS: logps_BT, ROLLOUT_SUM_SQ_PROBS: sum_sq_probs_BT}
-    return apply_credit_method(
-        "otb",
-        torch.zeros(mask_BT.size(0)),
-        mask_BT,
-        statistics,
-        group_index_B=group_index_B,
-        rewards_B=rewards_B,
-        otb_handle_zero_tail=handle_zero_tail,
-    ).advantages_BT
+# OTB on plain tensors (every row of every group): `otb_advantages(None, mask_BT, rewards_B=..., group_index_B=...,
+# rollout_logps=..., rollout_sum_sq_probs=...)`.
+otb_advantages = get_credit_method("otb").on_tensors

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import check_range, check_token_inputs, in_range, paper
+from .batch import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult
 from .eapo import quantile_linear
-from .registry import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult, register_credit_method
+from .registry import get_credit_method, paper, register_credit_method
+from .settings import in_range
 
 STAPO_PAPER = paper(
     "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens",
@@ -55,45 +56,6 @@ class STAPOArguments:
     )
 
 
-@torch.no_grad()
-def stapo_advantages(
-    advantages_BT: torch.Tensor,
-    logps_BT: torch.Tensor,
-    entropy_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    prob_threshold: float = 0.002,
-    entropy_quantile: float = 0.1,
-    only_positive: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Silence STAPO's spurious tokens: low probability, low entropy, positive advantage.
-
-    Args:
-        advantages_BT: `(B, T)` token advantages (GRPO's `A_i` on every valid token, or a previous method's output).
-        logps_BT: `(B, T)` log-probabilities of the sampled tokens under the current policy.
-        entropy_BT: `(B, T)` entropies (nats) of the current policy.
-        mask_BT: `(B, T)` valid completion positions.
-        prob_threshold: `p` below which a candidate can be spurious, in `(0, 1)`.
-        entropy_quantile: quantile `q` of the candidates' entropies (linear interpolation, as `torch.quantile`) below
-            which a candidate can be spurious, in `(0, 1)`. Taken over the tokens passed in: the official code passes
-            one micro-batch.
-        only_positive: candidates are the positive-advantage tokens (else every valid token).
-
-    Returns:
-        `(advantages_BT, loss_mask_BT, entropy_threshold)`: the advantages with spurious tokens set to 0, the `(B, T)`
-        float loss mask (0 on spurious tokens, 1 elsewhere) and the entropy threshold (0 without valid tokens).
-    """
-    check_range("prob_threshold", prob_threshold, 0.0, 1.0, low_open=True, high_open=True)
-    check_range("entropy_quantile", entropy_quantile, 0.0, 1.0, low_open=True, high_open=True)
-    valid_BT, (advantages_BT, logps_BT, entropy_BT) = check_token_inputs(
-        advantages_BT, mask_BT, logps_BT=logps_BT, entropy_BT=entropy_BT
-    )
-    candidate_BT = valid_BT & (advantages_BT > 0) if only_positive else valid_BT
-    source_N = entropy_BT[candidate_BT] if candidate_BT.any() else entropy_BT[valid_BT]
-    threshold = quantile_linear(source_N, entropy_quantile).item() if source_N.numel() else 0.0
-    spurious_BT = candidate_BT & (logps_BT.exp() < prob_threshold) & (entropy_BT < threshold)
-    return advantages_BT.masked_fill(spurious_BT, 0.0), (~spurious_BT).float(), threshold
-
-
 @register_credit_method(
     "stapo",
     statistics=(POLICY_LOGPS, POLICY_ENTROPY),
@@ -117,29 +79,27 @@ def stapo_advantages(
 def stapo(
     batch: CreditBatch, stapo_prob_threshold: float, stapo_entropy_quantile: float, stapo_only_positive_advantage: bool
 ) -> CreditResult:
-    entropy_BT = batch[POLICY_ENTROPY]
-    advantages_BT, loss_mask_BT, threshold = stapo_advantages(
-        batch.advantages_BT,
-        batch[POLICY_LOGPS],
-        entropy_BT,
-        batch.mask_BT,
-        stapo_prob_threshold,
-        stapo_entropy_quantile,
-        stapo_only_positive_advantage,
-    )
-    dropped_BT = batch.mask_BT & (loss_mask_BT == 0)
-    positive_BT = batch.mask_BT & (batch.advantages_BT > 0)
+    logps_BT, entropy_BT, valid_BT = batch[POLICY_LOGPS], batch[POLICY_ENTROPY], batch.mask_BT
+    positive_BT = valid_BT & (batch.advantages_BT > 0)
+    candidate_BT = positive_BT if stapo_only_positive_advantage else valid_BT
+    # The quantile (linear interpolation, as `torch.quantile`) of the candidates' entropies in this micro-batch; over
+    # every valid token when there is no candidate, as the official code falls back.
+    source_N = entropy_BT[candidate_BT] if candidate_BT.any() else entropy_BT[valid_BT]
+    threshold = quantile_linear(source_N, stapo_entropy_quantile).item() if source_N.numel() else 0.0
+    spurious_BT = candidate_BT & (logps_BT.exp() < stapo_prob_threshold) & (entropy_BT < threshold)
     return CreditResult(
-        advantages_BT=advantages_BT,
-        loss_mask_BT=loss_mask_BT,
+        advantages_BT=batch.advantages_BT.masked_fill(spurious_BT, 0.0),
+        loss_mask_BT=(~spurious_BT).float(),
         metrics={
-            "dropped_fraction": (dropped_BT, batch.mask_BT),
-            "dropped_fraction_pos": (dropped_BT & positive_BT, positive_BT),
+            "dropped_fraction": (spurious_BT, valid_BT),
+            "dropped_fraction_pos": (spurious_BT & positive_BT, positive_BT),
             # A per-micro-batch threshold: averaged over micro-batches and processes.
-            "entropy_threshold": (
-                batch.mask_BT.new_tensor(threshold, dtype=torch.float32),
-                batch.mask_BT.new_tensor(1.0),
-            ),
+            "entropy_threshold": (valid_BT.new_tensor(threshold, dtype=torch.float32), valid_BT.new_tensor(1.0)),
         },
         statistic_BT=entropy_BT,
     )
+
+
+# STAPO on plain tensors (one micro-batch): `stapo_advantages(advantages_B, mask_BT, policy_logps=...,
+# policy_entropy=..., stapo_prob_threshold=...)`; the threshold is `metrics["entropy_threshold"][0]`.
+stapo_advantages = get_credit_method("stapo").on_tensors

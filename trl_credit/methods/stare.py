@@ -27,15 +27,9 @@ from typing import Literal
 
 import torch
 
-from ._checks import in_range, paper
-from .registry import (
-    POLICY_LOGPS,
-    ROLLOUT_MEAN_ENTROPY,
-    CreditBatch,
-    CreditResult,
-    apply_credit_method,
-    register_credit_method,
-)
+from .batch import POLICY_LOGPS, ROLLOUT_MEAN_ENTROPY, CreditBatch, CreditResult
+from .registry import get_credit_method, paper, register_credit_method
+from .settings import in_range
 
 STARE_PAPER = paper(
     "STARE: Surprisal-Guided Token-Level Advantage Reweighting for Policy Entropy Stability",
@@ -43,8 +37,6 @@ STARE_PAPER = paper(
     "luo2026stare",
     "Luo, Haipeng and Sun, Qingfeng and Wu, Songli and Xu, Can and Deng, Wenfeng and Hu, Han and Tang, Yansong",
 )
-
-VARIANTS = ("O1", "C2")
 
 
 @dataclass
@@ -101,42 +93,6 @@ def _highest(surprisal_BT: torch.Tensor, candidates_BT: torch.Tensor, top_p_rati
     return selected_BT
 
 
-@torch.no_grad()
-def stare_weights(
-    advantages_BT: torch.Tensor,
-    logps_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    gate_on: bool,
-    variant: str = "O1",
-    top_p_ratio: float = 0.1,
-    reweight_w: float = 1.1,
-    reweight_m: float = 0.9,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """STARE's per-token weights for one micro-batch.
-
-    Args:
-        advantages_BT: `(B, T)` token advantages; their sign splits the tokens into `T+` and `T-`.
-        logps_BT: `(B, T)` current-policy log-probabilities of the sampled tokens (surprisal `-log p`).
-        mask_BT: `(B, T)` bool, the valid completion positions.
-        gate_on: whether the batch's mean entropy is below the target.
-
-    Returns:
-        `(weights_BT, l_plus_BT, l_minus_BT)`: the weights (1 where nothing applies) and the selected sets, selected
-        whether or not the gate is on (the official code logs them either way).
-    """
-    if variant not in VARIANTS:
-        raise ValueError(f"STARE variant must be one of {VARIANTS}, got {variant!r}")
-    surprisal_BT = -logps_BT.float()
-    l_plus_BT = _highest(surprisal_BT, mask_BT & (advantages_BT > 0), top_p_ratio)
-    l_minus_BT = torch.zeros_like(mask_BT)
-    if variant == "C2":
-        l_minus_BT = _highest(surprisal_BT, mask_BT & (advantages_BT < 0), top_p_ratio)
-    weights_BT = torch.ones_like(surprisal_BT)
-    if gate_on:
-        weights_BT = weights_BT.masked_fill(l_plus_BT, reweight_w).masked_fill(l_minus_BT, reweight_m)
-    return weights_BT, l_plus_BT, l_minus_BT
-
-
 def _positive(value) -> bool:
     return 0.0 < float(value) < float("inf")
 
@@ -176,25 +132,24 @@ def stare(
     stare_reweight_m: float,
     stare_target_entropy: float,
 ) -> CreditResult:
-    mask_BT = batch.mask_BT
+    advantages_BT, mask_BT = batch.advantages_BT, batch.mask_BT
     # The same value at every valid position of the generation batch; a micro-batch without one reweights nothing.
     has_valid = bool(mask_BT.any())
     batch_entropy = batch[ROLLOUT_MEAN_ENTROPY][mask_BT][0] if has_valid else mask_BT.new_zeros((), dtype=torch.float)
     gate_on = has_valid and bool(batch_entropy < stare_target_entropy)
-    weights_BT, l_plus_BT, l_minus_BT = stare_weights(
-        batch.advantages_BT,
-        batch[POLICY_LOGPS],
-        mask_BT,
-        gate_on,
-        stare_variant,
-        stare_top_p_ratio,
-        stare_reweight_w,
-        stare_reweight_m,
-    )
+    surprisal_BT = -batch[POLICY_LOGPS]
+    # L+ and L- are selected whether or not the gate is on: the official code logs them either way.
+    l_plus_BT = _highest(surprisal_BT, mask_BT & (advantages_BT > 0), stare_top_p_ratio)
+    l_minus_BT = torch.zeros_like(mask_BT)
+    if stare_variant == "C2":
+        l_minus_BT = _highest(surprisal_BT, mask_BT & (advantages_BT < 0), stare_top_p_ratio)
+    weights_BT = torch.ones_like(surprisal_BT)
+    if gate_on:
+        weights_BT = weights_BT.masked_fill(l_plus_BT, stare_reweight_w).masked_fill(l_minus_BT, stare_reweight_m)
     one = mask_BT.new_tensor(float(has_valid))
     reweighted_BT = (l_plus_BT | l_minus_BT) & gate_on
     return CreditResult(
-        advantages_BT=weights_BT * batch.advantages_BT,
+        advantages_BT=weights_BT * advantages_BT,
         metrics={
             "gate_on": (one * gate_on, one),
             "batch_entropy": (batch_entropy.float() * one, one),
@@ -203,38 +158,10 @@ def stare(
             "positive_selected_fraction": (l_plus_BT, mask_BT),
             "negative_selected_fraction": (l_minus_BT, mask_BT),
         },
-        statistic_BT=-batch[POLICY_LOGPS],
+        statistic_BT=surprisal_BT,
     )
 
 
-def stare_advantages(
-    advantages_B: torch.Tensor,
-    logps_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    batch_entropy: float,
-    variant: str = "O1",
-    top_p_ratio: float = 0.1,
-    reweight_w: float = 1.1,
-    reweight_m: float = 0.9,
-    target_entropy: float = 0.3,
-) -> torch.Tensor:
-    """The registered `stare` method on plain tensors (one micro-batch): `(B, T)` float32 token advantages.
-
-    Args:
-        advantages_B: `(B,)` sequence advantages `A_i`.
-        logps_BT: `(B, T)` current-policy log-probabilities of the sampled tokens.
-        mask_BT: `(B, T)` valid completion positions.
-        batch_entropy: the generation batch's mean rollout entropy, which the gate compares with `target_entropy`.
-    """
-    statistics = {POLICY_LOGPS: logps_BT, ROLLOUT_MEAN_ENTROPY: torch.full(mask_BT.shape, float(batch_entropy))}
-    return apply_credit_method(
-        "stare",
-        advantages_B,
-        mask_BT,
-        statistics,
-        stare_variant=variant,
-        stare_top_p_ratio=top_p_ratio,
-        stare_reweight_w=reweight_w,
-        stare_reweight_m=reweight_m,
-        stare_target_entropy=target_entropy,
-    ).advantages_BT
+# STARE on plain tensors (one micro-batch): `stare_advantages(advantages_B, mask_BT, policy_logps=...,
+# rollout_mean_entropy=..., stare_variant=...)`, the batch's mean entropy at every valid position.
+stare_advantages = get_credit_method("stare").on_tensors

@@ -20,15 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import in_range, paper
-from .registry import (
-    POLICY_ENTROPY,
-    POLICY_LOGPS,
-    CreditBatch,
-    CreditResult,
-    apply_credit_method,
-    register_credit_method,
-)
+from .batch import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult
+from .registry import get_credit_method, paper, register_credit_method
+from .settings import in_range
 
 TACO_PAPER = paper(
     "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
@@ -92,25 +86,5 @@ def taco(batch: CreditBatch, taco_alpha: float, taco_lambda: float) -> CreditRes
     )
 
 
-def taco_advantages(
-    advantages_B: torch.Tensor,
-    logps_BT: torch.Tensor,
-    entropy_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    alpha: float = 0.01,
-    lam: float = 0.9,
-) -> torch.Tensor:
-    """The registered `taco` method on plain tensors: `(B, T)` float32 token advantages, 0 on masked positions.
-
-    Args:
-        advantages_B: `(B,)` sequence advantages `A_i`.
-        logps_BT: `(B, T)` log-probabilities of the sampled tokens under the current policy.
-        entropy_BT: `(B, T)` full-vocabulary entropies (nats) of the current policy.
-        mask_BT: `(B, T)` valid completion positions (bool or 0/1).
-        alpha: tail threshold, in `(0, 1]`.
-        lam: maximal shrinkage, in `[0, 1]`; `lam = 0` is GRPO.
-    """
-    statistics = {POLICY_LOGPS: logps_BT, POLICY_ENTROPY: entropy_BT}
-    return apply_credit_method(
-        "taco", advantages_B, mask_BT, statistics, taco_alpha=alpha, taco_lambda=lam
-    ).advantages_BT
+# TACO on plain tensors: `taco_advantages(advantages_B, mask_BT, policy_logps=..., policy_entropy=..., taco_alpha=...)`.
+taco_advantages = get_credit_method("taco").on_tensors

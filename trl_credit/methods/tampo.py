@@ -13,13 +13,11 @@ STAPO nothing depends on how the batch is split.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-import torch
-
-from ._checks import FINITE_NON_NEGATIVE, check_range, check_token_inputs, in_range
-from .registry import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult, register_credit_method
+from .batch import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult
+from .registry import get_credit_method, register_credit_method
+from .settings import FINITE_NON_NEGATIVE, in_range
 from .taco import TACO_PAPER
 
 
@@ -37,40 +35,6 @@ class TAMPOArguments:
         default=0.5,
         metadata={"help": "TAMPO: ... and whose current-policy entropy (nats) is <= this. >= 0."},
     )
-
-
-@torch.no_grad()
-def tampo_advantages(
-    advantages_BT: torch.Tensor,
-    logps_BT: torch.Tensor,
-    entropy_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    prob_threshold: float = 0.002,
-    entropy_threshold: float = 0.5,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop positive-advantage tokens that are both improbable and confidently predicted otherwise.
-
-    Args:
-        advantages_BT: `(B, T)` token advantages.
-        logps_BT: `(B, T)` log-probabilities of the sampled tokens under the current policy.
-        entropy_BT: `(B, T)` entropies (nats) of the current policy.
-        mask_BT: `(B, T)` valid completion positions.
-        prob_threshold: truncate when `p <= prob_threshold`, in `(0, 1]`.
-        entropy_threshold: ... and `H <= entropy_threshold`, `>= 0`.
-
-    Returns:
-        `(advantages_BT, loss_mask_BT)`: advantages with truncated tokens set to 0, and the `(B, T)` float loss mask
-        (0 on truncated tokens, 1 elsewhere).
-    """
-    check_range("prob_threshold", prob_threshold, 0.0, 1.0, low_open=True)
-    check_range("entropy_threshold", entropy_threshold, 0.0, math.inf, high_open=True)
-    valid_BT, (advantages_BT, logps_BT, entropy_BT) = check_token_inputs(
-        advantages_BT, mask_BT, logps_BT=logps_BT, entropy_BT=entropy_BT
-    )
-    truncated_BT = (
-        valid_BT & (advantages_BT > 0) & (logps_BT.exp() <= prob_threshold) & (entropy_BT <= entropy_threshold)
-    )
-    return advantages_BT.masked_fill(truncated_BT, 0.0), (~truncated_BT).float()
 
 
 @register_credit_method(
@@ -92,23 +56,20 @@ def tampo_advantages(
     token_statistic=("entropy", "current-policy entropy H (nats)"),
 )
 def tampo(batch: CreditBatch, tampo_prob_threshold: float, tampo_entropy_threshold: float) -> CreditResult:
-    entropy_BT = batch[POLICY_ENTROPY]
-    advantages_BT, loss_mask_BT = tampo_advantages(
-        batch.advantages_BT,
-        batch[POLICY_LOGPS],
-        entropy_BT,
-        batch.mask_BT,
-        tampo_prob_threshold,
-        tampo_entropy_threshold,
-    )
-    dropped_BT = batch.mask_BT & (loss_mask_BT == 0)
-    positive_BT = batch.mask_BT & (batch.advantages_BT > 0)
+    logps_BT, entropy_BT, valid_BT = batch[POLICY_LOGPS], batch[POLICY_ENTROPY], batch.mask_BT
+    positive_BT = valid_BT & (batch.advantages_BT > 0)
+    truncated_BT = positive_BT & (logps_BT.exp() <= tampo_prob_threshold) & (entropy_BT <= tampo_entropy_threshold)
     return CreditResult(
-        advantages_BT=advantages_BT,
-        loss_mask_BT=loss_mask_BT,
+        advantages_BT=batch.advantages_BT.masked_fill(truncated_BT, 0.0),
+        loss_mask_BT=(~truncated_BT).float(),
         metrics={
-            "dropped_fraction": (dropped_BT, batch.mask_BT),
-            "dropped_fraction_pos": (dropped_BT & positive_BT, positive_BT),
+            "dropped_fraction": (truncated_BT, valid_BT),
+            "dropped_fraction_pos": (truncated_BT & positive_BT, positive_BT),
         },
         statistic_BT=entropy_BT,
     )
+
+
+# TAMPO on plain tensors: `tampo_advantages(advantages_B, mask_BT, policy_logps=..., policy_entropy=...,
+# tampo_prob_threshold=...)`.
+tampo_advantages = get_credit_method("tampo").on_tensors

@@ -20,16 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ._checks import FINITE_NON_NEGATIVE, FINITE_POSITIVE, paper
-from .registry import (
-    PREVIOUS_POLICY_DEVIATION,
-    REFERENCE_DEVIATION,
-    ROLLOUT_ENTROPY,
-    CreditBatch,
-    CreditResult,
-    apply_credit_method,
-    register_credit_method,
-)
+from .batch import PREVIOUS_POLICY_DEVIATION, REFERENCE_DEVIATION, ROLLOUT_ENTROPY, CreditBatch, CreditResult
+from .registry import get_credit_method, paper, register_credit_method
+from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE
 
 DISTANCES = ("squared_hellinger", "hellinger")
 REFERENCES = ("ref", "old")
@@ -136,36 +129,6 @@ def tide(
     )
 
 
-def tide_advantages(
-    advantages_B: torch.Tensor,
-    deviation_BT: torch.Tensor,
-    entropy_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    vocab_size: int,
-    tau: float = 0.5,
-    kappa: float = 1.0,
-    distance: str = "squared_hellinger",
-) -> torch.Tensor:
-    """The registered `tide` method (reference `"ref"`) on plain tensors: `(B, T)` float32 token advantages.
-
-    Args:
-        advantages_B: `(B,)` sequence advantages.
-        deviation_BT: `(B, T)` squared Hellinger distance `1 - sum_v sqrt(pi * pi_ref)`, in `[0, 1]`.
-        entropy_BT: `(B, T)` policy entropies (nats).
-        mask_BT: `(B, T)` valid completion positions.
-        vocab_size: `|V|`, normalises the entropy gate; `>= 2`.
-        tau: softmax temperature, `> 0`.
-        kappa: entropy-gate exponent, `>= 0` (`0` turns the gate off).
-        distance: `"squared_hellinger"` uses `d` as given, `"hellinger"` uses `sqrt(d)`.
-    """
-    statistics = {REFERENCE_DEVIATION: deviation_BT, ROLLOUT_ENTROPY: entropy_BT}
-    return apply_credit_method(
-        "tide",
-        advantages_B,
-        mask_BT,
-        statistics,
-        vocab_size=vocab_size,
-        tide_tau=tau,
-        tide_kappa=kappa,
-        tide_distance=distance,
-    ).advantages_BT
+# TIDE on plain tensors: `tide_advantages(advantages_B, mask_BT, reference_deviation=..., rollout_entropy=...,
+# vocab_size=..., tide_tau=...)`.
+tide_advantages = get_credit_method("tide").on_tensors

@@ -26,7 +26,7 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
-from ..methods.registry import (
+from ..methods import (
     GENERATION_STATISTICS,
     LOSS_FORWARD_STATISTICS,
     POLICY_ENTROPY,

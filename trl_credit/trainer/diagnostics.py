@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..methods.registry import CreditResult
+from ..methods import CreditResult
 
 # Logged once per batch whatever the stack, besides each method's `name/...` metrics.
 TRAINER_METRICS = {"credit/adv_abs_mean": "mean |Â| over the valid tokens of every process, after the whole stack"}

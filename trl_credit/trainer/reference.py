@@ -19,7 +19,7 @@ from transformers.utils import logging
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import create_model_from_path, disable_dropout_in_model, get_config_model_id, use_adapter
 
-from ..methods.registry import PREVIOUS_POLICY_DEVIATION, REFERENCE_DEVIATION
+from ..methods import PREVIOUS_POLICY_DEVIATION, REFERENCE_DEVIATION
 
 PREVIOUS_POLICY_FILE = "previous_policy.safetensors"  # checkpoint file of the previous-policy reference
 

@@ -38,7 +38,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 from trl.models.utils import disable_gradient_checkpointing
 
-from ..methods.registry import (
+from ..methods import (
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,

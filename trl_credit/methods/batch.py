@@ -1,0 +1,149 @@
+"""What a credit method reads and returns: the per-token statistics by name, [`CreditBatch`] and [`CreditResult`].
+
+Nothing here imports TRL: a method is a pure function of these records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+# Per-token statistics a method can ask for. Each is `(B, T)` float32, aligned with the completion tokens, zero
+# at masked positions. The trainer computes each requested statistic once per batch from TRL's own forward
+# (the model's full output transform, the sampling temperature, multimodal inputs).
+POLICY_LOGPS = "policy_logps"  # log p of the sampled token under the current policy, from the training forward
+POLICY_ENTROPY = "policy_entropy"  # full-vocabulary entropy (nats) of the current policy, from the training forward
+# `z_y - max_v z_v` (<= 0): the sampled token's logit minus the largest logit of the current policy, logits at the
+# sampling temperature, from the LM head streamed over the training forward's final hidden states
+POLICY_LOGIT_GAP = "policy_logit_gap"
+ROLLOUT_LOGPS = "rollout_logps"  # the same for the policy that generated the batch, once per generation batch
+ROLLOUT_ENTROPY = "rollout_entropy"
+# sum_v pi_v^2 of the rollout policy's next-token distribution (in (0, 1]), from the same source as `rollout_entropy`
+ROLLOUT_SUM_SQ_PROBS = "rollout_sum_sq_probs"
+# The token mean of `rollout_entropy` over every valid token of the generation batch (all processes), the same value at
+# every valid position: a batch-level entropy that a method in the training forward can read from any micro-batch
+ROLLOUT_MEAN_ENTROPY = "rollout_mean_entropy"
+REFERENCE_DEVIATION = "reference_deviation"  # squared Hellinger distance to the frozen initial model
+PREVIOUS_POLICY_DEVIATION = "previous_policy_deviation"  # ... to the policy of the previous generation batch
+# 1.0 on the tokens the task's ground truth marks as deciding the reward, else 0. The trainer cannot compute it: only a
+# trainer that knows the task supplies it (the credit lab's `LabTrainer`).
+TASK_DECISIVE = "task_decisive"
+
+LOSS_FORWARD_STATISTICS = (POLICY_LOGPS, POLICY_ENTROPY, POLICY_LOGIT_GAP)
+GENERATION_STATISTICS = (
+    ROLLOUT_LOGPS,
+    ROLLOUT_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_MEAN_ENTROPY,
+    REFERENCE_DEVIATION,
+    PREVIOUS_POLICY_DEVIATION,
+)
+STATISTICS = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS + (TASK_DECISIVE,)
+
+
+# Statistics with a bounded range: a streamed computation may round slightly outside it, anything further is a bug
+# upstream. The rest need only be finite.
+STATISTIC_RANGES = {
+    REFERENCE_DEVIATION: (0.0, 1.0),
+    PREVIOUS_POLICY_DEVIATION: (0.0, 1.0),
+    ROLLOUT_SUM_SQ_PROBS: (0.0, 1.0),
+}
+
+
+def _local(values_N: torch.Tensor) -> torch.Tensor:
+    return values_N
+
+
+@dataclass(frozen=True)
+class CreditBatch:
+    """What a credit method sees of a batch.
+
+    Args:
+        advantages_BT: incoming token advantages: `A_i` on every valid token for the first method of a stack,
+            else the previous method's output. Zero at masked positions. "Positive token" means `advantages_BT > 0`.
+        sequence_advantages_B: GRPO's sequence advantages `A_i`, whatever ran before.
+        mask_BT: bool, the positions still in the loss: valid completion positions (completion mask x tool mask)
+            with a positive `loss_weights_BT`. Tokens an earlier method of the stack dropped are masked.
+        statistics: the statistics the method asked for, by name.
+        vocab_size: rows of the policy's LM head.
+        step: the optimizer step (`trainer.state.global_step`), for schedules.
+        gather: returns the values of every process, concatenated (a collective: call it on every process). At
+            generation it spans the whole generation batch; in the training forward, the micro-batches of one step.
+        clip_range: `(epsilon_low, epsilon_high)` of the loss's PPO clip, for methods that must know which tokens
+            the clipped objective already silences (Clip-Cov).
+        loss_weights_BT: float, each token's weight in the loss: the product of the loss masks the earlier methods
+            of the stack returned (soft for min-p), as the official code multiplies verl's `response_mask` step by
+            step. `mask_BT` as float when omitted.
+        group_index_B: long, the prompt group of each row, the same number on every process for the completions of
+            one prompt (a group may span processes), for advantage estimators; None outside a trainer unless given.
+        rewards_B: the raw reward of each row (TRL's weighted sum over reward functions, before any normalisation),
+            for advantage estimators; None outside a trainer unless given.
+    """
+
+    advantages_BT: torch.Tensor
+    sequence_advantages_B: torch.Tensor
+    mask_BT: torch.Tensor
+    statistics: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    vocab_size: int | None = None
+    step: int = 0
+    gather: Callable[[torch.Tensor], torch.Tensor] = _local
+    clip_range: tuple[float, float] = (0.2, 0.2)
+    loss_weights_BT: torch.Tensor | None = None
+    group_index_B: torch.Tensor | None = None
+    rewards_B: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if self.loss_weights_BT is None:
+            object.__setattr__(self, "loss_weights_BT", self.mask_BT.float())
+
+    def followed_by(self, result: CreditResult) -> CreditBatch:
+        """The batch the next method of a stack sees: `result`'s advantages, and its loss mask multiplied into the
+        loss weights; a token whose weight reaches 0 leaves `mask_BT`."""
+        weights_BT = self.loss_weights_BT
+        if result.loss_mask_BT is not None:
+            weights_BT = weights_BT * result.loss_mask_BT.float()
+        mask_BT = self.mask_BT & (weights_BT > 0)
+        return dataclasses.replace(
+            self,
+            advantages_BT=torch.where(mask_BT, result.advantages_BT.float(), 0.0),
+            mask_BT=mask_BT,
+            loss_weights_BT=torch.where(mask_BT, weights_BT, 0.0),
+        )
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.statistics:
+            raise KeyError(f"statistic {name!r} was not requested; the method's `statistics` must list it")
+        return self.statistics[name]
+
+    @classmethod
+    def from_sequence_advantages(cls, advantages_B: torch.Tensor, mask_BT: torch.Tensor, **kwargs) -> CreditBatch:
+        """The batch a stack starts from: every valid token carries its response's advantage, as in GRPO."""
+        mask_BT = mask_BT.bool()
+        advantages_B = advantages_B.float()
+        return cls(advantages_B.unsqueeze(1) * mask_BT, advantages_B, mask_BT, **kwargs)
+
+
+# A per-token metric: a `(B, T)` tensor averaged over valid tokens, a `(numerator_BT, denominator_BT)` pair of
+# masks whose sums give a ratio, or a float that is already the same on every process.
+Metric = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | float
+
+
+@dataclass
+class CreditResult:
+    """What a credit method returns.
+
+    Args:
+        advantages_BT: the new `(B, T)` token advantages.
+        loss_mask_BT: optional `(B, T)` weights in `[0, 1]` that multiply the loss mask, as the official code of
+            some baselines multiplies verl's `response_mask`: a dropped token also leaves the loss normaliser.
+        metrics: diagnostics, logged as `<method>/<name>` and reduced over every process.
+        statistic_BT: the per-token statistic shown in the token-credit view.
+    """
+
+    advantages_BT: torch.Tensor
+    loss_mask_BT: torch.Tensor | None = None
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    statistic_BT: torch.Tensor | None = None

@@ -1,0 +1,35 @@
+"""Importing the module that registers a user's credit method: `credit_method="mymethods:boost"` or
+`"examples/custom_credit_method.py:boost"`."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+
+def import_user_module(module: str) -> None:
+    """Import a dotted module name, or a `.py` file by path (e.g. `examples/custom_credit_method.py`).
+
+    A dotted name that is not importable is also looked for in the current folder (`mymethods` ->
+    `./mymethods.py`), as `python -m` would find it: console scripts do not put that folder on `sys.path`.
+    """
+    if not module.endswith(".py"):
+        try:
+            importlib.import_module(module)
+            return
+        except ModuleNotFoundError as error:
+            local = Path.cwd() / (module.replace(".", "/") + ".py")
+            if error.name != module.split(".")[0] or not local.is_file():
+                raise
+            module = str(local)
+    path = Path(module).resolve()
+    name = f"trl_credit_user_{path.stem}"
+    if name in sys.modules:
+        return
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or not path.is_file():
+        raise ImportError(f"no such file: {module}")
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
