@@ -1,8 +1,10 @@
-"""Shared fixtures: tiny random causal LMs and tokenizers built in-process (no Hub access)."""
+"""Shared fixtures: tiny random causal LMs and tokenizers built in-process (no Hub access), a tiny-trainer factory,
+and the credit-method registry restored after every test."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -168,3 +170,55 @@ def tiny_config(method: str, output_dir, **overrides):
         overrides["credit_kwargs"] = {**(overrides.get("credit_kwargs") or {}), **credit_kwargs}
     settings.update(overrides)
     return CreditGRPOConfig(output_dir=str(output_dir), **settings)
+
+
+@pytest.fixture(autouse=True)
+def credit_method_registry():
+    """The credit-method registry, restored after the test: what a test registers does not leak into the next one.
+
+    A user module the test imported to register a method (`"examples/custom_credit_method.py:surprise_boost"`) is
+    forgotten with its method, so that the next lookup imports, and registers, it again. Registrations by the package's
+    own modules (the lab's oracle, on first import) stay: their module stays imported.
+    """
+    from trl_credit.methods import CREDIT_METHODS
+
+    registered, modules = dict(CREDIT_METHODS), set(sys.modules)
+    yield CREDIT_METHODS
+    for name, method in list(CREDIT_METHODS.items()):
+        module = method.function.__module__
+        if name not in registered and not module.startswith("trl_credit."):
+            del CREDIT_METHODS[name]
+            if module not in modules:
+                sys.modules.pop(module, None)
+    CREDIT_METHODS.update(registered)
+
+
+@pytest.fixture
+def make_trainer(tmp_path):
+    """`make_trainer(method, **overrides)`: a trainer on a fresh tiny model, tokenizer and prompt dataset, rewarded by
+    `length_reward`, with [`tiny_config`] (`overrides` win; `output_dir` defaults to `tmp_path / "out"`;
+    `trainer_class` defaults to `CreditGRPOTrainer`)."""
+    from trl_credit import CreditGRPOTrainer
+
+    def build(method: str, trainer_class=CreditGRPOTrainer, output_dir=None, **overrides):
+        tokenizer = make_tiny_tokenizer()
+        return trainer_class(
+            model=make_tiny_model(tokenizer),
+            reward_funcs=length_reward,
+            args=tiny_config(method, output_dir or tmp_path / "out", **overrides),
+            train_dataset=tiny_prompt_dataset(),
+            processing_class=tokenizer,
+        )
+
+    return build
+
+
+def train_changing_every_parameter(trainer):
+    """Train `trainer` and assert that every trainable parameter changed (TRL's own trainer tests check the same)."""
+    before = {name: p.detach().clone() for name, p in trainer.model.named_parameters() if p.requires_grad}
+    trainer.train()
+    unchanged = [
+        name for name, p in trainer.model.named_parameters() if name in before and torch.equal(p, before[name])
+    ]
+    assert not unchanged, f"parameters that did not change: {unchanged}"
+    return trainer

@@ -8,20 +8,11 @@ Clip-Cov; Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR for 80/20; the paper for Entro
 import dataclasses
 import json
 import math
-import types
 
 import pytest
 import torch
 import yaml
-from conftest import (
-    length_reward,
-    make_tiny_model,
-    make_tiny_tokenizer,
-    naive_logprobs,
-    sampled,
-    tiny_config,
-    tiny_prompt_dataset,
-)
+from conftest import naive_logprobs, sampled, train_changing_every_parameter
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
@@ -32,11 +23,10 @@ from trl_credit.methods import (
     clip_cov_advantages,
     entropy_adv_advantages,
     high_entropy_advantages,
-    minp_support_weights,
+    minp_support_advantages,
     stapo_advantages,
     tampo_advantages,
 )
-from trl_credit.methods.clip_cov import clip_cov_generator
 from trl_credit.methods.high_entropy import high_entropy_count
 from trl_credit.statistics import token_statistics
 from trl_credit.trainer import credit_trainer
@@ -59,71 +49,84 @@ def _t(rows):
     return torch.tensor(rows, dtype=torch.float32)
 
 
+def _threshold(result):
+    """The entropy threshold a method logged for its one micro-batch."""
+    return result.metrics["entropy_threshold"][0].item()
+
+
 # ------------------------------------------------------------------------------------------------ STAPO
 
 
 def test_stapo_hand_worked():
     # Row 0 has A = +1 (4 valid tokens), row 1 has A = -1 (3 valid tokens, the last position is padding).
-    advantages = _t([[1, 1, 1, 1], [-1, -1, -1, 0]])
+    advantages = _t([1, -1])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
     probs = _t([[0.001, 0.5, 0.001, 0.0015], [0.001, 0.001, 0.5, 1.0]])
     entropy = _t([[0.1, 0.2, 3.0, 0.05], [0.01, 0.01, 0.01, 9.0]])
     # Candidates: the 4 positive tokens; their entropies sorted: [0.05, 0.1, 0.2, 3.0].
     # q = 0.1: position 0.1 * 3 = 0.3 -> 0.05 + 0.3 * (0.1 - 0.05) = 0.065. Spurious: p < 0.002 and H < 0.065 ->
     # only token (0, 3) (p 0.0015, H 0.05); token (0, 0) has H 0.1. Row 1 is negative: never a candidate.
-    out, loss_mask, threshold = stapo_advantages(advantages, probs.log(), entropy, mask)
-    assert threshold == pytest.approx(0.065)
-    torch.testing.assert_close(out, _t([[1, 1, 1, 0], [-1, -1, -1, 0]]))
-    torch.testing.assert_close(loss_mask, _t([[1, 1, 1, 0], [1, 1, 1, 1]]))
+    statistics = dict(policy_logps=probs.log(), policy_entropy=entropy)
+    result = stapo_advantages(advantages, mask, **statistics)
+    assert _threshold(result) == pytest.approx(0.065)
+    torch.testing.assert_close(result.advantages_BT, _t([[1, 1, 1, 0], [-1, -1, -1, 0]]))
+    torch.testing.assert_close(result.loss_mask_BT, _t([[1, 1, 1, 0], [1, 1, 1, 1]]))
     # q = 0.5: position 1.5 -> 0.1 + 0.5 * (0.2 - 0.1) = 0.15: tokens (0, 0) and (0, 3) are spurious.
-    out, loss_mask, threshold = stapo_advantages(advantages, probs.log(), entropy, mask, entropy_quantile=0.5)
-    assert threshold == pytest.approx(0.15)
-    torch.testing.assert_close(loss_mask, _t([[0, 1, 1, 0], [1, 1, 1, 1]]))
+    result = stapo_advantages(advantages, mask, **statistics, stapo_entropy_quantile=0.5)
+    assert _threshold(result) == pytest.approx(0.15)
+    torch.testing.assert_close(result.loss_mask_BT, _t([[0, 1, 1, 0], [1, 1, 1, 1]]))
     # Every valid token a candidate (stapo_only_positive_advantage=False): 7 entropies sorted
     # [0.01, 0.01, 0.01, 0.05, 0.1, 0.2, 3.0], q = 0.5 -> position 3 -> 0.05. H < 0.05 and p < 0.002: (1, 0), (1, 1).
-    out, loss_mask, threshold = stapo_advantages(
-        advantages, probs.log(), entropy, mask, entropy_quantile=0.5, only_positive=False
+    result = stapo_advantages(
+        advantages, mask, **statistics, stapo_entropy_quantile=0.5, stapo_only_positive_advantage=False
     )
-    assert threshold == pytest.approx(0.05)
-    torch.testing.assert_close(loss_mask, _t([[1, 1, 1, 1], [0, 0, 1, 1]]))
-    torch.testing.assert_close(out, _t([[1, 1, 1, 1], [0, 0, -1, 0]]))
+    assert _threshold(result) == pytest.approx(0.05)
+    torch.testing.assert_close(result.loss_mask_BT, _t([[1, 1, 1, 1], [0, 0, 1, 1]]))
+    torch.testing.assert_close(result.advantages_BT, _t([[1, 1, 1, 1], [0, 0, -1, 0]]))
 
 
 def test_stapo_edge_cases():
     probs, entropy = _t([[0.001, 0.001, 0.001]]), _t([[0.1, 0.2, 0.3]])
     # No positive token: the quantile falls back to every valid token (0.1 + 0.2 * (0.2 - 0.1) = 0.12 at q = 0.1),
     # but there is no candidate, so nothing is dropped.
-    out, loss_mask, threshold = stapo_advantages(_t([[-1, -1, -1]]), probs.log(), entropy, torch.ones(1, 3))
-    assert threshold == pytest.approx(0.12) and loss_mask.eq(1).all() and out.eq(-1).all()
+    result = stapo_advantages(_t([-1]), torch.ones(1, 3), policy_logps=probs.log(), policy_entropy=entropy)
+    assert _threshold(result) == pytest.approx(0.12)
+    assert result.loss_mask_BT.eq(1).all() and result.advantages_BT.eq(-1).all()
     # Ties: every candidate has the same entropy, so the quantile equals it and `H < quantile` holds for none.
-    out, loss_mask, threshold = stapo_advantages(_t([[1, 1, 1]]), probs.log(), _t([[0.3, 0.3, 0.3]]), torch.ones(1, 3))
-    assert threshold == pytest.approx(0.3) and loss_mask.eq(1).all()
+    result = stapo_advantages(_t([1]), torch.ones(1, 3), policy_logps=probs.log(), policy_entropy=_t([[0.3] * 3]))
+    assert _threshold(result) == pytest.approx(0.3) and result.loss_mask_BT.eq(1).all()
     # Every token masked (NaN padding included): threshold 0, nothing dropped, zeros out.
-    out, loss_mask, threshold = stapo_advantages(_t([[1, 1]]), _t([[math.nan, 0]]), _t([[0, 0]]), torch.zeros(1, 2))
-    assert threshold == 0.0 and out.eq(0).all() and loss_mask.eq(1).all()
-    with pytest.raises(ValueError, match="entropy_quantile"):
-        stapo_advantages(_t([[1]]), _t([[0]]), _t([[0]]), torch.ones(1, 1), entropy_quantile=1.0)
+    result = stapo_advantages(
+        _t([1]), torch.zeros(1, 2), policy_logps=_t([[math.nan, 0]]), policy_entropy=_t([[0, 0]])
+    )
+    assert _threshold(result) == 0.0 and result.advantages_BT.eq(0).all() and result.loss_mask_BT.eq(1).all()
+    with pytest.raises(ValueError, match="stapo_entropy_quantile must be in"):
+        stapo_advantages(
+            _t([1]), torch.ones(1, 1), policy_logps=_t([[0]]), policy_entropy=_t([[0]]), stapo_entropy_quantile=1.0
+        )
 
 
 # ------------------------------------------------------------------------------------------------ TAMPO
 
 
 def test_tampo_hand_worked_and_edges():
-    advantages = _t([[2, 2, 2, 2], [-2, -2, -2, -2]])
+    advantages = _t([2, -2])
     mask = torch.ones(2, 4)
     probs = _t([[0.001, 0.001, 0.5, 0.001], [0.001, 0.001, 0.001, 0.001]])
     entropy = _t([[0.5, 0.6, 0.1, 0.0], [0.1, 0.1, 0.1, 0.1]])
     # Truncated: A > 0, p <= 0.002, H <= 0.5. Token (0, 0) has H == 0.5 exactly: truncated (the rule is <=, unlike
     # STAPO's strict <). (0, 1): H 0.6 > 0.5 kept. (0, 2): p 0.5 kept. (0, 3): truncated. Row 1 negative: kept.
-    out, loss_mask = tampo_advantages(advantages, probs.log(), entropy, mask)
-    torch.testing.assert_close(loss_mask, _t([[0, 1, 1, 0], [1, 1, 1, 1]]))
-    torch.testing.assert_close(out, _t([[0, 2, 2, 0], [-2, -2, -2, -2]]))
+    result = tampo_advantages(advantages, mask, policy_logps=probs.log(), policy_entropy=entropy)
+    torch.testing.assert_close(result.loss_mask_BT, _t([[0, 1, 1, 0], [1, 1, 1, 1]]))
+    torch.testing.assert_close(result.advantages_BT, _t([[0, 2, 2, 0], [-2, -2, -2, -2]]))
     # No positive token: nothing dropped.
-    _, loss_mask = tampo_advantages(-advantages.abs(), probs.log(), entropy, mask)
-    assert loss_mask.eq(1).all()
+    result = tampo_advantages(-advantages.abs(), mask, policy_logps=probs.log(), policy_entropy=entropy)
+    assert result.loss_mask_BT.eq(1).all()
     # All tokens dropped: every token positive, improbable and confident.
-    out, loss_mask = tampo_advantages(advantages.abs(), probs.log(), torch.zeros(2, 4), mask, prob_threshold=1.0)
-    assert loss_mask.eq(0).all() and out.eq(0).all()
+    result = tampo_advantages(
+        advantages.abs(), mask, policy_logps=probs.log(), policy_entropy=torch.zeros(2, 4), tampo_prob_threshold=1.0
+    )
+    assert result.loss_mask_BT.eq(0).all() and result.advantages_BT.eq(0).all()
 
 
 # ------------------------------------------------------------------------------------------------ min-p support
@@ -137,15 +140,21 @@ def test_minp_support_hand_worked():
     # 0.08 (ratio exactly 0.1: m = 0, w = 1), and 0.0008 on a negative token (not weighted: w = 1).
     probs, max_probs = _t([[0.5, 0.05, 0.08, 0.0008]]), torch.full((1, 4), 0.8)
     logit_gap = (probs / max_probs).log()  # z_y - max z = log p_y - log max p
-    weights = minp_support_weights(advantages, logit_gap, mask)
+    weights = minp_support_advantages(_t([1]), mask, advantages_BT=advantages, policy_logit_gap=logit_gap).loss_mask_BT
     expected_outside = 0.2 + 0.8 * math.exp(math.log(0.625) / 0.2)  # 0.2763
     torch.testing.assert_close(weights, _t([[1, expected_outside, 1, 1]]), atol=1e-5, rtol=1e-5)
     # Every token weighted (only_positive=False): the negative token's m = log(0.001) - log(0.1) = log(0.01),
     # w = 0.2 + 0.8 * 0.01 ** 5 (= 0.2 up to 1e-10).
-    weights = minp_support_weights(advantages, logit_gap, mask, only_positive=False)
+    weights = minp_support_advantages(
+        _t([1]),
+        mask,
+        advantages_BT=advantages,
+        policy_logit_gap=logit_gap,
+        minp_support_only_positive_advantage=False,
+    ).loss_mask_BT
     assert weights[0, 3].item() == pytest.approx(0.2 + 0.8 * 0.01**5, abs=1e-6)
     # No positive token: every weight 1. Masked positions: 1 (the loss mask already removes them).
-    weights = minp_support_weights(-advantages.abs(), logit_gap, torch.tensor([[1, 1, 0, 0]]))
+    weights = minp_support_advantages(_t([-1]), torch.tensor([[1, 1, 0, 0]]), policy_logit_gap=logit_gap).loss_mask_BT
     assert weights.eq(1).all()
 
 
@@ -178,13 +187,17 @@ def test_minp_reads_the_raw_logit_gap_as_the_official_code():
     margin = gap - torch.log(torch.tensor(min_p))
     official = w_min + (1 - w_min) * torch.exp(torch.clamp(margin, max=0.0) / tau)
     assert ((official > w_min + 0.01) & (official < 0.99)).sum() > 10
-    advantages = torch.ones(64, 1)
-    ours = minp_support_weights(advantages, gap.unsqueeze(1), torch.ones(64, 1), min_p, tau, w_min).squeeze(1)
-    assert (ours - official).abs().max().item() <= 1e-6
+    settings = dict(minp_support_min_p=min_p, minp_support_tau=tau, minp_support_min_weight=w_min)
+
+    def weights(logit_gap):
+        return minp_support_advantages(
+            torch.ones(64), torch.ones(64, 1), policy_logit_gap=logit_gap.unsqueeze(1), **settings
+        ).loss_mask_BT.squeeze(1)
+
+    assert (weights(gap) - official).abs().max().item() <= 1e-6
     logp = torch.log_softmax(logits, -1)
     from_logps = logp.gather(1, ids.unsqueeze(1)).squeeze(1) - logp.amax(-1)
-    rounded = minp_support_weights(advantages, from_logps.unsqueeze(1), torch.ones(64, 1), min_p, tau, w_min)
-    assert (rounded.squeeze(1) - official).abs().max().item() > 1e-6
+    assert (weights(from_logps) - official).abs().max().item() > 1e-6
 
 
 # ------------------------------------------------------------------------------------------------ AR-Lopti
@@ -193,11 +206,12 @@ def test_minp_reads_the_raw_logit_gap_as_the_official_code():
 def test_ar_lopti_hand_worked():
     # w = (1 - 0.1) + 0.1 * p_old, on both signs: A = 2, p = 0.5 -> 2 * 0.95 = 1.9; A = -1, p = 0.1 -> -0.91;
     # A = -1, p = 1 -> -1; the masked position stays 0.
-    advantages = _t([[2, 2], [-1, -1]])
+    advantages = _t([2, -1])
     probs = _t([[0.5, 0.5], [0.1, 1.0]])
-    out = ar_lopti_advantages(advantages, probs.log(), torch.tensor([[1, 0], [1, 1]]))
+    out = ar_lopti_advantages(advantages, torch.tensor([[1, 0], [1, 1]]), rollout_logps=probs.log()).advantages_BT
     torch.testing.assert_close(out, _t([[1.9, 0], [-0.91, -1]]))
-    torch.testing.assert_close(ar_lopti_advantages(advantages, probs.log(), torch.ones(2, 2), alpha=0.0), advantages)
+    grpo = ar_lopti_advantages(advantages, torch.ones(2, 2), rollout_logps=probs.log(), ar_lopti_alpha=0.0)
+    torch.testing.assert_close(grpo.advantages_BT, _t([[2, 2], [-1, -1]]))
 
 
 # ------------------------------------------------------------------------------------------------ Clip-Cov
@@ -210,19 +224,26 @@ def test_clip_cov_hand_worked():
     advantages = _t([[2, 2, -2, -2, 0]])
     logps = _t([[0, -1, -3, -5, math.nan]])
     mask = torch.tensor([[1, 1, 1, 1, 0]])
+
     # Old log-probs equal: ratio 1, nothing PPO-clipped. ratio 1.0 -> n = max(int(1.0 * 4), 1) = 4 >= 3 candidates:
     # all three are detached.
-    out, detached, candidates = clip_cov_advantages(advantages, logps, logps, mask, ratio=1.0)
+    def clip_cov(old_logps, **settings):
+        result = clip_cov_advantages(
+            None, mask, advantages_BT=advantages, policy_logps=logps, rollout_logps=old_logps, **settings
+        )
+        return result.advantages_BT, result.metrics["detached_fraction"][0], result.metrics["candidate_fraction"][0]
+
+    out, detached, candidates = clip_cov(logps, clip_cov_ratio=1.0)
     torch.testing.assert_close(out, _t([[0, 0, 0, -2, 0]]))
     assert candidates.tolist() == [[True, True, True, False, False]]
     # Token 0: A > 0 with r = e > 1 + 0.28; token 2: A < 0 with r = 1/e < 1 - 0.2: PPO clips both, so they are no
     # candidates; token 1 (r = 1) is the only one. The default ratio 2e-4 gives n = max(int(0.0008), 1) = 1.
     old = _t([[-1, -1, -2, -5, 0]])
-    out, detached, candidates = clip_cov_advantages(advantages, logps, old, mask, clip_range=(0.2, 0.28))
+    out, detached, candidates = clip_cov(old, clip_range=(0.2, 0.28))
     torch.testing.assert_close(out, _t([[2, 0, -2, -2, 0]]))
     assert detached.tolist() == [[False, True, False, False, False]]
     # No candidate (bounds above every covariance): nothing changes.
-    out, detached, _ = clip_cov_advantages(advantages, logps, logps, mask, lb=10.0, ub=20.0)
+    out, detached, _ = clip_cov(logps, clip_cov_lb=10.0, clip_cov_ub=20.0)
     torch.testing.assert_close(out, torch.where(mask.bool(), advantages, 0.0))
     assert not detached.any()
 
@@ -234,16 +255,19 @@ def test_clip_cov_draw_is_seeded():
     mask = torch.ones(4, 50)
 
     def draw(seed, step):
-        return clip_cov_advantages(
-            advantages,
-            logps,
-            logps,
+        result = clip_cov_advantages(
+            None,
             mask,
-            ratio=0.02,
-            lb=0.0,
-            ub=100.0,
-            generator=clip_cov_generator(seed, step, mask),
-        )[1]
+            advantages_BT=advantages,
+            policy_logps=logps,
+            rollout_logps=logps,
+            step=step,
+            clip_cov_ratio=0.02,
+            clip_cov_lb=0.0,
+            clip_cov_ub=100.0,
+            clip_cov_seed=seed,
+        )
+        return result.metrics["detached_fraction"][0]
 
     first = draw(0, 3)
     assert first.sum() == 4  # max(int(0.02 * 200), 1)
@@ -257,19 +281,24 @@ def test_clip_cov_draw_is_seeded():
 def test_high_entropy_hand_worked():
     entropy = _t([[0.5, 2.0, 1.0, 2.0, 0.1, 9.0]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 0]])  # the 9.0 is padding
-    advantages = torch.where(mask.bool(), 1.0, 0.0)
+    advantages = _t([1])
+
+    def high_entropy(mask, **settings):
+        result = high_entropy_advantages(advantages, mask, policy_entropy=entropy, **settings)
+        return result.advantages_BT, result.loss_mask_BT
+
     # rho = 0.2, N = 5: k = max(1, int(5 * 0.2 + 0.9999)) = 1. The top entropy 2.0 is tied between positions 1 and
     # 3: the earlier one is kept.
-    out, loss_mask = high_entropy_advantages(advantages, entropy, mask)
+    out, loss_mask = high_entropy(mask)
     torch.testing.assert_close(loss_mask, _t([[0, 1, 0, 0, 0, 0]]))
     torch.testing.assert_close(out, loss_mask)
     # rho = 0.5: k = int(2.5 + 0.9999) = 3 -> entropies 2.0, 2.0, 1.0.
-    _, loss_mask = high_entropy_advantages(advantages, entropy, mask, top_ratio=0.5)
+    _, loss_mask = high_entropy(mask, high_entropy_top_ratio=0.5)
     torch.testing.assert_close(loss_mask, _t([[0, 1, 1, 1, 0, 0]]))
     # rho = 0 keeps one token; rho = 1 keeps every valid token; no valid token keeps none.
     assert [high_entropy_count(5, r) for r in (0.0, 1.0)] == [1, 5]
-    assert high_entropy_advantages(advantages, entropy, mask, top_ratio=1.0)[1].sum() == 5
-    assert high_entropy_advantages(advantages, entropy, torch.zeros(1, 6))[1].sum() == 0
+    assert high_entropy(mask, high_entropy_top_ratio=1.0)[1].sum() == 5
+    assert high_entropy(torch.zeros(1, 6))[1].sum() == 0
 
 
 def test_high_entropy_equals_trl_quantile_mask_without_ties():
@@ -278,8 +307,8 @@ def test_high_entropy_equals_trl_quantile_mask_without_ties():
     torch.manual_seed(0)
     entropy, mask = torch.rand(2, 5) * 3, torch.ones(2, 5)
     trl_mask = entropy >= torch.quantile(entropy.flatten(), 0.8)
-    _, loss_mask = high_entropy_advantages(mask, entropy, mask, top_ratio=0.2)
-    assert torch.equal(loss_mask.bool(), trl_mask) and trl_mask.sum() == 2
+    result = high_entropy_advantages(torch.ones(2), mask, policy_entropy=entropy, high_entropy_top_ratio=0.2)
+    assert torch.equal(result.loss_mask_BT.bool(), trl_mask) and trl_mask.sum() == 2
 
 
 # ------------------------------------------------------------------------------------------------ EntropyAdv
@@ -290,14 +319,20 @@ def test_entropy_adv_hand_worked():
     # A = -1, H = 3 -> -1 + 0.5 = -0.5; A = -1, H = 0.1 -> -1 + 0.04 = -0.96; A = 0 -> 0; masked -> 0.
     advantages = _t([[1, 1, -1, -1, 0, 1]])
     entropy = _t([[0.5, 3.0, 3.0, 0.1, 2.0, 5.0]])
-    out = entropy_adv_advantages(advantages, entropy, torch.tensor([[1, 1, 1, 1, 1, 0]]))
+
+    def entropy_adv(advantages, entropy, mask, **settings):
+        return entropy_adv_advantages(
+            None, mask, advantages_BT=advantages, policy_entropy=entropy, **settings
+        ).advantages_BT
+
+    out = entropy_adv(advantages, entropy, torch.tensor([[1, 1, 1, 1, 1, 0]]))
     torch.testing.assert_close(out, _t([[1.2, 1.5, -0.5, -0.96, 0, 0]]))
     # kappa > 1 keeps every sign, whatever the entropy.
     advantages, entropy = torch.randn(8, 16), torch.rand(8, 16) * 50
-    out = entropy_adv_advantages(advantages, entropy, torch.ones(8, 16), alpha=10.0, kappa=1.01)
+    out = entropy_adv(advantages, entropy, torch.ones(8, 16), entropy_adv_alpha=10.0, entropy_adv_kappa=1.01)
     assert torch.equal(out.sign(), advantages.sign())
-    with pytest.raises(ValueError, match="kappa"):
-        entropy_adv_advantages(advantages, entropy, torch.ones(8, 16), kappa=1.0)
+    with pytest.raises(ValueError, match="entropy_adv_kappa must be finite and > 1"):
+        entropy_adv(advantages, entropy, torch.ones(8, 16), entropy_adv_kappa=1.0)
 
 
 # ------------------------------------------------------------------------------------------------ registry and config
@@ -338,55 +373,20 @@ def _naive_statistics(model, inputs, temperature):
 
 
 def _expected(method, args, inputs, logps, entropy, logit_gap, step):
-    """The token advantages and loss mask the official rule gives this micro-batch (`None`: no loss mask)."""
-    mask = inputs["completion_mask"].bool()
-    advantages = inputs["credit_sequence_advantages"].float().unsqueeze(1) * mask
-    config, args = args, types.SimpleNamespace(**{**vars(args), **args.credit_hyperparameters()})
-    if method == "stapo":
-        return stapo_advantages(
-            advantages, logps, entropy, mask, args.stapo_prob_threshold, args.stapo_entropy_quantile
-        )[:2]
-    if method == "tampo":
-        return tampo_advantages(
-            advantages, logps, entropy, mask, args.tampo_prob_threshold, args.tampo_entropy_threshold
-        )
-    if method == "minp_support":
-        return advantages, minp_support_weights(advantages, logit_gap, mask, args.minp_support_min_p)
-    if method == "ar_lopti":  # one micro-batch per generation batch: the policy is still the rollout policy
-        return ar_lopti_advantages(advantages, logps, mask, args.ar_lopti_alpha), None
-    if method == "clip_cov":
-        generator = clip_cov_generator(args.clip_cov_seed, step, mask)
-        out = clip_cov_advantages(
-            advantages,
-            logps,
-            logps,
-            mask,
-            (args.epsilon, args.epsilon_high or args.epsilon),
-            args.clip_cov_ratio,
-            args.clip_cov_lb,
-            args.clip_cov_ub,
-            generator,
-        )
-        return out[0], None
-    if method == "high_entropy":
-        return high_entropy_advantages(advantages, entropy, mask, args.high_entropy_top_ratio)
-    if method == "entropy_adv":
-        return entropy_adv_advantages(advantages, entropy, mask, args.entropy_adv_alpha, args.entropy_adv_kappa), None
-    # A stack, run in one pass on this micro-batch: the trainer splits it between the generation batch and the
-    # training forward, and must hand each method what the methods before it produced.
-    statistics = {
-        "policy_logps": logps,
-        "policy_entropy": entropy,
-        "policy_logit_gap": logit_gap,
-        "rollout_logps": logps,
-        "rollout_entropy": entropy,
-    }
-    hyperparameters = {k: v for k, v in config.credit_hyperparameters().items() if k != "credit_method"}
+    """The token advantages and loss mask (`None`: no loss mask) of the registered method or stack on this
+    micro-batch, from statistics of the full logits: one micro-batch per generation batch, so the policy is still the
+    rollout policy. The trainer splits a stack between the generation batch and the training forward, and must hand
+    each method what the methods before it produced."""
+    hyperparameters = {k: v for k, v in args.credit_hyperparameters().items() if k != "credit_method"}
     result = apply_credit_stack(
         method,
         inputs["credit_sequence_advantages"].float(),
-        mask,
-        statistics,
+        inputs["completion_mask"].bool(),
+        policy_logps=logps,
+        policy_entropy=entropy,
+        policy_logit_gap=logit_gap,
+        rollout_logps=logps,
+        rollout_entropy=entropy,
         step=step,
         clip_range=(args.epsilon, args.epsilon_high or args.epsilon),
         **hyperparameters,
@@ -423,24 +423,22 @@ class LossRecorder:
                 trainer_self, model, inputs
             )  # the hook path fills inputs["advantages"] in the forward
             buffered = dict(inputs, completion_mask=self.batch["completion_mask"])
-            expected = _expected(
+            advantages, loss_mask = _expected(
                 trainer.credit_method, trainer.args, buffered, *self.statistics, trainer.state.global_step
             )
-            if expected is not None:
-                advantages, loss_mask = expected
-                torch.testing.assert_close(inputs["advantages"], advantages, atol=1e-4, rtol=1e-4)
-                # TRL's loss mask, completion_mask x tool_mask, as its loss read it: the buffered one minus the drops.
-                consumed_mask = (inputs["completion_mask"] * inputs.get("tool_mask", 1)).float()
-                want_mask = self.batch["completion_mask"].float() * (1 if loss_mask is None else loss_mask)
-                torch.testing.assert_close(consumed_mask, want_mask, atol=1e-4, rtol=1e-4)
-                # TRL's own loss on the buffered batch with the rule's advantages and the dropped tokens in its tool
-                # mask (the documented semantics) equals the loss the trainer returned.
-                with torch.no_grad():
-                    want_loss = original_loss(
-                        trainer_self, model, dict(self.batch, advantages=advantages, tool_mask=want_mask)
-                    )
-                torch.testing.assert_close(loss.detach(), want_loss, atol=1e-6, rtol=1e-5)
-                self.checked += 1
+            torch.testing.assert_close(inputs["advantages"], advantages, atol=1e-4, rtol=1e-4)
+            # TRL's loss mask, completion_mask x tool_mask, as its loss read it: the buffered one minus the drops.
+            consumed_mask = (inputs["completion_mask"] * inputs.get("tool_mask", 1)).float()
+            want_mask = self.batch["completion_mask"].float() * (1 if loss_mask is None else loss_mask)
+            torch.testing.assert_close(consumed_mask, want_mask, atol=1e-4, rtol=1e-4)
+            # TRL's own loss on the buffered batch with the rule's advantages and the dropped tokens in its tool
+            # mask (the documented semantics) equals the loss the trainer returned.
+            with torch.no_grad():
+                want_loss = original_loss(
+                    trainer_self, model, dict(self.batch, advantages=advantages, tool_mask=want_mask)
+                )
+            torch.testing.assert_close(loss.detach(), want_loss, atol=1e-6, rtol=1e-5)
+            self.checked += 1
             return loss
 
         monkeypatch.setattr(GRPOTrainer, "compute_loss", compute_loss)
@@ -472,23 +470,12 @@ class LossRecorder:
         ),
     ],
 )
-def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, method, options):
-    tokenizer = make_tiny_tokenizer()
+def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, make_trainer, method, options):
     options = dict(options)
     trainer_class = ToolMasked if options.pop("tool_mask", False) else CreditGRPOTrainer
-    args = tiny_config(method, tmp_path / "out", max_steps=2, **options)
-    trainer = trainer_class(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer(method, trainer_class, max_steps=2, **options)
     recorder = LossRecorder(monkeypatch, trainer)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])]
-    assert not unchanged, f"parameters that did not change: {unchanged}"
+    train_changing_every_parameter(trainer)
     assert recorder.checked == 2
     logged = trainer.state.log_history[0]
     last = method.split("+")[-1]
@@ -498,18 +485,11 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, meth
 
 
 @pytest.mark.parametrize("tool_mask", [True, False], ids=["no-grad forward", "training forward hook"])
-def test_logit_gap_statistic_equals_full_logits(monkeypatch, tmp_path, tool_mask):
+def test_logit_gap_statistic_equals_full_logits(monkeypatch, make_trainer, tool_mask):
     # Both ways a method that drops tokens gets its statistics: the hook on TRL's own loss forward, and, with a tool
     # mask, the no-grad forward of the micro-batch.
-    tokenizer = make_tiny_tokenizer()
-    args = tiny_config("minp_support", tmp_path / "out", max_steps=1, temperature=0.7)
-    trainer = (ToolMasked if tool_mask else CreditGRPOTrainer)(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    trainer_class = ToolMasked if tool_mask else CreditGRPOTrainer
+    trainer = make_trainer("minp_support", trainer_class, max_steps=1, temperature=0.7)
     forwards = []  # the trainer's own no-grad forwards of the micro-batch
     monkeypatch.setattr(
         credit_trainer,
@@ -569,25 +549,14 @@ def test_cli_trains_stapo(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])
-def test_effective_coefficient_of_a_dropped_token_is_the_official_rule_under_bnpo(monkeypatch, tmp_path, loss_type):
+def test_effective_coefficient_of_a_dropped_token_is_the_official_rule_under_bnpo(
+    monkeypatch, make_trainer, loss_type
+):
     """d loss / d log p of each token, taken through TRL's own `_compute_loss`, against verl's per-micro-batch token
     mean over the kept tokens (STAPO's rule written out here from the official code): equal under `bnpo`; under
     `dapo` the dropped tokens still count in the normaliser, so it differs (and the trainer warns)."""
-    tokenizer = make_tiny_tokenizer()
-    args = tiny_config(
-        "stapo",
-        tmp_path / loss_type,
-        max_steps=1,
-        loss_type=loss_type,
-        stapo_prob_threshold=0.05,
-        stapo_entropy_quantile=0.5,
-    )
-    trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
+    trainer = make_trainer(
+        "stapo", max_steps=1, loss_type=loss_type, stapo_prob_threshold=0.05, stapo_entropy_quantile=0.5
     )
     compared = []
     original_scoring = trainer._get_per_token_logps_and_entropies

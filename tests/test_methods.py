@@ -1,85 +1,35 @@
-"""The pure credit functions against the specification: plain per-token loops and every invariant."""
+"""TACO, EAPO and TIDE on plain tensors against the reference loops (`reference_formulas.py`): every invariant, and
+the inputs they accept."""
 
 import math
 
 import pytest
 import torch
+from reference_formulas import T, V, eapo_loop, random_inputs, taco_loop, tide_loop
 
 from trl_credit.methods import eapo_advantages, quantile_linear, taco_advantages, tide_advantages
 
-B, T, V = 6, 9, 50
+
+# Each method with its statistics in the reference loops' order and its hyperparameters by their registered names.
+def taco(adv, logps, entropy, mask, **hyperparameters):
+    return taco_advantages(adv, mask, policy_logps=logps, policy_entropy=entropy, **hyperparameters).advantages_BT
 
 
-def random_inputs(seed=0, B=B, T=T):
-    g = torch.Generator().manual_seed(seed)
-    adv = torch.randn(B, generator=g)
-    adv[0] = 0.0
-    entropy = torch.rand(B, T, generator=g) * 3
-    logps = -torch.rand(B, T, generator=g) * 8
-    deviation = torch.rand(B, T, generator=g) * 0.5
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[1] = 1
-    mask = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
-    return adv, logps, entropy, deviation, mask
+def eapo(adv, entropy, mask, **hyperparameters):
+    return eapo_advantages(adv, mask, rollout_entropy=entropy, **hyperparameters).advantages_BT
 
 
-# ----------------------------------------------------------------------------------- loop references
-
-
-def taco_loop(adv, logps, entropy, mask, alpha, lam):
-    out = torch.zeros(mask.shape)
-    for i in range(mask.shape[0]):
-        for t in range(mask.shape[1]):
-            if not mask[i, t]:
-                continue
-            r = -logps[i, t].item() - entropy[i, t].item() + math.log(alpha)
-            w = 1.0 if r <= 0 else 1 - lam * (1 - math.exp(-r))
-            out[i, t] = adv[i] * w if adv[i] > 0 else adv[i]
-    return out
-
-
-def eapo_loop(adv, entropy, mask, kappa, quantiles):
-    valid = sorted(entropy[i, t].item() for i in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[i, t])
-
-    def q(p):  # linear interpolation between order statistics
-        pos = p * (len(valid) - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(valid) - 1)
-        return valid[lo] + (valid[hi] - valid[lo]) * (pos - lo)
-
-    q_lo, q_hi = q(quantiles[0]), q(quantiles[1])
-    out = torch.zeros(mask.shape)
-    for i in range(mask.shape[0]):
-        sign = int(adv[i] > 0) - int(adv[i] < 0)
-        ratios = {}
-        for t in range(mask.shape[1]):
-            if mask[i, t]:
-                h = min(max((entropy[i, t].item() - q_lo) / (q_hi - q_lo + 1e-8), 0.0), 1.0)
-                ratios[t] = math.exp(kappa * sign * h)
-        for t, r in ratios.items():
-            out[i, t] = adv[i] * r / (sum(ratios.values()) / len(ratios))
-    return out
-
-
-def tide_loop(adv, deviation, entropy, mask, vocab_size, tau, kappa):
-    out = torch.zeros(mask.shape)
-    for i in range(mask.shape[0]):
-        scores = {}
-        for t in range(mask.shape[1]):
-            if mask[i, t]:
-                gate = min(max(entropy[i, t].item() / math.log(vocab_size), 0.0), 1.0)
-                scores[t] = deviation[i, t].item() * gate**kappa / tau
-        z = sum(math.exp(s) for s in scores.values())
-        for t, s in scores.items():
-            out[i, t] = adv[i] * len(scores) * math.exp(s) / z
-    return out
+def tide(adv, deviation, entropy, mask, vocab_size=V, **hyperparameters):
+    return tide_advantages(
+        adv, mask, reference_deviation=deviation, rollout_entropy=entropy, vocab_size=vocab_size, **hyperparameters
+    ).advantages_BT
 
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("alpha,lam", [(0.01, 0.9), (0.5, 0.3), (1.0, 1.0)])
 def test_taco_matches_loop(seed, alpha, lam):
     adv, logps, entropy, _, mask = random_inputs(seed)
-    out = taco_advantages(adv, logps, entropy, mask, alpha=alpha, lam=lam)
+    out = taco(adv, logps, entropy, mask, taco_alpha=alpha, taco_lambda=lam)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, taco_loop(adv, logps, entropy, mask, alpha, lam))
 
@@ -88,7 +38,7 @@ def test_taco_matches_loop(seed, alpha, lam):
 @pytest.mark.parametrize("kappa,quantiles", [(math.log(4), (0.1, 0.9)), (2.0, (0.25, 0.6)), (0.5, (0.0, 1.0))])
 def test_eapo_matches_loop(seed, kappa, quantiles):
     adv, _, entropy, _, mask = random_inputs(seed)
-    out = eapo_advantages(adv, entropy, mask, kappa=kappa, quantiles=quantiles)
+    out = eapo(adv, entropy, mask, eapo_kappa=kappa, eapo_quantiles=quantiles)
     torch.testing.assert_close(out, eapo_loop(adv, entropy, mask, kappa, quantiles))
 
 
@@ -96,13 +46,13 @@ def test_eapo_matches_loop(seed, kappa, quantiles):
 @pytest.mark.parametrize("tau,kappa", [(0.5, 1.0), (0.1, 0.0), (2.0, 3.0)])
 def test_tide_matches_loop(seed, tau, kappa):
     adv, _, entropy, deviation, mask = random_inputs(seed)
-    out = tide_advantages(adv, deviation, entropy, mask, V, tau=tau, kappa=kappa)
+    out = tide(adv, deviation, entropy, mask, tide_tau=tau, tide_kappa=kappa)
     torch.testing.assert_close(out, tide_loop(adv, deviation, entropy, mask, V, tau, kappa))
 
 
 def test_tide_hellinger_option_uses_square_root():
     adv, _, entropy, deviation, mask = random_inputs(1)
-    out = tide_advantages(adv, deviation, entropy, mask, V, distance="hellinger")
+    out = tide(adv, deviation, entropy, mask, tide_distance="hellinger")
     torch.testing.assert_close(out, tide_loop(adv, deviation.sqrt(), entropy, mask, V, 0.5, 1.0))
 
 
@@ -115,9 +65,9 @@ def test_quantile_matches_torch():
 # ------------------------------------------------------------------------------------------ invariants
 
 ALL = {
-    "taco": lambda adv, logps, ent, dev, mask: taco_advantages(adv, logps, ent, mask),
-    "eapo": lambda adv, logps, ent, dev, mask: eapo_advantages(adv, ent, mask),
-    "tide": lambda adv, logps, ent, dev, mask: tide_advantages(adv, dev, ent, mask, V),
+    "taco": lambda adv, logps, ent, dev, mask: taco(adv, logps, ent, mask),
+    "eapo": lambda adv, logps, ent, dev, mask: eapo(adv, ent, mask),
+    "tide": lambda adv, logps, ent, dev, mask: tide(adv, dev, ent, mask),
 }
 
 
@@ -165,29 +115,29 @@ def test_taco_invariants():
     adv, logps, entropy, _, mask = random_inputs(4)
     logps = logps * 3  # push many tokens into the tail
     lam = 0.7
-    out = taco_advantages(adv, logps, entropy, mask, lam=lam)
+    out = taco(adv, logps, entropy, mask, taco_lambda=lam)
     non_positive = adv <= 0
     torch.testing.assert_close(out[non_positive], (adv[non_positive].unsqueeze(1) * mask[non_positive]))
     positive = adv > 0
     weights = (out[positive] / adv[positive].unsqueeze(1))[mask[positive]]
     assert (weights > 1 - lam).all() and (weights <= 1).all() and (weights < 1).any()
     grpo = adv.unsqueeze(1) * mask
-    torch.testing.assert_close(taco_advantages(adv, logps, entropy, mask, lam=0.0), grpo)
+    torch.testing.assert_close(taco(adv, logps, entropy, mask, taco_lambda=0.0), grpo)
 
 
 def test_grpo_limits_of_eapo_and_tide():
     adv, _, entropy, deviation, mask = random_inputs(5)
     grpo = adv.unsqueeze(1) * mask
-    torch.testing.assert_close(eapo_advantages(adv, entropy, mask, kappa=0.0), grpo)
+    torch.testing.assert_close(eapo(adv, entropy, mask, eapo_kappa=0.0), grpo)
     constant = torch.full_like(deviation, 0.3)
-    torch.testing.assert_close(tide_advantages(adv, constant, torch.full_like(entropy, 2.0), mask, V), grpo)
+    torch.testing.assert_close(tide(adv, constant, torch.full_like(entropy, 2.0), mask), grpo)
 
 
 def test_eapo_direction_and_ratio_bound():
     adv = torch.tensor([1.0, -1.0])
     entropy = torch.tensor([[0.1, 1.0, 2.0, 3.0], [0.1, 1.0, 2.0, 3.0]])
     mask = torch.ones(2, 4, dtype=torch.bool)
-    out = eapo_advantages(adv, entropy, mask)
+    out = eapo(adv, entropy, mask)
     assert out[0, 3] > out[0, 0] > 0  # success: high entropy gets more credit
     assert out[1, 0] < out[1, 3] < 0  # failure: low entropy gets the largest penalty
     for row in out.abs():
@@ -213,32 +163,32 @@ def test_edge_cases_single_token_all_masked_ties_and_equal_quantiles():
 @pytest.mark.parametrize(
     "call,message",
     [
-        (lambda a, lp, e, d, m: taco_advantages(a, lp, e, m, alpha=0.0), r"taco_alpha must be in \(0, 1\], got 0.0"),
-        (lambda a, lp, e, d, m: taco_advantages(a, lp, e, m, lam=1.5), r"taco_lambda must be in \[0, 1\], got 1.5"),
-        (lambda a, lp, e, d, m: eapo_advantages(a, e, m, kappa=-1.0), "eapo_kappa must be finite and >= 0, got -1.0"),
+        (lambda a, lp, e, d, m: taco(a, lp, e, m, taco_alpha=0.0), r"taco_alpha must be in \(0, 1\], got 0.0"),
+        (lambda a, lp, e, d, m: taco(a, lp, e, m, taco_lambda=1.5), r"taco_lambda must be in \[0, 1\], got 1.5"),
+        (lambda a, lp, e, d, m: eapo(a, e, m, eapo_kappa=-1.0), "eapo_kappa must be finite and >= 0, got -1.0"),
         (
-            lambda a, lp, e, d, m: eapo_advantages(a, e, m, quantiles=(0.9, 0.1)),
+            lambda a, lp, e, d, m: eapo(a, e, m, eapo_quantiles=(0.9, 0.1)),
             "eapo_quantiles must be two values lo, hi",
         ),
-        (lambda a, lp, e, d, m: tide_advantages(a, d, e, m, V, tau=0.0), "tide_tau must be finite and > 0, got 0.0"),
-        (lambda a, lp, e, d, m: tide_advantages(a, d, e, m, 1), r"vocabulary size \|V\| >= 2"),
-        (lambda a, lp, e, d, m: tide_advantages(a, d, e, m, V, distance="kl"), "tide_distance must be one of"),
+        (lambda a, lp, e, d, m: tide(a, d, e, m, tide_tau=0.0), "tide_tau must be finite and > 0, got 0.0"),
+        (lambda a, lp, e, d, m: tide(a, d, e, m, vocab_size=1), r"vocabulary size \|V\| >= 2"),
+        (lambda a, lp, e, d, m: tide(a, d, e, m, tide_distance="kl"), "tide_distance must be one of"),
         (
-            lambda a, lp, e, d, m: tide_advantages(a, d + 2, e, m, V),
+            lambda a, lp, e, d, m: tide(a, d + 2, e, m),
             r"statistic 'reference_deviation' must lie in \[0, 1\]",
         ),
         (
-            lambda a, lp, e, d, m: taco_advantages(a, lp[:, :3], e, m),
+            lambda a, lp, e, d, m: taco(a, lp[:, :3], e, m),
             "statistic 'policy_logps' must have the shape of the mask",
         ),
         (
-            lambda a, lp, e, d, m: taco_advantages(a[:2], lp, e, m),
+            lambda a, lp, e, d, m: taco(a[:2], lp, e, m),
             r"advantages_B must have shape \(B,\) and mask_BT \(B, T\)",
         ),
-        (lambda a, lp, e, d, m: eapo_advantages(a.unsqueeze(1), e, m), r"advantages_B must have shape \(B,\)"),
-        (lambda a, lp, e, d, m: eapo_advantages(a * float("nan"), e, m), "sequence_advantages_B has NaN or inf"),
+        (lambda a, lp, e, d, m: eapo(a.unsqueeze(1), e, m), r"advantages_B must have shape \(B,\)"),
+        (lambda a, lp, e, d, m: eapo(a * float("nan"), e, m), "sequence_advantages_B has NaN or inf"),
         (
-            lambda a, lp, e, d, m: eapo_advantages(a, torch.where(m, float("inf"), e), m),
+            lambda a, lp, e, d, m: eapo(a, torch.where(m, float("inf"), e), m),
             "statistic 'rollout_entropy' has NaN or inf at valid positions",
         ),
     ],
@@ -259,7 +209,7 @@ def test_no_autograd_graph():
 
 @pytest.mark.parametrize("distance", ["squared_hellinger", "hellinger"])
 def test_tide_scores_are_the_scores_the_advantages_use(distance):
-    """`tide_scores` (logged as tide/mean_score) must follow `tide_advantages`' inline fast path."""
+    """`tide_scores` (logged as tide/mean_score) are the scores whose softmax spreads the advantage."""
     from trl_credit.methods import tide_scores
 
     adv, _, entropy, deviation, mask = random_inputs(7)
@@ -267,5 +217,98 @@ def test_tide_scores_are_the_scores_the_advantages_use(distance):
     logits = torch.where(mask, scores / 0.5, -math.inf)
     softmax = torch.softmax(torch.where(mask.any(1, keepdim=True), logits, 0.0), dim=1)
     expected = adv.unsqueeze(1) * mask.sum(1, keepdim=True) * softmax * mask
-    got = tide_advantages(adv, deviation, entropy, mask, V, tau=0.5, kappa=2.0, distance=distance)
+    got = tide(adv, deviation, entropy, mask, tide_tau=0.5, tide_kappa=2.0, tide_distance=distance)
     torch.testing.assert_close(got, expected)
+
+
+# ------------------------------------------------------------------------------------ plain-tensor inputs
+# What the methods accept on plain tensors, against the reference loops: any mask dtype, garbage and low precision at
+# masked positions, extreme temperatures, non-finite values named.
+
+CALLS = {
+    "taco": (
+        lambda a, lp, e, d, m: taco(a, lp, e, m),
+        lambda a, lp, e, d, m: taco_loop(a, lp, e, m, 0.01, 0.9),
+    ),
+    "eapo": (
+        lambda a, lp, e, d, m: eapo(a, e, m),
+        lambda a, lp, e, d, m: eapo_loop(a, e, m, math.log(4), (0.1, 0.9)),
+    ),
+    "tide": (
+        lambda a, lp, e, d, m: tide(a, d, e, m),
+        lambda a, lp, e, d, m: tide_loop(a, d, e, m, V, 0.5, 1.0),
+    ),
+}
+
+
+@pytest.mark.parametrize("method", CALLS)
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int32, torch.int64, torch.float32])
+def test_mask_dtypes_agree(method, mask_dtype):
+    adv, logps, entropy, deviation, mask = random_inputs(7)
+    fast, loop = CALLS[method]
+    out = fast(adv, logps, entropy, deviation, mask.to(mask_dtype))
+    torch.testing.assert_close(out, loop(adv, logps, entropy, deviation, mask))
+
+
+@pytest.mark.parametrize("method", CALLS)
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf"), -float("inf"), 3e38, -3e38])
+def test_masked_garbage_changes_nothing(method, garbage):
+    adv, logps, entropy, deviation, mask = random_inputs(8)
+    fast, loop = CALLS[method]
+    dirty = [torch.where(mask, x, torch.full_like(x, garbage)) for x in (logps, entropy, deviation)]
+    out = fast(adv, *dirty, mask)
+    torch.testing.assert_close(out, loop(adv, logps, entropy, deviation, mask))
+    assert (out[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("method", CALLS)
+def test_low_precision_inputs(method):
+    adv, logps, entropy, deviation, mask = random_inputs(9)
+    fast, loop = CALLS[method]
+    half = [x.bfloat16() for x in (logps, entropy, deviation)]
+    out = fast(adv, *half, mask)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, loop(adv, *(x.float() for x in half), mask))
+
+
+@pytest.mark.parametrize("tau", [0.0125, 0.005])  # scores / tau far above 1: the softmax must not overflow
+def test_tide_small_temperatures(tau):
+    adv, _, entropy, deviation, mask = random_inputs(10, T=64)
+    deviation = deviation * 0.8  # scores s <= ~0.3: s / tau stays inside float32 exp range for the reference loop
+    out = tide(adv, deviation, entropy, mask, tide_tau=tau)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, tide_loop(adv, deviation, entropy, mask, V, tau, 1.0), rtol=1e-4, atol=1e-5)
+
+
+def test_nonfinite_valid_inputs_are_still_named():
+    adv, logps, entropy, deviation, mask = random_inputs(11)
+    bad = torch.where(mask, torch.full_like(logps, float("nan")), logps)
+    with pytest.raises(ValueError, match="'taco': statistic 'policy_logps' has NaN or inf at valid positions"):
+        taco(adv, bad, entropy, mask)
+    with pytest.raises(ValueError, match="'tide': statistic 'reference_deviation' has NaN or inf"):
+        tide(adv, bad, entropy, mask)
+    out_of_range = torch.where(mask, deviation, torch.full_like(deviation, 5.0))  # only under the mask: fine
+    tide(adv, out_of_range, entropy, mask)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1000])
+def test_selection_quantiles_match_sorting(n):
+    g = torch.Generator().manual_seed(n)
+    for values in (torch.rand(n, generator=g), torch.randint(0, 4, (n,), generator=g).float()):  # with ties
+        ordered = torch.sort(values).values
+        for q in (0.0, 0.1, 0.5, 0.9, 1.0):
+            position = q * (n - 1)
+            below, above = math.floor(position), min(math.floor(position) + 1, n - 1)
+            expected = ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+            assert quantile_linear(values, q) == expected
+
+
+def test_entropy_bounds_ignore_masked_values():
+    _, _, entropy, _, mask = random_inputs(12)
+    dirty = torch.where(mask, entropy, torch.full_like(entropy, float("nan")))
+    expected = [torch.quantile(entropy[mask], q).item() for q in (0.1, 0.9)]
+    adv = torch.ones(mask.size(0))
+    metrics = eapo_advantages(adv, mask, rollout_entropy=dirty).metrics
+    assert [metrics["q_lo"], metrics["q_hi"]] == pytest.approx(expected, abs=1e-6)
+    empty = eapo_advantages(adv, torch.zeros_like(mask), rollout_entropy=entropy).metrics
+    assert (empty["q_lo"], empty["q_hi"]) == (0.0, 0.0)
