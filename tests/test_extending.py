@@ -7,14 +7,19 @@ import math
 import pytest
 import torch
 import yaml
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
-from test_methods import eapo_loop, random_inputs, taco_loop
-from test_trainer import assert_all_params_changed
+from conftest import tiny_config, train_changing_every_parameter
+from reference_formulas import eapo_loop, random_inputs, taco_loop
 
-from trl_credit import CreditBatch, CreditGRPOTrainer, CreditResult, register_credit_method
+from trl_credit import CreditBatch, CreditResult, register_credit_method
 from trl_credit.cli import main as cli_main
-from trl_credit.methods import apply_credit_method, get_credit_method
-from trl_credit.methods.registry import POLICY_ENTROPY, POLICY_LOGPS, ROLLOUT_ENTROPY
+from trl_credit.methods import (
+    CREDIT_METHODS,
+    POLICY_ENTROPY,
+    POLICY_LOGPS,
+    ROLLOUT_ENTROPY,
+    apply_credit_method,
+    get_credit_method,
+)
 
 EXAMPLE = "examples/custom_credit_method.py:surprise_boost"
 
@@ -44,23 +49,12 @@ def test_a_second_function_under_a_registered_name_is_refused():
         register_credit_method("my+method")
 
 
-def test_the_example_method_trains_with_its_hyperparameter_from_credit_kwargs(tmp_path):
+def test_the_example_method_trains_with_its_hyperparameter_from_credit_kwargs(tmp_path, make_trainer):
     method = get_credit_method(EXAMPLE)  # imports the file, which registers the method
     assert method.name == "surprise_boost" and method.hyperparameters({"surprise_boost_max": "3"}) == {
         "surprise_boost_max": 3.0
     }
-    tokenizer = make_tiny_tokenizer()
-    args = tiny_config(EXAMPLE, tmp_path, credit_kwargs='{"surprise_boost_max": 2.0}')
-    trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    assert_all_params_changed(before, dict(trainer.model.named_parameters()))
+    trainer = train_changing_every_parameter(make_trainer(EXAMPLE, credit_kwargs='{"surprise_boost_max": 2.0}'))
     weights = [e["surprise_boost/weight_max"] for e in trainer.state.log_history if "surprise_boost/weight_max" in e]
     # The boost set through credit_kwargs (None: a batch whose advantages were all 0).
     assert 2.0 in weights and all(w is None or w == pytest.approx(2.0) for w in weights)
@@ -118,20 +112,12 @@ def test_stack_and_user_method_train_from_the_cli_and_yaml(tmp_path, tiny_model_
     assert "| `surprise_boost_max` | `1.5` |" in card and "| `eapo_kappa` |" in card
 
 
-def test_a_method_registered_outside_the_package_reaches_plots_token_view_and_card(tmp_path):
+def test_a_method_registered_outside_the_package_reaches_plots_token_view_and_card(tmp_path, make_trainer):
     """Registration alone: its diagnostics are plotted, its statistic is named in the token view, its paper cited."""
     from trl_credit.viz import read_token_credit
 
-    tokenizer = make_tiny_tokenizer()
-    args = tiny_config(
-        EXAMPLE, tmp_path, credit_kwargs={"surprise_boost_max": 2.0}, log_token_credit=True, max_steps=2
-    )
-    trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
+    trainer = make_trainer(
+        EXAMPLE, output_dir=tmp_path, credit_kwargs={"surprise_boost_max": 2.0}, log_token_credit=True, max_steps=2
     )
     trainer.train()
     trainer.create_model_card()
@@ -157,31 +143,19 @@ def test_undeclared_metrics_and_reserved_names_are_refused():
 
     adv, _, _, _, mask = random_inputs(1)
     with pytest.raises(ValueError, match=r"'undeclared_metric' logged metrics \['secret'\] that its registration"):
-        apply_credit_method("undeclared_metric", adv, mask, {})
+        apply_credit_method("undeclared_metric", adv, mask)
     with pytest.raises(
         ValueError, match="'undeclared_drop' returned a loss mask but is registered with drops_tokens=False"
     ):
-        apply_credit_method("undeclared_drop", adv, mask, {})
-
-
-@pytest.fixture
-def registry_restored():
-    """Methods a test registers leave the registry with it."""
-    from trl_credit.methods import CREDIT_METHODS
-
-    before = dict(CREDIT_METHODS)
-    yield
-    CREDIT_METHODS.clear()
-    CREDIT_METHODS.update(before)
+        apply_credit_method("undeclared_drop", adv, mask)
 
 
 def _arguments(**defaults) -> type:
     return dataclasses.make_dataclass("Arguments", [(name, type(value), value) for name, value in defaults.items()])
 
 
-def test_a_hyperparameter_is_named_after_its_method_so_nothing_else_can_set_it(tmp_path, registry_restored):
+def test_a_hyperparameter_is_named_after_its_method_so_nothing_else_can_set_it(tmp_path):
     from trl_credit import CreditGRPOConfig
-    from trl_credit.methods import CREDIT_METHODS
 
     def identity(batch, **hyperparameters):
         return batch.advantages_BT
@@ -209,8 +183,6 @@ def test_a_hyperparameter_is_named_after_its_method_so_nothing_else_can_set_it(t
 
 
 def test_a_stack_records_each_method_own_values(tmp_path):
-    from trl_credit.methods import CREDIT_METHODS
-
     args = tiny_config("eapo+taco", tmp_path, credit_kwargs={"eapo_kappa": "1", "taco_alpha": 5e-2})
     assert args.method_hyperparameters(CREDIT_METHODS["eapo"])["eapo_kappa"] == 1.0
     assert args.method_hyperparameters(CREDIT_METHODS["taco"]) == {"taco_alpha": 0.05, "taco_lambda": 0.9}
@@ -223,18 +195,11 @@ def test_a_stack_records_each_method_own_values(tmp_path):
 
 
 def test_a_method_module_in_the_current_folder_is_found_and_names_a_safe_output_folder(tmp_path, monkeypatch):
-    import sys
-
     from trl_credit.cli.grpo import parse_arguments
-    from trl_credit.methods import CREDIT_METHODS
 
     source = open(EXAMPLE.split(":")[0]).read().replace('"surprise_boost"', '"cwd_boost"')
     (tmp_path / "mymethods.py").write_text(source.replace("surprise_boost_max", "cwd_boost_max"))
     monkeypatch.chdir(tmp_path)
-    try:
-        _, args, _, _ = parse_arguments(["--method", "eapo+mymethods:cwd_boost", "--cwd-boost-max", "2"])
-        assert args.credit_hyperparameters()["cwd_boost_max"] == 2.0
-        assert args.output_dir == "outputs/smollm2-135m-instruct-eapo+cwd_boost"
-    finally:
-        CREDIT_METHODS.pop("cwd_boost", None)
-        sys.modules.pop("trl_credit_user_mymethods", None)
+    _, args, _, _ = parse_arguments(["--method", "eapo+mymethods:cwd_boost", "--cwd-boost-max", "2"])
+    assert args.credit_hyperparameters()["cwd_boost_max"] == 2.0
+    assert args.output_dir == "outputs/smollm2-135m-instruct-eapo+cwd_boost"

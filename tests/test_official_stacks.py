@@ -127,7 +127,7 @@ def own_settings(*names):
 
 def run_package(spec, advantages_B, mask, statistics, **clip_cov):
     settings = own_settings(*spec.split("+"))
-    return apply_credit_stack(spec, advantages_B, mask, statistics, clip_range=CLIP_RANGE, **settings, **clip_cov)
+    return apply_credit_stack(spec, advantages_B, mask, **statistics, clip_range=CLIP_RANGE, **settings, **clip_cov)
 
 
 def differences(ours, official_advantages, official_mask, mask):
@@ -181,9 +181,9 @@ def test_positive_token_is_the_sign_of_the_incoming_token_advantage(name):
     signs = torch.where(torch.rand(mask.shape, generator=flip) < 0.5, -1.0, 1.0)
     incoming = advantages_B.unsqueeze(1) * signs * mask
     settings = own_settings(name)
-    flipped = apply_credit_method(name, advantages_B, mask, statistics, advantages_BT=incoming, **settings)
+    flipped = apply_credit_method(name, advantages_B, mask, **statistics, advantages_BT=incoming, **settings)
     # The same incoming tensor, with sequence advantages of the opposite sign: nothing may change.
-    opposite = apply_credit_method(name, -advantages_B, mask, statistics, advantages_BT=incoming, **settings)
+    opposite = apply_credit_method(name, -advantages_B, mask, **statistics, advantages_BT=incoming, **settings)
     torch.testing.assert_close(flipped.advantages_BT, opposite.advantages_BT, rtol=0, atol=0)
     if flipped.loss_mask_BT is not None:
         torch.testing.assert_close(flipped.loss_mask_BT, opposite.loss_mask_BT, rtol=0, atol=0)
@@ -240,7 +240,7 @@ def test_eapo_equals_the_official_trainer(kappa, seed):
     """Without padding (where both shifts coincide) and without tool tokens, bit for bit at any kappa: the quantile
     interpolates with `torch.lerp`, as the official code does."""
     advantages_B, entropy, completion_mask, _ = eapo_batch(seed, padded=False)
-    ours = apply_credit_method("eapo", advantages_B, completion_mask, {"rollout_entropy": entropy}, eapo_kappa=kappa)
+    ours = apply_credit_method("eapo", advantages_B, completion_mask, rollout_entropy=entropy, eapo_kappa=kappa)
     official = official_eapo(advantages_B, entropy, completion_mask, kappa)
     assert torch.equal(ours.advantages_BT, official)
 
@@ -255,7 +255,7 @@ def test_eapo_departures_from_the_official_trainer_have_their_documented_size(ka
     for seed in range(20):
         advantages_B, entropy, completion_mask, tool_mask = eapo_batch(seed)
         valid = completion_mask & tool_mask
-        ours = apply_credit_method("eapo", advantages_B, valid, {"rollout_entropy": entropy}, eapo_kappa=kappa)
+        ours = apply_credit_method("eapo", advantages_B, valid, rollout_entropy=entropy, eapo_kappa=kappa)
         same_tokens = official_eapo(advantages_B, entropy, valid, kappa)
         relative = (ours.advantages_BT - same_tokens).abs() / same_tokens.abs().clamp_min(1e-30)
         shift_gap = max(shift_gap, relative[valid].max().item())

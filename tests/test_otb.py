@@ -1,6 +1,6 @@
 """OTB against the official rule (verl-project/verl: `compute_optimal_token_baseline_advantage` in
-`verl/trainer/ppo/core_algos.py`), worked out here by loops over groups, rows and positions, on fixed tensors and in
-training.
+`verl/trainer/ppo/core_algos.py`), worked out by loops over groups, rows and positions (`otb_loop` in
+`reference_formulas.py`), on fixed tensors and in training.
 
 The official rule: the return at every valid position is the response's reward (one reward per response, at its last
 token); `w = 1 - 2 exp(old_log_prob) + sum_pi_squared` on valid tokens, `W` its cumulative sum along the response;
@@ -13,15 +13,8 @@ import threading
 
 import pytest
 import torch
-from conftest import (
-    length_reward,
-    make_tiny_model,
-    make_tiny_tokenizer,
-    naive_logprobs,
-    sampled,
-    tiny_config,
-    tiny_prompt_dataset,
-)
+from conftest import naive_logprobs, sampled, train_changing_every_parameter
+from reference_formulas import otb_batch, otb_loop
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
@@ -30,61 +23,24 @@ from trl_credit.methods import CREDIT_METHODS, apply_credit_method, otb_advantag
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 
 
-def otb_loop(rewards, groups, logps, sum_sq, mask, handle_zero_tail=True):
-    """The official rule with Python loops, in float64."""
-    rows, cols = mask.shape
-    weight = [[0.0] * cols for _ in range(rows)]
-    for i in range(rows):
-        total = 0.0
-        for t in range(cols):
-            if mask[i, t]:
-                total += (
-                    1 - 2 * float(torch.tensor(float(logps[i, t]), dtype=torch.float64).exp()) + float(sum_sq[i, t])
-                )
-            weight[i][t] = total
-    lengths = [int(mask[i].sum()) for i in range(rows)]
-    baseline = [[0.0] * cols for _ in range(rows)]
-    for g in {int(x) for x in groups}:
-        members = [i for i in range(rows) if int(groups[i]) == g]
-        if len(members) == 1:
-            continue
-        for t in range(cols):
-            num = sum(float(rewards[i]) * weight[i][t] for i in members if mask[i, t])
-            den = sum(weight[i][t] for i in members if mask[i, t]) + 1e-8
-            for i in members:
-                baseline[i][t] = num / den
-        if handle_zero_tail:
-            ordered = sorted(lengths[i] for i in members)
-            longest = [i for i in members if lengths[i] == ordered[-1]]
-            if len(longest) == 1 and ordered[-1] > ordered[-2]:
-                for t in range(ordered[-2], cols):
-                    baseline[longest[0]][t] = 0.0
-    return torch.tensor(
-        [[(float(rewards[i]) - baseline[i][t]) if mask[i, t] else 0.0 for t in range(cols)] for i in range(rows)],
-        dtype=torch.float64,
-    )
-
-
-def _random_batch(seed, groups=3, size=4, cols=10, vocab=30):
-    """Rollout statistics of real distributions: the sampled token's log-prob and sum_v p_v^2 of random logits."""
-    g = torch.Generator().manual_seed(seed)
-    rows = groups * size
-    lengths = torch.randint(0, cols + 1, (rows,), generator=g)
-    mask = torch.arange(cols).unsqueeze(0) < lengths.unsqueeze(1)
-    logp_all = torch.log_softmax(torch.randn(rows, cols, vocab, generator=g) * 3, dim=-1)
-    ids = torch.multinomial(logp_all.exp().view(-1, vocab), 1, generator=g).view(rows, cols)
-    logps = logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    sum_sq = (2 * logp_all).exp().sum(-1)
-    rewards = torch.randint(0, 2, (rows,), generator=g).float() if seed % 2 else torch.randn(rows, generator=g)
-    group_index = torch.arange(groups).repeat_interleave(size)[torch.randperm(rows, generator=g)]  # any row order
-    return rewards, group_index, logps, sum_sq, mask
+def otb(rewards, groups, logps, sum_sq, mask, handle_zero_tail=True):
+    """The registered method's token advantages, every row of every group passed in."""
+    return otb_advantages(
+        None,
+        mask,
+        rewards_B=rewards,
+        group_index_B=groups,
+        rollout_logps=logps,
+        rollout_sum_sq_probs=sum_sq,
+        otb_handle_zero_tail=handle_zero_tail,
+    ).advantages_BT
 
 
 @pytest.mark.parametrize("seed", range(10))
 @pytest.mark.parametrize("handle_zero_tail", [True, False])
 def test_random_batches_match_the_official_rule(seed, handle_zero_tail):
-    rewards, groups, logps, sum_sq, mask = _random_batch(seed, groups=1 + seed % 4, size=1 + seed % 5)
-    got = otb_advantages(rewards, groups, logps, sum_sq, mask, handle_zero_tail)
+    rewards, groups, logps, sum_sq, mask = otb_batch(seed, groups=1 + seed % 4, size=1 + seed % 5)
+    got = otb(rewards, groups, logps, sum_sq, mask, handle_zero_tail)
     want = otb_loop(rewards, groups, logps, sum_sq, mask, handle_zero_tail)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 
@@ -100,15 +56,15 @@ def test_edge_cases():
     rewards = torch.tensor([1.0, 0.0, 1.0, 3.0, 2.0])
     groups = torch.tensor([0, 0, 0, 0, 1])  # group 0 holds an all-masked row; group 1 is a single response
     for tail in (True, False):
-        got = otb_advantages(rewards, groups, logps, sum_sq, mask, tail)
+        got = otb(rewards, groups, logps, sum_sq, mask, tail)
         want = otb_loop(rewards, groups, torch.nan_to_num(logps), torch.nan_to_num(sum_sq), mask, tail)
         torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-6)
         assert torch.isfinite(got).all() and (got[~mask] == 0).all()
         torch.testing.assert_close(got[4], torch.tensor([2.0, 2.0, 0.0, 0.0]))  # a group of one: Â = G
     # The single longest response keeps its reward as advantage beyond the second-longest one's length.
-    assert otb_advantages(rewards, groups, logps, sum_sq, mask, True)[0, 2] == 1.0
+    assert otb(rewards, groups, logps, sum_sq, mask, True)[0, 2] == 1.0
     # Equal rewards in a group and equal lengths: the baseline is the reward, the advantage 0.
-    equal = otb_advantages(
+    equal = otb(
         torch.ones(3), torch.zeros(3), torch.full((3, 4), -0.7), torch.full((3, 4), 0.3), torch.ones(3, 4).bool()
     )
     torch.testing.assert_close(equal, torch.zeros(3, 4), atol=1e-6, rtol=0)
@@ -141,7 +97,7 @@ class ThreadGather:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_groups_split_over_processes_give_the_same_advantages(seed):
-    rewards, groups, logps, sum_sq, mask = _random_batch(seed, groups=3, size=4)
+    rewards, groups, logps, sum_sq, mask = otb_batch(seed, groups=3, size=4)
     path_variance = otb_path_variance(logps, sum_sq, mask)
     whole, _ = otb_baselines(rewards, groups, path_variance, mask)
     gather, halves, cut = ThreadGather(2), [None, None], [slice(0, 5), slice(5, 12)]  # groups straddle the cut
@@ -172,26 +128,21 @@ def test_registration_and_stack_position():
             CreditGRPOConfig(output_dir="/tmp/u", credit_method=stack, use_cpu=True)
     with pytest.raises(ValueError, match="group_index_B"):
         apply_credit_method(
-            "otb",
-            torch.zeros(1),
-            torch.ones(1, 2),
-            {"rollout_logps": torch.zeros(1, 2), "rollout_sum_sq_probs": torch.ones(1, 2)},
+            "otb", None, torch.ones(1, 2), rollout_logps=torch.zeros(1, 2), rollout_sum_sq_probs=torch.ones(1, 2)
         )
 
 
 def test_incoming_advantages_are_replaced_and_later_methods_reshape():
-    rewards, groups, logps, sum_sq, mask = _random_batch(4)
+    rewards, groups, logps, sum_sq, mask = otb_batch(4)
     statistics = {"rollout_logps": logps, "rollout_sum_sq_probs": sum_sq}
     common = dict(group_index_B=groups, rewards_B=rewards)
-    first = apply_credit_method("otb", torch.randn(len(rewards)), mask, statistics, **common).advantages_BT
+    first = apply_credit_method("otb", torch.randn(len(rewards)), mask, **statistics, **common).advantages_BT
     other = apply_credit_method(
-        "otb", torch.randn(len(rewards)), mask, statistics, advantages_BT=torch.randn(mask.shape), **common
+        "otb", torch.randn(len(rewards)), mask, **statistics, advantages_BT=torch.randn(mask.shape), **common
     )
     torch.testing.assert_close(first, other.advantages_BT)
     # AR-Lopti after OTB multiplies OTB's token advantages by its rollout-probability weights.
-    reshaped = apply_credit_method(
-        "ar_lopti", torch.zeros(len(rewards)), mask, statistics, advantages_BT=first
-    ).advantages_BT
+    reshaped = apply_credit_method("ar_lopti", None, mask, **statistics, advantages_BT=first).advantages_BT
     torch.testing.assert_close(reshaped, first * (0.9 + 0.1 * logps.exp()) * mask)
 
 
@@ -234,27 +185,16 @@ class OTBRecorder:
         monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
 
 
-def _train(monkeypatch, tmp_path, method="otb", **overrides):
-    tokenizer = make_tiny_tokenizer()
-    trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=tiny_config(method, tmp_path / "out", **overrides),
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+def _train(monkeypatch, make_trainer, method="otb", **overrides):
+    trainer = make_trainer(method, **overrides)
     recorder = OTBRecorder(monkeypatch, trainer)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])]
-    assert not unchanged, f"parameters that did not change: {unchanged}"
-    return trainer, recorder
+    return train_changing_every_parameter(trainer), recorder
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_trains_under_every_loss_type_with_the_official_advantages(monkeypatch, tmp_path, loss_type):
+def test_trains_under_every_loss_type_with_the_official_advantages(monkeypatch, make_trainer, loss_type):
     extra = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
-    trainer, recorder = _train(monkeypatch, tmp_path, loss_type=loss_type, max_steps=2, **extra)
+    trainer, recorder = _train(monkeypatch, make_trainer, loss_type=loss_type, max_steps=2, **extra)
     assert recorder.checked == 2 and recorder.consumed == 2
     logged = trainer.state.log_history[0]
     assert "otb/mean_baseline" in logged and 0.0 <= logged["otb/zero_tail_fraction"] <= 1.0
@@ -268,11 +208,11 @@ def test_trains_under_every_loss_type_with_the_official_advantages(monkeypatch, 
     ],
     ids=["trl-scoring-forward", "groups-over-micro-batches"],
 )
-def test_batching_options(monkeypatch, tmp_path, options):
-    _, recorder = _train(monkeypatch, tmp_path, max_steps=2, **options)
+def test_batching_options(monkeypatch, make_trainer, options):
+    _, recorder = _train(monkeypatch, make_trainer, max_steps=2, **options)
     assert recorder.checked >= 1
 
 
-def test_stack_with_a_training_forward_method(monkeypatch, tmp_path):
-    trainer, recorder = _train(monkeypatch, tmp_path, method="otb+taco", max_steps=1)
+def test_stack_with_a_training_forward_method(monkeypatch, make_trainer):
+    trainer, recorder = _train(monkeypatch, make_trainer, method="otb+taco", max_steps=1)
     assert recorder.checked == 1 and "taco/mean_weight" in trainer.state.log_history[0]

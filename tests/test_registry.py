@@ -1,12 +1,31 @@
-"""The registry is the one place a method lives: no other module of the package names one."""
+"""The registry is the one place a method lives: no other module of the package names one, each method has one
+shape, and a registration lives as long as the test that made it."""
 
 import ast
+import collections
+import dataclasses
+import importlib
 from pathlib import Path
 
 import pytest
+import torch
 
-from trl_credit.methods import CREDIT_METHODS
-from trl_credit.methods.registry import COMMON_DIAGNOSTICS, STATISTICS
+from trl_credit.methods import (
+    COMMON_DIAGNOSTICS,
+    CREDIT_METHODS,
+    POLICY_ENTROPY,
+    POLICY_LOGIT_GAP,
+    POLICY_LOGPS,
+    PREVIOUS_POLICY_DEVIATION,
+    REFERENCE_DEVIATION,
+    ROLLOUT_ENTROPY,
+    ROLLOUT_LOGPS,
+    ROLLOUT_MEAN_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
+    STATISTICS,
+    TASK_DECISIVE,
+    register_credit_method,
+)
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_credit"
 # The public single-method pairs (TACOTrainer, ...) are the exception the design allows, besides the lab's oracle,
@@ -66,3 +85,54 @@ def test_every_registration_is_complete(name):
         method.statistics if not callable(method.statistics) else method.statistics_for(method.hyperparameters())
     )
     assert set(statistics) <= set(STATISTICS)
+
+
+def every_statistic(B=3, T=5, seed=0):
+    """Plain tensors of every statistic, each in its range, with a padded mask."""
+    g = torch.Generator().manual_seed(seed)
+    logp_all = torch.log_softmax(3 * torch.randn(B, T, 11, generator=g), dim=-1)
+    probs = logp_all.exp()
+    logps = logp_all[..., 0]
+    entropy = -(probs * logp_all).sum(-1)
+    statistics = {
+        name: value
+        for names, value in [
+            ((POLICY_LOGPS, ROLLOUT_LOGPS), logps),
+            ((POLICY_ENTROPY, ROLLOUT_ENTROPY), entropy),
+            ((POLICY_LOGIT_GAP,), logps - logp_all.amax(-1)),
+            ((ROLLOUT_SUM_SQ_PROBS,), (probs**2).sum(-1)),
+            ((ROLLOUT_MEAN_ENTROPY,), torch.full((B, T), entropy.mean().item())),
+            ((REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION), torch.rand(B, T, generator=g)),
+            ((TASK_DECISIVE,), (torch.rand(B, T, generator=g) < 0.5).float()),
+        ]
+        for name in names
+    }
+    mask = torch.arange(T) < torch.tensor([T, T - 2, 1]).unsqueeze(1)
+    batch = dict(vocab_size=11, rewards_B=torch.tensor([1.0, 0.0, 1.0]), group_index_B=torch.tensor([0, 0, 0]))
+    return torch.tensor([1.0, -0.5, 0.3]), mask, {**statistics, **batch}
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_one_shape_per_method_checked_once(name):
+    """`<name>_advantages` is the registered function on plain tensors, and each hyperparameter is checked once, by
+    its registration's check, on the way in."""
+    method = CREDIT_METHODS[name]
+    assert getattr(importlib.import_module(method.function.__module__), f"{name}_advantages") == method.on_tensors
+    calls = collections.Counter()
+
+    def counted(name, ok):
+        return lambda value: calls.update([name]) or ok(value)
+
+    checks = {key: (counted(key, ok), words) for key, (ok, words) in method.checks.items()}
+    advantages_B, mask_BT, named = every_statistic()
+    result = dataclasses.replace(method, checks=checks).on_tensors(advantages_B, mask_BT, **named)
+    assert calls == collections.Counter(list(method.checks)) and result.advantages_BT.shape == mask_BT.shape
+
+
+def test_a_registration_made_by_a_test(credit_method_registry):
+    register_credit_method("registered_by_a_test")(lambda batch: batch.advantages_BT)
+    assert "registered_by_a_test" in credit_method_registry
+
+
+def test_leaves_the_registry_with_that_test():
+    assert "registered_by_a_test" not in CREDIT_METHODS

@@ -12,20 +12,12 @@ import math
 
 import pytest
 import torch
-from conftest import (
-    length_reward,
-    make_tiny_model,
-    make_tiny_tokenizer,
-    naive_logprobs,
-    sampled,
-    tiny_config,
-    tiny_prompt_dataset,
-)
+from conftest import naive_logprobs, sampled, train_changing_every_parameter
+from reference_formulas import otb_batch, otb_loop
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
-from trl_credit.methods import CREDIT_METHODS, apply_credit_method, stare_advantages
-from trl_credit.methods.registry import SettingError
+from trl_credit.methods import CREDIT_METHODS, SettingError, apply_credit_method, stare_advantages
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 
@@ -63,6 +55,18 @@ def stare_token_loop(advantages_BT, logps_BT, mask_BT, batch_entropy, variant, r
     return torch.tensor(out, dtype=torch.float64)
 
 
+def stare(advantages_B, logps_BT, mask_BT, batch_entropy, **hyperparameters):
+    """The registered method's token advantages on one micro-batch of a generation batch whose mean rollout entropy is
+    `batch_entropy`."""
+    return stare_advantages(
+        advantages_B,
+        mask_BT,
+        policy_logps=logps_BT,
+        rollout_mean_entropy=torch.full(mask_BT.shape, float(batch_entropy)),
+        **hyperparameters,
+    ).advantages_BT
+
+
 def _random_batch(seed, rows=6, cols=9):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, cols + 1, (rows,), generator=g)
@@ -83,7 +87,8 @@ def test_random_batches_match_the_official_rule(seed, variant):
         (1.0, 1.05, 0.95, 0.0),
         (0.5, 2.0, 0.3, 0.3),
     ]:
-        got = stare_advantages(advantages, logps, mask, entropy, variant, ratio, w, m, 0.3)
+        settings = dict(stare_top_p_ratio=ratio, stare_reweight_w=w, stare_reweight_m=m, stare_target_entropy=0.3)
+        got = stare(advantages, logps, mask, entropy, stare_variant=variant, **settings)
         want = stare_loop(advantages, logps, mask, entropy, variant, ratio, w, m, 0.3)
         torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-6)
 
@@ -111,31 +116,31 @@ def test_defaults_are_the_papers():
 
 def test_gate_is_strictly_below_the_target():
     advantages, logps, mask = torch.tensor([1.0]), torch.tensor([[-0.1, -3.0]]), torch.ones(1, 2, dtype=torch.bool)
-    on = stare_advantages(advantages, logps, mask, 0.29, top_p_ratio=0.5)
+    on = stare(advantages, logps, mask, 0.29, stare_top_p_ratio=0.5)
     torch.testing.assert_close(on, torch.tensor([[1.0, 1.1]]))
     for entropy in (0.3, 0.31):
-        torch.testing.assert_close(stare_advantages(advantages, logps, mask, entropy), torch.ones(1, 2))
+        torch.testing.assert_close(stare(advantages, logps, mask, entropy), torch.ones(1, 2))
 
 
 def test_edge_cases():
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]], dtype=torch.bool)
     logps = torch.tensor([[-1.0, -2.0, float("nan")], [float("nan")] * 3, [-0.5, float("inf"), 0.0]])
     # NaN/inf at masked positions are ignored; an all-masked row gets zeros; k = max(1, ceil(n * P)) = 1 of 3
-    got = stare_advantages(torch.tensor([2.0, 5.0, 1.0]), logps, mask, 0.0)
+    got = stare(torch.tensor([2.0, 5.0, 1.0]), logps, mask, 0.0)
     torch.testing.assert_close(got, torch.tensor([[2.0, 2.2, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
     # P = 0 is GRPO; P = 1 reweights every candidate; no positive token: nothing to amplify; A = 0 is never selected
     torch.testing.assert_close(
-        stare_advantages(torch.tensor([2.0, 0.0, 1.0]), logps, mask, 0.0, top_p_ratio=0.0),
+        stare(torch.tensor([2.0, 0.0, 1.0]), logps, mask, 0.0, stare_top_p_ratio=0.0),
         torch.tensor([[2.0, 2.0, 0.0], [0.0] * 3, [1.0, 0.0, 0.0]]),
     )
     torch.testing.assert_close(
-        stare_advantages(torch.tensor([2.0, 0.0, 1.0]), logps, mask, 0.0, top_p_ratio=1.0),
+        stare(torch.tensor([2.0, 0.0, 1.0]), logps, mask, 0.0, stare_top_p_ratio=1.0),
         torch.tensor([[2.2, 2.2, 0.0], [0.0] * 3, [1.1, 0.0, 0.0]]),
     )
-    negative = stare_advantages(torch.tensor([-2.0, 0.0, 0.0]), logps, mask, 0.0, variant="C2")
+    negative = stare(torch.tensor([-2.0, 0.0, 0.0]), logps, mask, 0.0, stare_variant="C2")
     torch.testing.assert_close(negative, torch.tensor([[-2.0, -1.8, 0.0], [0.0] * 3, [0.0] * 3]))
     torch.testing.assert_close(
-        stare_advantages(torch.tensor([-2.0, 0.0, 0.0]), logps, mask, 0.0, variant="O1"),
+        stare(torch.tensor([-2.0, 0.0, 0.0]), logps, mask, 0.0, stare_variant="O1"),
         torch.tensor([[-2.0, -2.0, 0.0], [0.0] * 3, [0.0] * 3]),
     )
 
@@ -144,7 +149,7 @@ def test_ties_select_exactly_k_of_the_highest_surprisal():
     advantages = torch.ones(4)
     logps = torch.tensor([[-1.0, -2.0, -2.0], [-2.0, -2.0, -0.5], [-2.0, -1.0, -1.0], [-3.0, -0.1, -0.1]])
     mask = torch.ones(4, 3, dtype=torch.bool)
-    got = stare_advantages(advantages, logps, mask, 0.0, top_p_ratio=0.3)  # k = ceil(3.6) = 4 of 12
+    got = stare(advantages, logps, mask, 0.0, stare_top_p_ratio=0.3)  # k = ceil(3.6) = 4 of 12
     selected = got == 1.1
     assert int(selected.sum()) == 4 and bool(selected[3, 0])  # the single highest surprisal, then 3 of the 6 tied
     assert (-logps[selected]).min() >= (-logps[~selected]).max()
@@ -153,7 +158,16 @@ def test_ties_select_exactly_k_of_the_highest_surprisal():
 def test_weights_are_positive_and_never_flip_a_sign():
     for seed in range(5):
         advantages, logps, mask = _random_batch(seed)
-        got = stare_advantages(advantages, logps, mask, 0.0, "C2", 0.5, 1.5, 0.5)
+        got = stare(
+            advantages,
+            logps,
+            mask,
+            0.0,
+            stare_variant="C2",
+            stare_top_p_ratio=0.5,
+            stare_reweight_w=1.5,
+            stare_reweight_m=0.5,
+        )
         incoming = advantages.unsqueeze(1) * mask
         assert (torch.sign(got) == torch.sign(incoming)).all()
 
@@ -164,25 +178,21 @@ def test_selection_is_per_micro_batch_with_no_gather():
     advantages = torch.ones(2)
     logps = torch.tensor([[-5.0, -4.0], [-1.0, -0.5]])
     mask = torch.ones(2, 2, dtype=torch.bool)
-    whole = stare_advantages(advantages, logps, mask, 0.0, top_p_ratio=0.5)
+    whole = stare(advantages, logps, mask, 0.0, stare_top_p_ratio=0.5)
     torch.testing.assert_close(whole, torch.tensor([[1.1, 1.1], [1.0, 1.0]]))
     halves = torch.cat(
-        [
-            stare_advantages(advantages[i : i + 1], logps[i : i + 1], mask[i : i + 1], 0.0, top_p_ratio=0.5)
-            for i in (0, 1)
-        ]
+        [stare(advantages[i : i + 1], logps[i : i + 1], mask[i : i + 1], 0.0, stare_top_p_ratio=0.5) for i in (0, 1)]
     )
     torch.testing.assert_close(halves, torch.tensor([[1.1, 1.0], [1.1, 1.0]]))
 
 
 def test_incoming_token_advantages_decide_the_sets():
     # In a stack the official loss reads its `advantages` tensor: the sign of each incoming token advantage.
-    statistics = {"policy_logps": torch.tensor([[-3.0, -2.0]]), "rollout_mean_entropy": torch.zeros(1, 2)}
-    result = apply_credit_method(
-        "stare",
+    result = stare_advantages(
         torch.tensor([1.0]),
         torch.ones(1, 2, dtype=torch.bool),
-        statistics,
+        policy_logps=torch.tensor([[-3.0, -2.0]]),
+        rollout_mean_entropy=torch.zeros(1, 2),
         advantages_BT=torch.tensor([[-1.0, 2.0]]),
         stare_variant="C2",
     )
@@ -193,9 +203,6 @@ def test_incoming_token_advantages_decide_the_sets():
 @pytest.mark.parametrize("seed", range(4))
 def test_after_otb_the_sets_follow_each_token_advantage(seed):
     # verl's composition: OTB estimates the token advantages, STARE's loss splits tokens by their sign.
-    from test_otb import _random_batch as otb_batch
-    from test_otb import otb_loop
-
     rewards, groups, logps, sum_sq, mask = otb_batch(seed)
     statistics = {
         "rollout_logps": logps,
@@ -204,9 +211,9 @@ def test_after_otb_the_sets_follow_each_token_advantage(seed):
         "rollout_mean_entropy": torch.zeros(mask.shape),
     }
     common = dict(group_index_B=groups, rewards_B=rewards)
-    estimated = apply_credit_method("otb", torch.zeros(len(rewards)), mask, statistics, **common).advantages_BT
+    estimated = apply_credit_method("otb", None, mask, **statistics, **common).advantages_BT
     got = apply_credit_method(
-        "stare", torch.zeros(len(rewards)), mask, statistics, advantages_BT=estimated, stare_variant="C2"
+        "stare", None, mask, **statistics, advantages_BT=estimated, stare_variant="C2"
     ).advantages_BT
     otb_BT = otb_loop(rewards, groups, logps, sum_sq, mask).tolist()
     want = stare_token_loop(otb_BT, logps, mask, 0.0, "C2", 0.1, 1.1, 0.9, 0.3)
@@ -271,30 +278,19 @@ class StareRecorder:
         monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
 
 
-def _train(monkeypatch, tmp_path, **overrides):
-    tokenizer = make_tiny_tokenizer()
-    trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=tiny_config("stare", tmp_path / "out", **overrides),
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+def _train(monkeypatch, make_trainer, **overrides):
+    trainer = make_trainer("stare", **overrides)
     recorder = StareRecorder(monkeypatch, trainer)
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
-    trainer.train()
-    unchanged = [n for n, p in trainer.model.named_parameters() if torch.equal(p.detach(), before[n])]
-    assert not unchanged, f"parameters that did not change: {unchanged}"
-    return trainer, recorder
+    return train_changing_every_parameter(trainer), recorder
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_trains_under_every_loss_type_with_the_official_weights(monkeypatch, tmp_path, loss_type):
+def test_trains_under_every_loss_type_with_the_official_weights(monkeypatch, make_trainer, loss_type):
     # The tiny model's entropy is far above 0.3 nats: a high target turns the gate on.
     extra = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
     trainer, recorder = _train(
         monkeypatch,
-        tmp_path,
+        make_trainer,
         loss_type=loss_type,
         stare_target_entropy=100.0,
         stare_variant="C2",
@@ -308,8 +304,8 @@ def test_trains_under_every_loss_type_with_the_official_weights(monkeypatch, tmp
     assert math.isclose(logged["stare/batch_entropy"], recorder.entropies[0], rel_tol=1e-4)
 
 
-def test_gate_off_at_the_papers_target_is_grpo(monkeypatch, tmp_path):
-    trainer, recorder = _train(monkeypatch, tmp_path, max_steps=1)
+def test_gate_off_at_the_papers_target_is_grpo(monkeypatch, make_trainer):
+    trainer, recorder = _train(monkeypatch, make_trainer, max_steps=1)
     logged = trainer.state.log_history[0]
     assert recorder.checked == 1 and logged["stare/gate_on"] == 0.0 and logged["stare/reweighted_fraction"] == 0.0
     assert logged["stare/positive_selected_fraction"] > 0.0 and logged["stare/mean_weight"] == 1.0
