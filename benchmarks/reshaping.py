@@ -70,10 +70,26 @@ def make_inputs(batch: int, length: int, seed: int = 0):
 
 
 def variant_fns(methods, inputs, vocab_size: int = 151_936):
+    """The registered methods on plain tensors, their input checks included (EAPO's batch quantiles with them)."""
+    adv_B, logps_BT, entropy_BT, deviation_BT, mask_BT = inputs
+    return {
+        "taco": lambda: (
+            methods.taco_advantages(adv_B, mask_BT, policy_logps=logps_BT, policy_entropy=entropy_BT).advantages_BT
+        ),
+        "eapo": lambda: methods.eapo_advantages(adv_B, mask_BT, rollout_entropy=entropy_BT).advantages_BT,
+        "tide": lambda: (
+            methods.tide_advantages(
+                adv_B, mask_BT, reference_deviation=deviation_BT, rollout_entropy=entropy_BT, vocab_size=vocab_size
+            ).advantages_BT
+        ),
+    }
+
+
+def baseline_variant_fns(methods, inputs, vocab_size: int = 151_936):
+    """The same at `BASELINE_REV`, whose helpers took the statistics positionally."""
     adv_B, logps_BT, entropy_BT, deviation_BT, mask_BT = inputs
     return {
         "taco": lambda: methods.taco_advantages(adv_B, logps_BT, entropy_BT, mask_BT),
-        # The registered function the trainer runs, its input checks included; EAPO's batch quantiles with it.
         "eapo": lambda: methods.eapo_advantages(adv_B, entropy_BT, mask_BT),
         "tide": lambda: methods.tide_advantages(adv_B, deviation_BT, entropy_BT, mask_BT, vocab_size),
     }
@@ -93,7 +109,7 @@ def worker(args) -> dict:
         baseline = load_baseline(args.baseline)
         if baseline is None:
             return {}
-        for name, fn in variant_fns(baseline, inputs).items():
+        for name, fn in baseline_variant_fns(baseline, inputs).items():
             torch.testing.assert_close(fn(), fns[name](), rtol=1e-5, atol=1e-5)
             fns[name] = fn
     ratios = _common.paired_ratios(fns, "floor", args.repeats, inner=args.inner)

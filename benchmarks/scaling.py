@@ -36,9 +36,16 @@ def reshaping_points(args):
         adv_B, logps_BT, entropy_BT, deviation_BT, mask_BT = make_inputs(b, t)
         fns = {
             "floor": lambda: adv_B.unsqueeze(1) * entropy_BT,
-            "taco": lambda: methods.taco_advantages(adv_B, logps_BT, entropy_BT, mask_BT),
-            "eapo": lambda: methods.eapo_advantages(adv_B, entropy_BT, mask_BT),  # its batch quantiles included
-            "tide": lambda: methods.tide_advantages(adv_B, deviation_BT, entropy_BT, mask_BT, 151_936),
+            "taco": lambda: (
+                methods.taco_advantages(adv_B, mask_BT, policy_logps=logps_BT, policy_entropy=entropy_BT).advantages_BT
+            ),
+            # EAPO's batch quantiles included
+            "eapo": lambda: methods.eapo_advantages(adv_B, mask_BT, rollout_entropy=entropy_BT).advantages_BT,
+            "tide": lambda: (
+                methods.tide_advantages(
+                    adv_B, mask_BT, reference_deviation=deviation_BT, rollout_entropy=entropy_BT, vocab_size=151_936
+                ).advantages_BT
+            ),
         }
         ratios = _common.paired_ratios(fns, "floor", args.repeats, inner=3)
         floor = _common.interleaved_medians({"floor": fns["floor"]}, args.repeats, inner=3)["floor"]

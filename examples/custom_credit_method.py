@@ -8,7 +8,7 @@ trl-credit grpo --method eapo+examples/custom_credit_method.py:surprise_boost   
 from dataclasses import dataclass, field
 
 from trl_credit import CreditBatch, CreditResult, register_credit_method
-from trl_credit.methods.registry import ROLLOUT_LOGPS
+from trl_credit.methods import ROLLOUT_LOGPS
 
 
 @dataclass

@@ -35,10 +35,14 @@ def fake_token_credit_records(method: str = "taco", steps: int = 3, per_step: in
         mean = sum(rewards) / per_step
         advantages_B = torch.tensor([r - mean for r in rewards])
         if method == "taco":
-            token_adv_BT = taco_advantages(advantages_B, logps_BT, entropy_BT, mask_BT)
+            token_adv_BT = taco_advantages(
+                advantages_B, mask_BT, policy_logps=logps_BT, policy_entropy=entropy_BT
+            ).advantages_BT
             statistic_BT = taco_tail_risk(logps_BT, entropy_BT)
         else:
-            token_adv_BT = eapo_advantages(advantages_B, entropy_BT, mask_BT, kappa=math.log(4))
+            token_adv_BT = eapo_advantages(
+                advantages_B, mask_BT, rollout_entropy=entropy_BT, eapo_kappa=math.log(4)
+            ).advantages_BT
             statistic_BT = entropy_BT / 2
         for row in range(per_step):
             tokens = [rng.choice(WORDS) for _ in range(length)]

@@ -327,7 +327,9 @@ def check_eapo(ranks, history, require_discriminating=True):
         q_lo, q_hi = (torch.quantile(valid_N, q).item() for q in args["eapo_quantiles"])
         kappa = eapo_kappa_schedule(args["eapo_kappa"], r0["step"], 0)
         # Single process, whole batch, quantiles taken inside the pure function.
-        expected_BT = eapo_advantages(advantages_B, entropy_BT, mask_BT, kappa=kappa, quantiles=args["eapo_quantiles"])
+        expected_BT = eapo_advantages(
+            advantages_B, mask_BT, rollout_entropy=entropy_BT, eapo_kappa=kappa, eapo_quantiles=args["eapo_quantiles"]
+        ).advantages_BT
         got_BT = _concat(r0, r1, "advantages_BT")
         torch.testing.assert_close(got_BT, expected_BT, **TOL)
 
@@ -359,7 +361,9 @@ def check_taco(ranks, history, require_discriminating=True):
         logp_BT, entropy_BT = _pad_right(logps, width), _pad_right(entropies, width)
         mask_BT = _concat(r0, r1, "completion_mask")
         advantages_B = torch.cat([r0["advantages_B"], r1["advantages_B"]])
-        expected_BT = taco_advantages(advantages_B, logp_BT, entropy_BT, mask_BT, alpha=alpha, lam=lam)
+        expected_BT = taco_advantages(
+            advantages_B, mask_BT, policy_logps=logp_BT, policy_entropy=entropy_BT, taco_alpha=alpha, taco_lambda=lam
+        ).advantages_BT
         torch.testing.assert_close(_concat(r0, r1, "advantages_BT"), expected_BT, **TOL)
 
         entry = _log_entry(history, r0["step"])
@@ -399,8 +403,14 @@ def check_tide(ranks, history, require_discriminating=True):
         advantages_B = torch.cat([r0["advantages_B"], r1["advantages_B"]])
         vocab = len(make_tiny_tokenizer())
         expected_BT = tide_advantages(
-            advantages_B, deviation_BT, entropy_BT, mask_BT, vocab, tau=args["tide_tau"], kappa=args["tide_kappa"]
-        )
+            advantages_B,
+            mask_BT,
+            reference_deviation=deviation_BT,
+            rollout_entropy=entropy_BT,
+            vocab_size=vocab,
+            tide_tau=args["tide_tau"],
+            tide_kappa=args["tide_kappa"],
+        ).advantages_BT
         torch.testing.assert_close(_concat(r0, r1, "advantages_BT"), expected_BT, **TOL)
 
         entry = _log_entry(history, r0["step"])
@@ -441,14 +451,28 @@ def test_otb_groups_spread_over_two_processes_equal_single_process(launched):
         width = max(t.size(1) for t in logps)
         mask_BT = _concat(r0, r1, "completion_mask").bool()
         rewards = torch.cat([r0["credit_rewards"], r1["credit_rewards"]])
-        expected_BT = otb_advantages(rewards, groups, _pad_right(logps, width), _pad_right(sum_sq, width), mask_BT)
+        expected_BT = otb_advantages(
+            None,
+            mask_BT,
+            rewards_B=rewards,
+            group_index_B=groups,
+            rollout_logps=_pad_right(logps, width),
+            rollout_sum_sq_probs=_pad_right(sum_sq, width),
+        ).advantages_BT
         torch.testing.assert_close(_concat(r0, r1, "advantages_BT"), expected_BT, **TOL)
         entry = _log_entry(history, r0["step"])
         valid = mask_BT.bool()
         baselines = torch.where(valid, rewards.unsqueeze(1) - expected_BT, 0.0)
         assert entry["otb/mean_baseline"] == pytest.approx(baselines[valid].mean().item(), abs=1e-4)
         n0 = r0["completion_mask"].size(0)
-        rank0_alone = otb_advantages(rewards[:n0], groups[:n0], logps[0], sum_sq[0], mask_BT[:n0, : logps[0].size(1)])
+        rank0_alone = otb_advantages(
+            None,
+            mask_BT[:n0, : logps[0].size(1)],
+            rewards_B=rewards[:n0],
+            group_index_B=groups[:n0],
+            rollout_logps=logps[0],
+            rollout_sum_sq_probs=sum_sq[0],
+        ).advantages_BT
         discriminating |= not torch.allclose(rank0_alone, expected_BT[:n0, : logps[0].size(1)], **TOL)
     assert discriminating, "rank 0's own baselines never differed from the global ones: the test proves nothing"
 
@@ -468,17 +492,15 @@ def test_stare_gate_reads_both_processes_and_selects_per_process(launched):
         for r in (r0, r1):
             logps = _naive_logps(r0["policy_state"], r, temperature)
             logps = logps.gather(-1, r["completion_ids"].unsqueeze(-1)).squeeze(-1)
+            mask_BT = r["completion_mask"].bool()
+            stare_settings = {name: value for name, value in args.items() if name.startswith("stare_")}
             expected_BT = stare_advantages(
                 r["advantages_B"],
-                logps,
-                r["completion_mask"].bool(),
-                batch_entropy,
-                args["stare_variant"],
-                args["stare_top_p_ratio"],
-                args["stare_reweight_w"],
-                args["stare_reweight_m"],
-                args["stare_target_entropy"],
-            )
+                mask_BT,
+                policy_logps=logps,
+                rollout_mean_entropy=torch.full(mask_BT.shape, batch_entropy),
+                **stare_settings,
+            ).advantages_BT
             torch.testing.assert_close(r["advantages_BT"], expected_BT, **TOL)
 
 

@@ -21,7 +21,7 @@ from conftest import (
     tiny_config,
     tiny_prompt_dataset,
 )
-from test_methods import eapo_loop, taco_loop, tide_loop
+from reference_formulas import eapo_loop, taco_loop, tide_loop
 from trl import GRPOTrainer
 
 from trl_credit import (
