@@ -3,6 +3,7 @@ and the credit-method registry restored after every test."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -170,6 +171,36 @@ def tiny_config(method: str, output_dir, **overrides):
         overrides["credit_kwargs"] = {**(overrides.get("credit_kwargs") or {}), **credit_kwargs}
     settings.update(overrides)
     return CreditGRPOConfig(output_dir=str(output_dir), **settings)
+
+
+def tiny_recipe(folder, model_dir, **settings):
+    """A `trl-credit grpo --config` recipe in `folder` for a one-step CPU run of the model saved at `model_dir` on 8
+    addition problems (JSONL); `settings` win. The run writes to `folder / "run"`."""
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / "problems.jsonl"
+    data.write_text(
+        "".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8))
+    )
+    recipe = {
+        "model_name_or_path": model_dir,
+        "dataset_name": str(data),
+        "reward_funcs": ["format"],
+        "output_dir": str(folder / "run"),
+        "use_cpu": True,
+        "bf16": False,
+        "activation_checkpointing": False,
+        "per_device_train_batch_size": 4,
+        "num_generations": 4,
+        "max_completion_length": 6,
+        "max_steps": 1,
+        "logging_steps": 1,
+        "report_to": "none",
+        "save_strategy": "no",
+    }
+    (folder / "recipe.yaml").write_text(yaml.safe_dump({**recipe, **settings}))
+    return folder / "recipe.yaml"
 
 
 @pytest.fixture(autouse=True)

@@ -6,13 +6,11 @@ Clip-Cov; Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR for 80/20; the paper for Entro
 """
 
 import dataclasses
-import json
 import math
 
 import pytest
 import torch
-import yaml
-from conftest import naive_logprobs, sampled, train_changing_every_parameter
+from conftest import naive_logprobs, sampled, tiny_recipe, train_changing_every_parameter
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
@@ -518,33 +516,9 @@ def test_logit_gap_statistic_equals_full_logits(monkeypatch, make_trainer, tool_
 def test_cli_trains_stapo(tmp_path, tiny_model_dir):
     from trl_credit.cli import main as cli_main
 
-    data = tmp_path / "problems.jsonl"
-    data.write_text(
-        "".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8))
-    )
-    recipe, output_dir = tmp_path / "recipe.yaml", tmp_path / "run"
-    recipe.write_text(
-        yaml.safe_dump(
-            {
-                "model_name_or_path": tiny_model_dir,
-                "dataset_name": str(data),
-                "reward_funcs": ["format"],
-                "output_dir": str(output_dir),
-                "use_cpu": True,
-                "bf16": False,
-                "activation_checkpointing": False,
-                "per_device_train_batch_size": 4,
-                "num_generations": 4,
-                "max_completion_length": 6,
-                "max_steps": 2,
-                "logging_steps": 1,
-                "report_to": "none",
-                "save_strategy": "no",
-            }
-        )
-    )
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, max_steps=2)
     assert cli_main(["grpo", "--config", str(recipe), "--method", "stapo", "--stapo_prob_threshold", "0.01"]) == 0
-    card = (output_dir / "README.md").read_text()
+    card = (tmp_path / "run" / "README.md").read_text()
     assert "stapo_prob_threshold" in card and "0.01" in card and "2602.15620" in card
 
 

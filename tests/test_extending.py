@@ -1,13 +1,11 @@
 """User methods and stacks: registration, the example method, `eapo+taco` from Python, YAML and the CLI."""
 
 import dataclasses
-import json
 import math
 
 import pytest
 import torch
-import yaml
-from conftest import tiny_config, train_changing_every_parameter
+from conftest import tiny_config, tiny_recipe, train_changing_every_parameter
 from reference_formulas import eapo_loop, random_inputs, taco_loop
 
 from trl_credit import CreditBatch, CreditResult, register_credit_method
@@ -66,46 +64,15 @@ def test_the_example_method_trains_with_its_hyperparameter_from_credit_kwargs(tm
         tiny_config(EXAMPLE, tmp_path, credit_kwargs={"surprise_boost_mx": 2.0})
 
 
-def _recipe(tmp_path, tiny_model_dir, **settings):
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    data = tmp_path / "problems.jsonl"
-    data.write_text(
-        "".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8))
-    )
-    recipe = tmp_path / "recipe.yaml"
-    recipe.write_text(
-        yaml.safe_dump(
-            {
-                "model_name_or_path": tiny_model_dir,
-                "dataset_name": str(data),
-                "reward_funcs": ["format"],
-                "output_dir": str(tmp_path / "run"),
-                "use_cpu": True,
-                "bf16": False,
-                "activation_checkpointing": False,
-                "per_device_train_batch_size": 4,
-                "num_generations": 4,
-                "max_completion_length": 6,
-                "max_steps": 1,
-                "logging_steps": 1,
-                "report_to": "none",
-                "save_strategy": "no",
-                **settings,
-            }
-        )
-    )
-    return recipe
-
-
 def test_stack_and_user_method_train_from_the_cli_and_yaml(tmp_path, tiny_model_dir):
-    recipe = _recipe(tmp_path / "a", tiny_model_dir, credit_method=["eapo", "taco"])
+    recipe = tiny_recipe(tmp_path / "a", tiny_model_dir, credit_method=["eapo", "taco"])
     assert cli_main(["grpo", "--config", str(recipe)]) == 0
     run = tmp_path / "a" / "run"
     card = (run / "README.md").read_text()
     assert "### Credit method: EAPO + TACO" in card and "Cite EAPO as" in card and "Cite TACO as" in card
     assert {"eapo_diagnostics.png", "taco_diagnostics.png"} <= {p.name for p in (run / "plots").iterdir()}
 
-    recipe = _recipe(tmp_path / "b", tiny_model_dir)
+    recipe = tiny_recipe(tmp_path / "b", tiny_model_dir)
     argv = ["grpo", "--config", str(recipe), "--method", f"eapo+{EXAMPLE}", "--surprise-boost-max", "1.5"]
     assert cli_main(argv) == 0
     card = (tmp_path / "b" / "run" / "README.md").read_text()
