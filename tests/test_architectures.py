@@ -19,7 +19,7 @@ import torch
 from conftest import length_reward, make_tiny_tokenizer, naive_logprobs, sampled, tiny_config
 
 from trl_credit import CreditGRPOTrainer, register_credit_method
-from trl_credit.methods.registry import (
+from trl_credit.methods import (
     POLICY_ENTROPY,
     POLICY_LOGPS,
     REFERENCE_DEVIATION,

@@ -12,8 +12,7 @@ import yaml
 
 from trl_credit import doc_tables
 from trl_credit.cli import main as cli_main
-from trl_credit.methods import CREDIT_METHODS, parse_credit_methods
-from trl_credit.methods.registry import COMMON_DIAGNOSTICS
+from trl_credit.methods import COMMON_DIAGNOSTICS, CREDIT_METHODS, parse_credit_methods
 from trl_credit.rewards import RewardStats
 from trl_credit.trainer.diagnostics import TRAINER_METRICS
 

@@ -26,7 +26,7 @@ from trl_credit.lab.metrics import (
     within_step_spread,
 )
 from trl_credit.lab.tasks import COMPLETION_LENGTH, FORK_POSITION, RARE_TOKEN, TASKS, VOCABULARY, get_task
-from trl_credit.methods.registry import TASK_DECISIVE, CreditBatch
+from trl_credit.methods import TASK_DECISIVE, CreditBatch
 
 # ---------------------------------------------------------------------------------------------- tasks
 
