@@ -44,7 +44,7 @@ from trl import GRPOTrainer  # noqa: E402
 import trl_credit  # noqa: E402
 from trl_credit import CreditGRPOTrainer  # noqa: E402
 from trl_credit.methods import CREDIT_METHODS  # noqa: E402
-from trl_credit.statistics import hellinger_and_entropy  # noqa: E402
+from trl_credit.trainer.lm_head_statistics import hellinger_and_entropy  # noqa: E402
 
 METHODS = ("grpo", "taco", "eapo", "tide")
 ENGINES = ("ddp", "zero2", "zero3", "fsdp2")
@@ -231,7 +231,7 @@ def check_fsdp2_tide_helpers(out: Path, rank: int) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from trl_credit.trainer.engines import final_hidden, full_lm_head, unsharded_root
+    from trl_credit.trainer.model_parts import final_hidden, full_lm_head, unsharded_root
 
     tokenizer = make_tiny_tokenizer()
     plain_policy, plain_reference = make_tiny_model(tokenizer, seed=1), make_tiny_model(tokenizer, seed=2)

@@ -38,8 +38,8 @@ from trl_credit.methods import (
 )
 from trl_credit.methods.clip_cov import clip_cov_generator
 from trl_credit.methods.high_entropy import high_entropy_count
-from trl_credit.statistics import token_statistics
 from trl_credit.trainer import credit_trainer
+from trl_credit.trainer.lm_head_statistics import token_statistics
 from trl_credit.trainer.sources import policy_logps_and_entropy
 
 BASELINES = ["stapo", "tampo", "minp_support", "ar_lopti", "clip_cov", "high_entropy", "entropy_adv"]
