@@ -37,9 +37,6 @@ from ..methods.registry import (
     POLICY_LOGPS,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
-    ROLLOUT_ENTROPY,
-    ROLLOUT_MEAN_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
     CreditBatch,
     CreditResult,
 )
@@ -55,12 +52,7 @@ from .batch_layout import (
 from .config import CreditGRPOConfig
 from .diagnostics import advantage_magnitude, credit_metrics
 from .model_parts import vocab_size
-from .recorders import (
-    generates_in_one_call,
-    recorded_final_hidden,
-    recorded_generation_hidden,
-    recorded_scoring_forward,
-)
+from .recorders import recorded_final_hidden, recorded_rollout
 from .reference import DeviationReference, copy_initial_model
 from .sources import (
     EXTRA_FORWARDS,
@@ -75,17 +67,7 @@ from .trl_compat import (
     NORMALISER_AT_GENERATION,
     check_trainer_attributes,
     check_trl_surfaces,
-    runs_scoring_forward,
     torch_fused_head,
-)
-
-# Generation statistics of the rollout policy's full next-token distribution (beyond the sampled token's log-prob).
-ROLLOUT_DISTRIBUTION = (
-    ROLLOUT_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
-    ROLLOUT_MEAN_ENTROPY,
-    REFERENCE_DEVIATION,
-    PREVIOUS_POLICY_DEVIATION,
 )
 
 
@@ -151,10 +133,6 @@ class CreditGRPOTrainer(GRPOTrainer):
                 )
         self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
         self._records_hidden = POLICY_LOGIT_GAP in requested  # from the final hidden states of the forward
-        # Statistics of the rollout policy's full distribution (not just the sampled token's log-prob, which TRL keeps).
-        self._reads_rollout_distribution = any(s in ROLLOUT_DISTRIBUTION for s in self._generation_statistics)
-        # sum_v p_v^2 is streamed from the final hidden states of the forward that scored the batch.
-        self._keeps_scoring_hidden = ROLLOUT_SUM_SQ_PROBS in self._generation_statistics
         deviations = [s for s in self._generation_statistics if s in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
         if len(deviations) > 1:
             raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
@@ -162,6 +140,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
         check_trainer_attributes(self)
         self.deviation_reference = DeviationReference(self, initial_copy, deviations[0]) if deviations else None
+        self._vocab_size = vocab_size(self.accelerator.unwrap_model(self.model))
         # Forwards the credit methods run, counted where they run (`sources.count_forward`), logged once per step.
         self.forward_counts = Counter({EXTRA_FORWARDS: 0})
         if self.deviation_reference is not None:
@@ -174,14 +153,8 @@ class CreditGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         # Generation-batch statistics take the policy's entropies and hidden states from TRL's old-log-prob forward where
         # it runs one, else from `generate` where TRL generates in one call (see `sources`).
-        record = bool(self._generation_statistics) and generates_in_one_call(self)
-        score = self._reads_rollout_distribution and runs_scoring_forward(self)
-        with (
-            recorded_generation_hidden(self, record) as generation,
-            recorded_scoring_forward(
-                self, score, keep_hidden=self.deviation_reference is not None or self._keeps_scoring_hidden
-            ) as scoring,
-        ):
+        keep_hidden = self.deviation_reference is not None
+        with recorded_rollout(self, self._generation_statistics, keep_hidden) as (generation, scoring):
             batch = super()._generate_and_score_completions(inputs)
         num_generations = self.num_generations if self.model.training else self.num_generations_eval
         rewards = (self._last_rewards_per_func * self.reward_weights.to(self._last_rewards_per_func.device)).nansum(1)
@@ -233,7 +206,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             sequence_B,
             mask_BT,
             statistics=statistics,
-            vocab_size=vocab_size(self.accelerator.unwrap_model(self.model)),
+            vocab_size=self._vocab_size,
             step=self.state.global_step,
             gather=self._gather_all,
             clip_range=(self.epsilon_low, self.epsilon_high),
@@ -282,7 +255,8 @@ class CreditGRPOTrainer(GRPOTrainer):
                 # TRL folds the tool mask into its loss mask before its forward: the weights must be in it first.
                 with recorded_final_hidden(self, self._records_hidden) as hidden:
                     logps_BT, entropy_BT = policy_logps_and_entropy(self, inputs)
-                inputs.update(self._credit_updates(inputs, logps_BT, entropy_BT, hidden))
+                statistics = self._forward_statistics(inputs, logps_BT, entropy_BT, hidden)
+                inputs.update(self._apply_credit(inputs, self._training_forward_methods, statistics)[0])
             else:
                 mask_dtype = torch.promote_types(inputs["prompt_mask"].dtype, inputs["completion_mask"].dtype)
                 if self._drops_tokens_in_forward:
@@ -323,17 +297,15 @@ class CreditGRPOTrainer(GRPOTrainer):
             )
         if loss_forward is not None:
             inputs = loss_forward[0]
-            updates = self._credit_updates(inputs, logps_BT.detach().float(), entropy_BT.detach().float(), hidden)
+            statistics = self._forward_statistics(
+                inputs, logps_BT.detach().float(), entropy_BT.detach().float(), hidden
+            )
+            updates = self._apply_credit(inputs, self._training_forward_methods, statistics)[0]
             weights_BT = updates.pop("tool_mask", None)  # only from a method with drops_tokens=True
             inputs.update(updates)
             if weights_BT is not None:
                 inputs["completion_mask"].mul_(weights_BT)  # the float copy TRL holds as its loss mask
         return logps_BT, entropy_BT, aux_loss
-
-    def _credit_updates(self, batch, logps_BT, entropy_BT, hidden) -> dict[str, torch.Tensor]:
-        """The batch keys the methods of the training forward write, from the statistics of a forward of `batch`."""
-        statistics = self._forward_statistics(batch, logps_BT, entropy_BT, hidden)
-        return self._apply_credit(batch, self._training_forward_methods, statistics)[0]
 
     def _forward_statistics(self, batch, logps_BT, entropy_BT, hidden=None) -> dict[str, torch.Tensor]:
         """Statistics of the training forward; `hidden`: the final hidden states recorded from that forward."""

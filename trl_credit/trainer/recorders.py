@@ -3,7 +3,8 @@
 Each recorder is a context manager that hooks the policy (or its backbone) for the duration of one TRL call and is
 removed after it: the final hidden states of a forward (`recorded_final_hidden`), the hidden states `generate`
 scored each sampled token with (`recorded_generation_hidden`), and the entropies and hidden states of TRL's
-old-log-prob forward (`recorded_scoring_forward`). `sources` decides which record covers a batch.
+old-log-prob forward (`recorded_scoring_forward`), both set up for a batch's generation by `recorded_rollout`.
+`sources` decides which record covers a batch.
 """
 
 from __future__ import annotations
@@ -12,9 +13,25 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
+from ..methods.registry import (
+    PREVIOUS_POLICY_DEVIATION,
+    REFERENCE_DEVIATION,
+    ROLLOUT_ENTROPY,
+    ROLLOUT_MEAN_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
+)
 from .batch_layout import valid_mask
 from .model_parts import backbone
-from .trl_compat import output_cache
+from .trl_compat import output_cache, runs_scoring_forward
+
+# Generation statistics of the rollout policy's full next-token distribution (beyond the sampled token's log-prob).
+ROLLOUT_DISTRIBUTION = (
+    ROLLOUT_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_MEAN_ENTROPY,
+    REFERENCE_DEVIATION,
+    PREVIOUS_POLICY_DEVIATION,
+)
 
 
 @contextmanager
@@ -168,3 +185,22 @@ def recorded_scoring_forward(trainer, enabled: bool = True, keep_hidden: bool = 
             yield record
     finally:
         handle.remove()
+
+
+@contextmanager
+def recorded_rollout(trainer, statistics: tuple[str, ...], keep_hidden: bool = False):
+    """Yield `(GenerationHidden or None, ScoringForward or None)`: the records of TRL's generation of a batch inside
+    the block that the generation-batch `statistics` can use. `generate` is recorded where TRL samples in one call;
+    TRL's old-log-prob forward where it runs one and a statistic reads the rollout policy's full distribution
+    (keeping its hidden states when `keep_hidden` or for `rollout_sum_sq_probs`). Nothing without `statistics`."""
+    if not statistics:
+        yield None, None
+        return
+    record = generates_in_one_call(trainer)
+    score = any(name in ROLLOUT_DISTRIBUTION for name in statistics) and runs_scoring_forward(trainer)
+    keep_hidden = keep_hidden or ROLLOUT_SUM_SQ_PROBS in statistics
+    with (
+        recorded_generation_hidden(trainer, record) as generation,
+        recorded_scoring_forward(trainer, score, keep_hidden) as scoring,
+    ):
+        yield generation, scoring

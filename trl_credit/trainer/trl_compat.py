@@ -159,6 +159,9 @@ def needs_torch_fused_head(trl_version: str) -> bool:
     return Version(trl_version).release[:2] == (1, 15)
 
 
+_NEEDS_TORCH_FUSED_HEAD = needs_torch_fused_head(trl.__version__)
+
+
 def chunked_logprob_torch(
     hidden_NH: torch.Tensor,
     weight_VH: torch.Tensor,
@@ -227,7 +230,7 @@ def torch_fused_head():
     autograd graph the block built, so the loss may backpropagate after the block."""
     import trl.trainer.utils as trl_utils
 
-    if not needs_torch_fused_head(trl.__version__):
+    if not _NEEDS_TORCH_FUSED_HEAD:
         yield
         return
     if _FusedHeadFunction.triton_function is None:
