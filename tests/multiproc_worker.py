@@ -280,6 +280,7 @@ def check_fsdp2_tide_helpers(out: Path, rank: int) -> None:
 def _uneven_mask_statistics(policy, reference, input_ids, rank):
     """The trainer's deviation pass on FSDP2-sharded models, rank 1 holding no valid token at all: it must finish
     (every rank runs the same forwards and head gathers) and rank 0's values must be right."""
+    from collections import Counter
     from contextlib import nullcontext
     from types import SimpleNamespace
 
@@ -299,6 +300,7 @@ def _uneven_mask_statistics(policy, reference, input_ids, rank):
             gradient_checkpointing_kwargs=None, statistics_token_chunk_size=4, statistics_vocab_chunk_size=32
         ),
         _forward_batch_size=lambda: 1,
+        forward_counts=Counter(),  # the deviation pass counts its forwards there
     )
     reference_side = SimpleNamespace(model_and_context=lambda: (reference, nullcontext()))
     deviation_BT, _ = deviation_and_entropy(context, batch, reference_side)

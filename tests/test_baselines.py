@@ -419,9 +419,7 @@ class LossRecorder:
             return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
 
         def inner_loss(trainer_self, model, inputs):
-            loss = original_loss(
-                trainer_self, model, inputs
-            )  # the hook path fills inputs["advantages"] in the forward
+            loss = original_loss(trainer_self, model, inputs)  # the loss forward fills in inputs["advantages"]
             buffered = dict(inputs, completion_mask=self.batch["completion_mask"])
             expected = _expected(
                 trainer.credit_method, trainer.args, buffered, *self.statistics, trainer.state.global_step
@@ -497,10 +495,10 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, tmp_path, meth
         assert 0.0 < logged[f"{last}/kept_fraction"] <= 1.0
 
 
-@pytest.mark.parametrize("tool_mask", [True, False], ids=["no-grad forward", "training forward hook"])
+@pytest.mark.parametrize("tool_mask", [True, False], ids=["no-grad forward", "loss forward"])
 def test_logit_gap_statistic_equals_full_logits(monkeypatch, tmp_path, tool_mask):
-    # Both ways a method that drops tokens gets its statistics: the hook on TRL's own loss forward, and, with a tool
-    # mask, the no-grad forward of the micro-batch.
+    # Both ways a method that drops tokens gets its statistics: TRL's own loss forward, handed over by the trainer's
+    # `_get_per_token_logps_and_entropies`, and, with a tool mask, the no-grad forward of the micro-batch.
     tokenizer = make_tiny_tokenizer()
     args = tiny_config("minp_support", tmp_path / "out", max_steps=1, temperature=0.7)
     trainer = (ToolMasked if tool_mask else CreditGRPOTrainer)(
@@ -620,7 +618,7 @@ def test_effective_coefficient_of_a_dropped_token_is_the_official_rule_under_bnp
     original_compute_loss, before_the_loss = GRPOTrainer.compute_loss, []
 
     def compute_loss(trainer_self, model, inputs, *args, **kwargs):
-        # Before the trainer's `_compute_loss` (whose forward hook drops tokens from TRL's mask in place).
+        # Before the trainer's `_compute_loss` (whose loss forward drops tokens from TRL's mask in place).
         with torch.no_grad():
             logps, entropy, _ = _naive_statistics(trainer_self.model, inputs, trainer_self.temperature)
         before_the_loss.append((logps, entropy, inputs["completion_mask"].bool()))
