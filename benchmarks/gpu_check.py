@@ -16,7 +16,7 @@ stay those of the architecture, the rewards mean nothing. Default: `trl_credit.m
 
 What runs, in this order, each part printing as it ends:
 
-1. kernels: `token_statistics` and `hellinger_and_entropy` (`trl_credit/statistics.py`) on bf16 hidden states and
+1. kernels: `token_statistics` and `hellinger_and_entropy` (`trl_credit/trainer/lm_head_statistics.py`) on bf16 hidden states and
    LM heads of the model's sizes, whose CUDA branch multiplies in bf16 with float32 output
    (`torch.mm(..., out_dtype=torch.float32)`), against the same math in float64 on the same values, with the
    model's logit transform and a softcap; max abs errors and the time of each call.
@@ -125,7 +125,7 @@ def ensure_packages(wheels: str | None, argv: list[str]) -> None:
 
 def kernel_check(config, device: str, num_tokens: int) -> dict:
     """Streamed statistics on bf16 inputs of the model's sizes against float64 math on the same values."""
-    from trl_credit.statistics import LogitTransform, hellinger_and_entropy, token_statistics
+    from trl_credit.trainer.lm_head_statistics import LogitTransform, hellinger_and_entropy, token_statistics
 
     half = torch.bfloat16 if device == "cuda" else torch.float32  # the CUDA-only kernel takes bf16 operands
     hidden_size, vocab_size = config.hidden_size, config.vocab_size

@@ -55,7 +55,7 @@ def reshaping_points(args):
 
 
 def head_points(args):
-    from trl_credit.statistics import hellinger_and_entropy
+    from trl_credit.trainer.lm_head_statistics import hellinger_and_entropy
 
     grid = [
         (512, 49_152, 128),

@@ -34,6 +34,9 @@ Reported per method, as ratios to `grpo`:
   micro-batch that methods dropping tokens from the loss need with a tool mask, the streamed logit gap, and the
   reshaping itself
   (`_apply_credit`: the method's function and its metrics);
+* extra forwards: the forwards the method added per optimizer step, as the trainer logs them (`credit/extra_forwards`,
+  counted where they run: 0 where TRL's forward or `generate` was reused), with the deviation reference's
+  (`credit/extra_reference_forwards`) as "+ N ref";
 * peak memory. CPU: the worker's resident-set high-water mark (`VmHWM` of /proc/self/status) -- the whole process
   (Python, torch, TRL, model, optimizer state, activations, TIDE's reference copy), one process per method so
   nothing is shared; also the growth of that peak during training over the RSS after the trainer was built.
@@ -156,6 +159,7 @@ def make_pacer(chunk: int, pause):
     class Pacer(TrainerCallback):
         def __init__(self):
             self.steps, self.trl_step_times, self.credit = [], [], []
+            self.extra_forwards, self.reference_forwards = [], []
             self.start = self.hook_time = self.hook_at_start = 0.0
 
         def on_step_begin(self, *_, **__):
@@ -165,6 +169,9 @@ def make_pacer(chunk: int, pause):
         def on_log(self, _args, state, control, logs=None, **kwargs):
             if logs and "step_time" in logs and state.global_step > 1:
                 self.trl_step_times.append(logs["step_time"])
+            if logs and "credit/extra_forwards" in logs:
+                self.extra_forwards.append(logs["credit/extra_forwards"])
+                self.reference_forwards.append(logs.get("credit/extra_reference_forwards", 0.0))
 
         def on_step_end(self, _args, state, control, **kwargs):
             if state.global_step > 1:  # step 1 is warm-up (lazy initialisation, first allocations)
@@ -216,6 +223,8 @@ def timing_worker(args) -> dict:
             "steps": p.steps,
             "trl_step_times": p.trl_step_times,
             "credit": p.credit,
+            "extra_forwards": p.extra_forwards,
+            "reference_forwards": p.reference_forwards,
             "parts": {k: v / max(len(p.steps) + 1, 1) for k, v in parts.get(m, {}).items()},
         }
         for m, p in pacers.items()
@@ -441,8 +450,19 @@ def summarise(args, results) -> str:
             mem = f"{r['peak_rss'] / 2**20:.0f} MiB, {r['peak_rss'] / base['peak_rss']:.3f}x"
             g, g0 = r["peak_rss"] - r["rss_built"], base["peak_rss"] - base["rss_built"]
             growth = f"{g / 2**20:.0f} MiB ({(g - g0) / 2**20:+.0f})"
+        forwards = f"{statistics.mean(r['extra_forwards']):g}" if r["extra_forwards"] else "not logged"
+        if any(r["reference_forwards"]):
+            forwards += f" + {statistics.mean(r['reference_forwards']):g} ref"
         rows.append(
-            [f"`{method}`", f"{step / base_step:.3f}x", f"{trl / base_trl:.3f}x", f"{credit:.1%}", mem, growth]
+            [
+                f"`{method}`",
+                f"{step / base_step:.3f}x",
+                f"{trl / base_trl:.3f}x",
+                f"{credit:.1%}",
+                forwards,
+                mem,
+                growth,
+            ]
         )
     breakdown = []
     for method in args.methods:
@@ -454,11 +474,12 @@ def summarise(args, results) -> str:
         "step time / grpo",
         "TRL `step_time` / grpo",
         "own hooks / grpo step",
+        "extra forwards / step",
         "peak memory (ratio to grpo)",
         "peak growth in training (vs grpo)",
     ]
     if args.device == "cuda":
-        header[4] = "`max_memory_allocated` (ratio to grpo)"
+        header[5] = "`max_memory_allocated` (ratio to grpo)"
     return _common.markdown_table(header, rows)
 
 

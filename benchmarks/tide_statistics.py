@@ -54,7 +54,7 @@ def make_inputs(n: int, v: int, h: int, seed: int = 0):
 
 
 def implementations(args):
-    from trl_credit.statistics import hellinger_and_entropy, hellinger_and_entropy_naive
+    from trl_credit.trainer.lm_head_statistics import hellinger_and_entropy, hellinger_and_entropy_naive
 
     return {
         "streamed": lambda *x: hellinger_and_entropy(

@@ -44,7 +44,7 @@ from trl import GRPOTrainer  # noqa: E402
 import trl_credit  # noqa: E402
 from trl_credit import CreditGRPOTrainer  # noqa: E402
 from trl_credit.methods import CREDIT_METHODS  # noqa: E402
-from trl_credit.statistics import hellinger_and_entropy  # noqa: E402
+from trl_credit.trainer.lm_head_statistics import hellinger_and_entropy  # noqa: E402
 
 METHODS = ("grpo", "taco", "eapo", "tide")
 ENGINES = ("ddp", "zero2", "zero3", "fsdp2")
@@ -231,7 +231,7 @@ def check_fsdp2_tide_helpers(out: Path, rank: int) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from trl_credit.trainer.engines import final_hidden, full_lm_head, unsharded_root
+    from trl_credit.trainer.model_parts import final_hidden, full_lm_head, unsharded_root
 
     tokenizer = make_tiny_tokenizer()
     plain_policy, plain_reference = make_tiny_model(tokenizer, seed=1), make_tiny_model(tokenizer, seed=2)
@@ -280,6 +280,7 @@ def check_fsdp2_tide_helpers(out: Path, rank: int) -> None:
 def _uneven_mask_statistics(policy, reference, input_ids, rank):
     """The trainer's deviation pass on FSDP2-sharded models, rank 1 holding no valid token at all: it must finish
     (every rank runs the same forwards and head gathers) and rank 0's values must be right."""
+    from collections import Counter
     from contextlib import nullcontext
     from types import SimpleNamespace
 
@@ -299,6 +300,7 @@ def _uneven_mask_statistics(policy, reference, input_ids, rank):
             gradient_checkpointing_kwargs=None, statistics_token_chunk_size=4, statistics_vocab_chunk_size=32
         ),
         _forward_batch_size=lambda: 1,
+        forward_counts=Counter(),  # the deviation pass counts its forwards there
     )
     reference_side = SimpleNamespace(model_and_context=lambda: (reference, nullcontext()))
     deviation_BT, _ = deviation_and_entropy(context, batch, reference_side)

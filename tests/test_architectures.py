@@ -28,7 +28,7 @@ from trl_credit.methods import (
     ROLLOUT_MEAN_ENTROPY,
     ROLLOUT_SUM_SQ_PROBS,
 )
-from trl_credit.trainer.engines import completion_hidden
+from trl_credit.trainer.model_parts import completion_hidden
 
 RECORDS: list[dict] = []
 
@@ -228,7 +228,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
     """
     from test_engines import FakeVLLMGeneration, make_rollout_func
 
-    from trl_credit.trainer import engines, sources
+    from trl_credit.trainer import model_parts, sources
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     tokenizer = make_tiny_tokenizer()
@@ -258,7 +258,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
     # Spies on every way a policy forward can run: the forwards without a KV cache (TRL's fused LM head, the trainer's
     # `final_hidden`), the trainer's KV-cache forward of the deviation pass, and its calls of TRL's forward.
     no_cache_forwards, hidden_forwards, trl_forwards = [], [], []
-    engines.backbone(model).register_forward_pre_hook(
+    model_parts.backbone(model).register_forward_pre_hook(
         lambda module, args, kwargs: no_cache_forwards.append(1) if kwargs.get("use_cache") is False else None,
         with_kwargs=True,
     )
@@ -305,8 +305,8 @@ def test_deviation_pass_passes_image_inputs_to_a_vision_language_model():
     """The deviation pass calls the backbone with the batch's image inputs, as TRL's fused forward does."""
     import transformers
 
-    from trl_credit.statistics import hellinger_and_entropy
-    from trl_credit.trainer.engines import final_hidden, full_lm_head, logit_transform
+    from trl_credit.trainer.lm_head_statistics import hellinger_and_entropy
+    from trl_credit.trainer.model_parts import final_hidden, full_lm_head, logit_transform
 
     text = dict(
         vocab_size=64,
@@ -435,7 +435,7 @@ def test_scoring_record_is_used_only_where_it_matches_trls_old_log_probs():
     """`ScoringForward.statistics` returns the calls whose log-probs are exactly `old_per_token_logps`, else None."""
     from types import SimpleNamespace
 
-    from trl_credit.trainer.sources import ScoringForward
+    from trl_credit.trainer.recorders import ScoringForward
 
     torch.manual_seed(0)
     record = ScoringForward(keep_hidden=True)

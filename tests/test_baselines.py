@@ -26,8 +26,8 @@ from trl_credit.methods import (
     tampo_advantages,
 )
 from trl_credit.methods.high_entropy import high_entropy_count
-from trl_credit.statistics import token_statistics
 from trl_credit.trainer import credit_trainer
+from trl_credit.trainer.lm_head_statistics import token_statistics
 from trl_credit.trainer.sources import policy_logps_and_entropy
 
 BASELINES = ["stapo", "tampo", "minp_support", "ar_lopti", "clip_cov", "high_entropy", "entropy_adv"]
@@ -417,9 +417,7 @@ class LossRecorder:
             return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
 
         def inner_loss(trainer_self, model, inputs):
-            loss = original_loss(
-                trainer_self, model, inputs
-            )  # the hook path fills inputs["advantages"] in the forward
+            loss = original_loss(trainer_self, model, inputs)  # the loss forward fills in inputs["advantages"]
             buffered = dict(inputs, completion_mask=self.batch["completion_mask"])
             advantages, loss_mask = _expected(
                 trainer.credit_method, trainer.args, buffered, *self.statistics, trainer.state.global_step
@@ -482,10 +480,10 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, make_trainer, 
         assert 0.0 < logged[f"{last}/kept_fraction"] <= 1.0
 
 
-@pytest.mark.parametrize("tool_mask", [True, False], ids=["no-grad forward", "training forward hook"])
+@pytest.mark.parametrize("tool_mask", [True, False], ids=["no-grad forward", "loss forward"])
 def test_logit_gap_statistic_equals_full_logits(monkeypatch, make_trainer, tool_mask):
-    # Both ways a method that drops tokens gets its statistics: the hook on TRL's own loss forward, and, with a tool
-    # mask, the no-grad forward of the micro-batch.
+    # Both ways a method that drops tokens gets its statistics: TRL's own loss forward, handed over by the trainer's
+    # `_get_per_token_logps_and_entropies`, and, with a tool mask, the no-grad forward of the micro-batch.
     trainer_class = ToolMasked if tool_mask else CreditGRPOTrainer
     trainer = make_trainer("minp_support", trainer_class, max_steps=1, temperature=0.7)
     forwards = []  # the trainer's own no-grad forwards of the micro-batch
@@ -563,7 +561,7 @@ def test_effective_coefficient_of_a_dropped_token_is_the_official_rule_under_bnp
     original_compute_loss, before_the_loss = GRPOTrainer.compute_loss, []
 
     def compute_loss(trainer_self, model, inputs, *args, **kwargs):
-        # Before the trainer's `_compute_loss` (whose forward hook drops tokens from TRL's mask in place).
+        # Before the trainer's `_compute_loss` (whose loss forward drops tokens from TRL's mask in place).
         with torch.no_grad():
             logps, entropy, _ = _naive_statistics(trainer_self.model, inputs, trainer_self.temperature)
         before_the_loss.append((logps, entropy, inputs["completion_mask"].bool()))

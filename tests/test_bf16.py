@@ -11,7 +11,7 @@ from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_c
 
 from trl_credit import CreditGRPOTrainer
 from trl_credit.methods import CREDIT_METHODS
-from trl_credit.statistics import LogitTransform, hellinger_and_entropy
+from trl_credit.trainer.lm_head_statistics import LogitTransform, hellinger_and_entropy
 
 
 @pytest.mark.parametrize("method", ["grpo", *sorted(CREDIT_METHODS)])

@@ -24,7 +24,7 @@ from test_trainer import AdvantageRecorder, assert_all_params_changed
 
 from trl_credit import CreditGRPOTrainer
 from trl_credit.methods import CREDIT_METHODS
-from trl_credit.trainer.engines import full_lm_head, unsharded_root, vocab_size
+from trl_credit.trainer.model_parts import full_lm_head, unsharded_root, vocab_size
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "accelerate"

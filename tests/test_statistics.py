@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trl_credit.statistics import (
+from trl_credit.trainer.lm_head_statistics import (
     LogitTransform,
     hellinger_and_entropy,
     hellinger_and_entropy_naive,

@@ -36,6 +36,7 @@ from trl_credit import (
 )
 from trl_credit.methods import CREDIT_METHODS, eapo_kappa_schedule
 from trl_credit.rewards import AccuracyReward, completion_text, extract_answer
+from trl_credit.trainer.trl_compat import torch_fused_head
 
 METHODS = ["grpo", "taco", "eapo", "tide"]
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
@@ -241,7 +242,8 @@ def test_parity_with_grpo_trainer(tmp_path, method, neutral):
         args=plain_args,
         train_dataset=dataset,
     )
-    plain.train()
+    with torch_fused_head():  # TRL 1.15 has no fused head without Triton: the fallback the credit trainer uses
+        plain.train()
     for got, want in zip(credit.state.log_history[:-1], plain.state.log_history[:-1]):
         assert got["loss"] == pytest.approx(want["loss"], abs=1e-6)
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
@@ -450,3 +452,143 @@ def test_unscored_answers_are_logged_from_the_rewards_that_count_them(tmp_path):
     logged = run([length_reward, accuracy])
     no_answer = sum(extract_answer(text) is None for text in accuracy.texts)
     assert sum(entry["rewards/no_answer"] for entry in logged) == no_answer
+
+
+# ------------------------------------------------------------------------------------- forwards the methods add
+
+
+class _ToolMasked(CreditGRPOTrainer):
+    """An all-ones tool mask on the generation batch, as TRL's tool loop adds one: TRL folds it into its loss mask
+    before its forward, so a method that drops tokens needs one no-grad forward of each micro-batch."""
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        batch["tool_mask"] = torch.ones_like(batch["completion_mask"])
+        return batch
+
+
+def _rollout(prompts, trainer):
+    """Completions from outside `generate` (as an inference engine returns them): TRL then has no decode to record."""
+    tokenizer, generator = trainer.processing_class, torch.Generator().manual_seed(len(prompts))
+    prompt_ids = [
+        tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        for prompt in prompts
+    ]
+    completion_ids = [torch.randint(7, len(tokenizer), (5,), generator=generator).tolist() for _ in prompts]
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": [[0.0] * 5 for _ in prompts]}
+
+
+@pytest.mark.parametrize(
+    "method,setting,per_step",
+    [
+        ("taco", {}, 0),  # TRL's loss forward
+        ("eapo", {}, 0),  # the hidden states `generate` computed
+        ("eapo", {"rollout_func": _rollout}, 1),  # no scoring forward to reuse: one forward of the batch
+        (
+            "stapo",
+            {"trainer_class": _ToolMasked, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 2},
+            2,
+        ),
+    ],
+    ids=["taco", "eapo-generate", "eapo-rollout_func", "stapo-tool_mask"],
+)
+def test_extra_forwards_logged_are_the_policy_forwards_that_ran(monkeypatch, tmp_path, method, setting, per_step):
+    """`credit/extra_forwards` against the no-grad scoring forwards of the policy counted on the module itself (TRL
+    runs none in these set-ups: no old-log-prob forward, no reference forward), step by step."""
+    from transformers import TrainerCallback
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
+    setting = dict(setting)
+    trainer_class, rollout_func = setting.pop("trainer_class", CreditGRPOTrainer), setting.pop("rollout_func", None)
+    tokenizer = make_tiny_tokenizer()
+    trainer = trainer_class(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=tiny_config(method, tmp_path / "out", max_steps=2, **setting),
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+        rollout_func=rollout_func,
+    )
+    forwards, per_step_counts = [], []
+
+    def count(module, args, kwargs, output):
+        if kwargs.get("fused_lm_head") and not torch.is_grad_enabled():
+            forwards.append(1)
+
+    class StepCounts(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            per_step_counts.append(len(forwards))
+            forwards.clear()
+
+    trainer.model.register_forward_hook(count, with_kwargs=True)
+    trainer.add_callback(StepCounts())
+    trainer.train()
+    logged = [
+        entry["credit/extra_forwards"] for entry in trainer.state.log_history if "credit/extra_forwards" in entry
+    ]
+    assert per_step_counts == [per_step, per_step]
+    assert logged == per_step_counts
+
+
+def test_tide_logs_its_reference_forward_apart(tmp_path):
+    tokenizer = make_tiny_tokenizer()
+    trainer = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=tiny_config("tide", tmp_path / "out", max_steps=2),
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    reference_backbone = trainer.deviation_reference.model_and_context()[0].model
+    # One forward of the reference over a batch is two calls of its backbone with a KV cache: each distinct prompt,
+    # then the completions on the repeated cache.
+    cached_calls = []
+    reference_backbone.register_forward_hook(
+        lambda module, args, kwargs, output: cached_calls.append(1) if kwargs.get("use_cache") else None,
+        with_kwargs=True,
+    )
+    trainer.train()
+    entries = [entry for entry in trainer.state.log_history if "credit/extra_forwards" in entry]
+    assert [entry["credit/extra_forwards"] for entry in entries] == [0, 0]  # the policy side from `generate`
+    assert [entry["credit/extra_reference_forwards"] for entry in entries] == [1, 1]
+    assert len(cached_calls) == 2 * 2
+
+
+def test_the_loss_forward_of_a_method_dropping_tokens_scores_the_buffered_micro_batch(monkeypatch, tmp_path):
+    """The float copy of the completion mask that takes the weights changes nothing in TRL's forward: the attention
+    mask has the buffered batch's dtype and values, and the log-probs TRL's loss reads are bitwise those of TRL's
+    scoring of the buffered micro-batch."""
+    tokenizer = make_tiny_tokenizer()
+    args = tiny_config("stapo", tmp_path / "out", max_steps=2, stapo_prob_threshold=0.05, stapo_entropy_quantile=0.5)
+    trainer = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    original_compute_loss, original_scoring = GRPOTrainer.compute_loss, GRPOTrainer._get_per_token_logps_and_entropies
+    buffered, compared = [], []
+
+    def compute_loss(trainer_self, model, inputs, *args, **kwargs):
+        buffered.append(dict(inputs))
+        return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
+
+    def scoring(trainer_self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        logps_BT, entropy_BT, aux = original_scoring(
+            trainer_self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
+        if torch.is_grad_enabled():  # the loss forward
+            batch = buffered[-1]
+            want_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+            with torch.no_grad():
+                want_BT = original_scoring(trainer_self, model, input_ids, want_mask, logits_to_keep)[0]
+            assert attention_mask.dtype == want_mask.dtype and torch.equal(attention_mask, want_mask)
+            compared.append(torch.equal(logps_BT.detach(), want_BT))
+        return logps_BT, entropy_BT, aux
+
+    monkeypatch.setattr(GRPOTrainer, "compute_loss", compute_loss)
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", scoring)
+    trainer.train()
+    assert compared and all(compared)
+    assert any(entry.get("stapo/dropped_fraction", 0) > 0 for entry in trainer.state.log_history)

@@ -1,17 +1,25 @@
 """`trl_credit.trainer.trl_compat`: the TRL seams checked against the installed TRL (a moved one fails naming the
-supported range), and the torch fused-head fallback that TRL 1.15 lacks off CUDA/XPU."""
+supported range), what TRL does with them (run on both supported releases), and the torch fused-head fallback that
+TRL 1.15 lacks off CUDA/XPU."""
 
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 import trl
+from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
 from trl import GRPOTrainer
 from trl.trainer import utils as trl_utils
 
+from trl_credit import CreditGRPOTrainer
 from trl_credit.trainer import trl_compat
-from trl_credit.trainer.trl_compat import chunked_logprob_torch, needs_torch_fused_head
+from trl_credit.trainer.lm_head_statistics import LogitTransform
+from trl_credit.trainer.model_parts import logit_transform
+from trl_credit.trainer.trl_compat import chunked_logprob_torch, needs_torch_fused_head, torch_fused_head
 
 
 @pytest.fixture(autouse=True)
@@ -60,14 +68,19 @@ def test_a_new_multimodal_keyword_of_the_scoring_forward_is_caught(monkeypatch):
     _fails_naming_the_range("scores tokens with _get_per_token_logps_and_entropies")
 
 
-def test_a_new_logit_transform_of_the_fused_head_is_caught(monkeypatch):
-    def add_fused_lm_head(model, temperature=1.0, cast_lm_head_to_fp32=False, outputs=("log_probs",)):
-        text_config = model.config.get_text_config()
-        for key in trl_compat.LOGIT_TRANSFORM_KEYS + ("logit_bias_scale",):
-            getattr(text_config, key, None)
+def test_a_compute_loss_with_another_signature_is_caught(monkeypatch):
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", lambda self, model, inputs, num_items_in_batch: None)
+    _fails_naming_the_range(r"_compute_loss that does not take \(model, inputs\)")
 
-    monkeypatch.setattr(trl_compat, "add_fused_lm_head", add_fused_lm_head)
-    _fails_naming_the_range("transforms the fused LM head's logits")
+
+def test_trl_is_checked_without_reading_its_source(monkeypatch):
+    """A TRL release that only reformats its code passes: no check reads TRL's source text."""
+
+    def no_source(obj):
+        raise AssertionError(f"read the source of {obj}")
+
+    monkeypatch.setattr(trl_compat.inspect, "getsource", no_source)
+    trl_compat.check_trl_surfaces()
 
 
 def test_a_version_outside_the_range_is_refused(monkeypatch):
@@ -93,10 +106,17 @@ def _inputs(seed: int, n: int = 37, hidden: int = 12, vocab: int = 50):
     return hidden_NH, weight_VH, bias_V, targets_N
 
 
-def test_only_trl_1_15_needs_the_fallback():
+def test_only_trl_1_15_needs_the_fallback_and_only_inside_the_block():
     assert needs_torch_fused_head("1.15.0") and needs_torch_fused_head("1.15.2")
     assert not needs_torch_fused_head("1.16.0") and not needs_torch_fused_head("1.14.2")
-    assert trl_compat.install() == needs_torch_fused_head(trl.__version__)
+    kernel = trl_utils._ChunkedLogProbFunction
+    with torch_fused_head():
+        with torch_fused_head():  # re-entrant
+            inside = trl_utils._ChunkedLogProbFunction
+        assert trl_utils._ChunkedLogProbFunction is inside
+    assert trl_utils._ChunkedLogProbFunction is kernel
+    assert (inside is trl_compat._FusedHeadFunction) == needs_torch_fused_head(trl.__version__)
+    assert inside is kernel or needs_torch_fused_head(trl.__version__)
 
 
 @pytest.mark.parametrize("softcap", [None, 3.0])
@@ -162,3 +182,152 @@ def test_fallback_without_valid_tokens_stays_in_the_graph():
     assert [tuple(value.shape) for value in values] == [(0,)] * 5
     (values[0].sum() + values[1].sum()).backward()
     assert weight_VH.grad is not None and not weight_VH.grad.any()
+
+
+# ------------------------------------------------------------------------ TRL's behaviour the trainer relies on
+
+
+def _tiny_trainer(tmp_path, trainer_class=GRPOTrainer, method="grpo", **overrides):
+    tokenizer = make_tiny_tokenizer()
+    return trainer_class(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=tiny_config(method, tmp_path, **overrides),
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+
+
+class _AfterTheForward(GRPOTrainer):
+    """Writes the micro-batch's token advantages and multiplies its completion mask only once TRL's scoring forward
+    has returned, as `CreditGRPOTrainer` does."""
+
+    calls, micro_batch, advantages_BT, weights_BT = 0, None, None, None
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        self.calls += 1
+        self.micro_batch["advantages"] = self.advantages_BT
+        self.micro_batch["completion_mask"].mul_(self.weights_BT)
+        return result
+
+
+def _micro_batch(vocab: int, with_tool_mask: bool):
+    generator = torch.Generator().manual_seed(0)
+    completion_mask = torch.ones(4, 5)
+    completion_mask[0, 3:] = 0
+    batch = {
+        "prompt_ids": torch.randint(7, vocab, (4, 3), generator=generator),
+        "prompt_mask": torch.ones(4, 3, dtype=torch.long),
+        "completion_ids": torch.randint(7, vocab, (4, 5), generator=generator),
+        "completion_mask": completion_mask,
+        "advantages": torch.zeros(4),
+    }
+    if with_tool_mask:
+        batch["tool_mask"] = torch.ones(4, 5)
+    return batch
+
+
+@pytest.mark.parametrize("with_tool_mask", [False, True], ids=["completion_mask", "tool_mask"])
+def test_trl_loss_reads_the_advantages_and_its_mask_after_its_forward(tmp_path, with_tool_mask):
+    """TRL's `_compute_loss` scores the micro-batch with one call of `_get_per_token_logps_and_entropies`, then reads
+    `inputs["advantages"]`; without a tool mask its loss mask is `inputs["completion_mask"]` itself, read after that
+    call; with one, the mask was multiplied before it. With `bnpo`, no old log-probs and `beta = 0`, the loss is
+    `-sum(A w) / sum(w)` over the mask `w` it read (the ratio is exactly 1)."""
+    trainer = _tiny_trainer(tmp_path, _AfterTheForward, loss_type="bnpo")
+    trainer.model.eval()  # no gradient-accumulation scaling
+    batch = _micro_batch(len(trainer.processing_class), with_tool_mask)
+    buffered_mask_BT = batch["completion_mask"].clone()
+    generator = torch.Generator().manual_seed(1)
+    trainer.micro_batch, trainer.advantages_BT = batch, torch.randn(4, 5, generator=generator)
+    trainer.weights_BT = torch.rand(4, 5, generator=generator)
+    with torch_fused_head():
+        loss = trainer._compute_loss(trainer.model, batch)
+    mask_BT = buffered_mask_BT if with_tool_mask else buffered_mask_BT * trainer.weights_BT
+    expected = -(trainer.advantages_BT * mask_BT).sum() / mask_BT.sum()
+    assert trainer.calls == 1
+    torch.testing.assert_close(loss, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"steps_per_generation": 2}, {"num_iterations": 2}, {"gradient_accumulation_steps": 2}],
+    ids=["on_policy", "steps_per_generation", "num_iterations", "grad_accum"],
+)
+def test_trl_runs_its_old_log_prob_forward_exactly_when_runs_scoring_forward_says(tmp_path, options):
+    trainer = _tiny_trainer(tmp_path, **options)
+    trainer.model.train()
+    prompts = [row for row in tiny_prompt_dataset() for _ in range(trainer.num_generations)]
+    with torch_fused_head():
+        batch = trainer._generate_and_score_completions(prompts[: 4 * trainer.args.steps_per_generation])
+    assert ("old_per_token_logps" in batch) == trl_compat.runs_scoring_forward(trainer)
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("final_logit_softcapping", 2.0),
+        ("logit_scale", 0.5),
+        ("output_multiplier", 0.25),
+        ("lm_head_multiplier", 3.0),
+        ("logits_scaling", 4.0),
+    ],
+)
+def test_trl_fused_head_transforms_the_logits_as_logit_transform_reads_the_config(key, value):
+    """Each key of `LOGIT_TRANSFORM_KEYS` changes TRL's fused head exactly as `model_parts.logit_transform` says."""
+    assert key in trl_compat.LOGIT_TRANSFORM_KEYS
+    tokenizer = make_tiny_tokenizer()
+    model = make_tiny_model(tokenizer)
+    setattr(model.config, key, value)
+    assert logit_transform(model) != LogitTransform()
+    trl_utils.add_fused_lm_head(model, temperature=0.7, outputs=("log_probs", "entropy"))
+    ids_BL = torch.randint(7, len(tokenizer), (2, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), torch_fused_head():
+        fused = model(input_ids=ids_BL, labels=ids_BL, fused_lm_head=True)
+        hidden_BLH = model.model(input_ids=ids_BL).last_hidden_state[:, :-1]
+    logits_BLV = logit_transform(model)(hidden_BLH @ model.lm_head.weight.T, 0.7)
+    logp_BLV = torch.log_softmax(logits_BLV.double(), dim=-1)
+    expected_BL = logp_BLV.gather(-1, ids_BL[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(fused.log_probs.double(), expected_BL, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused.entropy.double(), -(logp_BLV.exp() * logp_BLV).sum(-1), atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ no global state in TRL
+
+
+def test_importing_trl_credit_leaves_trl_untouched():
+    script = (
+        "import trl.trainer.utils as u\n"
+        "kernel = u._ChunkedLogProbFunction\n"
+        "import trl_credit, trl_credit.trainer, trl_credit.cli\n"
+        "from trl_credit import CreditGRPOTrainer\n"
+        "assert u._ChunkedLogProbFunction is kernel, u._ChunkedLogProbFunction\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env=dict(os.environ), timeout=300)
+
+
+def test_trainers_change_trl_only_inside_their_own_scoring_calls(monkeypatch, tmp_path):
+    """Building a `CreditGRPOTrainer` and a plain `GRPOTrainer` leaves TRL's kernel as it was; the trainer's scoring
+    calls (its loss forward included) run with TRL 1.15's torch fallback, and TRL's kernel is back after each."""
+    kernel = trl_utils._ChunkedLogProbFunction
+    credit = _tiny_trainer(tmp_path / "credit", CreditGRPOTrainer, "taco", max_steps=1)
+    _tiny_trainer(tmp_path / "plain")
+    assert trl_utils._ChunkedLogProbFunction is kernel
+    seen = []
+    original = GRPOTrainer._get_per_token_logps_and_entropies
+
+    loss_forward_hooks = []
+
+    def scoring(self, model, *args, **kwargs):
+        seen.append(trl_utils._ChunkedLogProbFunction)
+        if torch.is_grad_enabled():  # TRL's loss forward: the hand-off registers no hook on the policy
+            loss_forward_hooks.append(len(model._forward_hooks) + len(model._forward_pre_hooks))
+        return original(self, model, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", scoring)
+    credit.train()
+    assert seen
+    fallback = trl_compat._FusedHeadFunction if needs_torch_fused_head(trl.__version__) else kernel
+    assert all(function is fallback for function in seen)
+    assert trl_utils._ChunkedLogProbFunction is kernel
+    assert loss_forward_hooks == [0]

@@ -1,9 +1,12 @@
-"""The credit-assignment GRPO trainer, its config, and the single-method pairs (re-exported by `trl_credit`)."""
+"""The credit-assignment GRPO trainer, its config, and the single-method pairs (re-exported by `trl_credit`).
 
-from . import trl_compat
+Importing it changes nothing in TRL: the installed TRL is checked when a trainer is built, and TRL 1.15's torch
+fallback for its fused LM head applies only inside the trainer's own scoring calls (`trl_compat`).
+"""
+
 from .config import CreditGRPOConfig  # noqa: F401
 from .credit_trainer import CreditGRPOTrainer  # noqa: F401
-from .methods import (  # noqa: F401
+from .pairs import (  # noqa: F401
     METHODS,
     EAPOConfig,
     EAPOTrainer,
@@ -13,6 +16,3 @@ from .methods import (  # noqa: F401
     TIDETrainer,
     trainer_pair,
 )
-
-trl_compat.install()  # TRL 1.15 on devices without Triton: see trl_compat
-trl_compat.check_trl_surfaces()  # at import, before any trainer is built (cached)

@@ -11,7 +11,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from ..methods import CREDIT_METHODS, get_credit_method
-from ..methods.registry import CreditMethod, SettingError, parse_credit_methods, stack_hyperparameters
+from ..methods import CreditMethod, SettingError, parse_credit_methods, stack_hyperparameters
 
 
 @dataclass

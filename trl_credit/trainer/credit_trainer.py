@@ -9,10 +9,14 @@ where it runs.
 * Methods that read only generation-batch statistics run in `_generate_and_score_completions`, before TRL
   shuffles and splits the batch; their statistics travel as batch keys (`credit_<statistic>`), so the shuffle and
   split keep them aligned, and batch-global reductions gather over every process.
-* Methods that read the current policy run in each training forward: TRL reads `inputs["advantages"]` only after
-  the forward of its loss, so they reshape the advantages from that very forward (no extra forward). A method
-  there that drops tokens from the loss removes them from TRL's loss mask after that forward; only with a tool mask
-  (TRL then builds its loss mask before its forward) does it get one no-grad forward of the micro-batch first.
+* Methods that read the current policy run in TRL's own forward of each loss, through one seam:
+  `_compute_loss` hands the micro-batch to `_get_per_token_logps_and_entropies` (the `_loss_forward` slot, set and
+  cleared around TRL's loss), TRL's scoring method, which `_compute_loss` calls once for its forward. After that
+  forward the override runs the methods on its log-probs and entropies and writes the advantages and the loss
+  weights, which TRL's loss reads next (no extra forward). Only with a tool mask, which TRL folds into its loss
+  mask before its forward, does a method that drops tokens get one no-grad forward of the micro-batch first.
+
+Each step logs the policy forwards the methods added (`credit/extra_forwards`, counted where they run: `sources`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 import os
 import warnings
 from collections import Counter
-from contextlib import contextmanager
 
 import torch
 from trl import GRPOTrainer
@@ -34,61 +37,46 @@ from ..methods import (
     POLICY_LOGPS,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
-    ROLLOUT_ENTROPY,
-    ROLLOUT_MEAN_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
     CreditBatch,
     CreditResult,
 )
-from .config import CreditGRPOConfig
-from .diagnostics import advantage_magnitude, credit_metrics
-from .engines import vocab_size
-from .reference import DeviationReference, copy_initial_model
-from .sources import (
-    generates_in_one_call,
-    generation_statistics,
+from .batch_layout import (
+    GROUP_INDEX,
+    REWARDS,
+    SEQUENCE_ADVANTAGES,
+    groups_and_rewards,
     loss_weights,
-    policy_logit_gap,
-    policy_logps_and_entropy,
-    recorded_final_hidden,
-    recorded_generation_hidden,
-    recorded_scoring_forward,
+    statistic_key,
     valid_mask,
 )
+from .config import CreditGRPOConfig
+from .diagnostics import advantage_magnitude, credit_metrics
+from .model_parts import vocab_size
+from .recorders import recorded_final_hidden, recorded_rollout
+from .reference import DeviationReference, copy_initial_model
+from .sources import (
+    EXTRA_FORWARDS,
+    EXTRA_REFERENCE_FORWARDS,
+    TOKEN_CREDIT_LOG_FORWARDS,
+    generation_statistics,
+    policy_logit_gap,
+    policy_logps_and_entropy,
+)
+from .token_credit_log import log_token_credit
 from .trl_compat import (
-    MULTIMODAL_KEYS,
     NORMALISER_AT_GENERATION,
     check_trainer_attributes,
     check_trl_surfaces,
-    fused_statistics,
-    runs_scoring_forward,
-    trl_loss_mask,
-    weigh_trl_loss_mask,
+    torch_fused_head,
 )
-
-SEQUENCE_ADVANTAGES = "credit_sequence_advantages"  # batch key: GRPO's A_i, kept once the advantages are (B, T)
-GROUP_INDEX = "credit_group_index"  # batch key: each row's prompt group (global over processes)
-REWARDS = "credit_rewards"  # batch key: each row's raw reward (TRL's weighted sum over reward functions)
-# Generation statistics of the rollout policy's full next-token distribution (beyond the sampled token's log-prob).
-ROLLOUT_DISTRIBUTION = (
-    ROLLOUT_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
-    ROLLOUT_MEAN_ENTROPY,
-    REFERENCE_DEVIATION,
-    PREVIOUS_POLICY_DEVIATION,
-)
-
-
-def statistic_key(name: str) -> str:
-    """The batch key a generation-batch statistic travels under."""
-    return f"credit_{name}"
 
 
 class CreditGRPOTrainer(GRPOTrainer):
     """[`~trl.GRPOTrainer`] whose advantage is reshaped per token by the methods of `args.credit_method`.
 
-    Overrides `_generate_and_score_completions` (methods that read the generation batch) and `_compute_loss`
-    (methods that read the training forward). Use it exactly like `GRPOTrainer`, with a [`CreditGRPOConfig`].
+    Overrides `_generate_and_score_completions` (methods that read the generation batch), and `_compute_loss` with
+    `_get_per_token_logps_and_entropies` (methods that read the training forward). Use it exactly like
+    `GRPOTrainer`, with a [`CreditGRPOConfig`].
     """
 
     config_class = CreditGRPOConfig
@@ -96,6 +84,9 @@ class CreditGRPOTrainer(GRPOTrainer):
     # The statistics this trainer computes; a subclass that knows more (the credit lab's ground truth) extends it.
     supplied_statistics: tuple[str, ...] = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
     _tag_names = ["trl", "grpo", "trl-credit"]
+    # The micro-batch whose loss TRL is computing, and the dtype of the attention mask TRL would build from it, from
+    # `_compute_loss` to the scoring forward of that loss (see `_get_per_token_logps_and_entropies`); else None.
+    _loss_forward: tuple[dict, torch.dtype] | None = None
 
     def __init__(self, model, reward_funcs=None, args: CreditGRPOConfig | None = None, *pos_args, **kwargs):
         check_trl_surfaces()
@@ -142,10 +133,6 @@ class CreditGRPOTrainer(GRPOTrainer):
                 )
         self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
         self._records_hidden = POLICY_LOGIT_GAP in requested  # from the final hidden states of the forward
-        # Statistics of the rollout policy's full distribution (not just the sampled token's log-prob, which TRL keeps).
-        self._reads_rollout_distribution = any(s in ROLLOUT_DISTRIBUTION for s in self._generation_statistics)
-        # sum_v p_v^2 is streamed from the final hidden states of the forward that scored the batch.
-        self._keeps_scoring_hidden = ROLLOUT_SUM_SQ_PROBS in self._generation_statistics
         deviations = [s for s in self._generation_statistics if s in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
         if len(deviations) > 1:
             raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
@@ -153,22 +140,25 @@ class CreditGRPOTrainer(GRPOTrainer):
         super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
         check_trainer_attributes(self)
         self.deviation_reference = DeviationReference(self, initial_copy, deviations[0]) if deviations else None
+        self._vocab_size = vocab_size(self.accelerator.unwrap_model(self.model))
+        # Forwards the credit methods run, counted where they run (`sources.count_forward`), logged once per step.
+        self.forward_counts = Counter({EXTRA_FORWARDS: 0})
+        if self.deviation_reference is not None:
+            self.forward_counts[EXTRA_REFERENCE_FORWARDS] = 0
+        if args.log_token_credit:
+            self.forward_counts[TOKEN_CREDIT_LOG_FORWARDS] = 0
 
     # ------------------------------------------------------------------------------------- generation batch
 
     def _generate_and_score_completions(self, inputs):
         # Generation-batch statistics take the policy's entropies and hidden states from TRL's old-log-prob forward where
         # it runs one, else from `generate` where TRL generates in one call (see `sources`).
-        record = bool(self._generation_statistics) and generates_in_one_call(self)
-        score = self._reads_rollout_distribution and runs_scoring_forward(self)
-        with (
-            recorded_generation_hidden(self, record) as generation,
-            recorded_scoring_forward(
-                self, score, keep_hidden=self.deviation_reference is not None or self._keeps_scoring_hidden
-            ) as scoring,
-        ):
+        keep_hidden = self.deviation_reference is not None
+        with recorded_rollout(self, self._generation_statistics, keep_hidden) as (generation, scoring):
             batch = super()._generate_and_score_completions(inputs)
-        batch.update(self._groups_and_rewards(batch))
+        num_generations = self.num_generations if self.model.training else self.num_generations_eval
+        rewards = (self._last_rewards_per_func * self.reward_weights.to(self._last_rewards_per_func.device)).nansum(1)
+        batch.update(groups_and_rewards(batch, rewards, self.accelerator.process_index, num_generations))
         if self._generation_statistics:
             statistics = generation_statistics(
                 self, batch, self._generation_statistics, self.deviation_reference, generation, scoring
@@ -181,35 +171,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             updates, statistic_BT = self._apply_credit(batch, self._generation_methods, self._batch_statistics(batch))
             batch.update(updates)
         if self.args.log_token_credit and self.model.training:
-            # Steps are TRL's (1-based): the first optimizer step trained on this batch, and the step whose log entry
-            # reports its rewards (TRL's next logging step); the batch is recorded when that entry falls within it.
-            first_step = self.state.global_step + 1
-            generate_every = self.args.steps_per_generation * self.num_iterations
-            steps_served = max(1, generate_every // self.args.gradient_accumulation_steps)
-            logging_steps = self.state.logging_steps
-            logged_step = (
-                1
-                if first_step == 1 and self.args.logging_first_step
-                else int(-(-first_step // logging_steps) * logging_steps)  # the next multiple: ceiling division
-            )
-            if logged_step < first_step + steps_served:
-                self._log_token_credit(batch, statistic_BT, logged_step)
+            log_token_credit(self, batch, statistic_BT)
         return batch
-
-    def _groups_and_rewards(self, batch) -> dict[str, torch.Tensor]:
-        """Batch keys for advantage estimators: each row's prompt group and raw reward, as TRL laid them out.
-
-        TRL's generation batch holds every process's rows in process order, each prompt's completions consecutive;
-        the rows of this process are its slice, and `_calculate_rewards` returned every process's rewards.
-        """
-        num_rows = batch["completion_ids"].size(0)
-        num_generations = self.num_generations if self.model.training else self.num_generations_eval
-        rows = self.accelerator.process_index * num_rows + torch.arange(
-            num_rows, device=batch["completion_ids"].device
-        )
-        rewards_per_func = self._last_rewards_per_func[rows.to(self._last_rewards_per_func.device)]
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)  # TRL's sum
-        return {GROUP_INDEX: rows // num_generations, REWARDS: rewards.float().to(rows.device)}
 
     def _batch_statistics(self, batch) -> dict[str, torch.Tensor]:
         return {name: batch[statistic_key(name)] for name in self._generation_statistics}
@@ -243,7 +206,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             sequence_B,
             mask_BT,
             statistics=statistics,
-            vocab_size=vocab_size(self.accelerator.unwrap_model(self.model)),
+            vocab_size=self._vocab_size,
             step=self.state.global_step,
             gather=self._gather_all,
             clip_range=(self.epsilon_low, self.epsilon_high),
@@ -284,53 +247,65 @@ class CreditGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------- training forward
 
     def _compute_loss(self, model, inputs):
-        if not self._training_forward_methods:
-            return super()._compute_loss(model, inputs)
-        # The buffered micro-batch is reused across `num_iterations`: TRL gets a shallow copy whose advantages
-        # (and loss mask) are filled in, never the shared dict.
-        inputs = dict(inputs)
-        if self._drops_tokens_in_forward and trl_loss_mask(inputs) is not None:
-            # The dropped tokens leave TRL's loss mask in place after its forward (the buffered one is not touched).
-            inputs["completion_mask"] = inputs["completion_mask"].clone()
-        elif self._drops_tokens_in_forward:  # a tool mask: TRL's loss mask is fixed before its forward
-            with recorded_final_hidden(self, self._records_hidden) as hidden:
-                logps_BT, entropy_BT = policy_logps_and_entropy(self, inputs)
-            statistics = self._forward_statistics(inputs, logps_BT, entropy_BT, hidden)
-            inputs.update(self._apply_credit(inputs, self._training_forward_methods, statistics)[0])
-            return super()._compute_loss(model, inputs)
-        with (
-            recorded_final_hidden(self, self._records_hidden) as hidden,
-            self._credit_from_training_forward(model, inputs, hidden),
-        ):
-            return super()._compute_loss(model, inputs)
+        if self._training_forward_methods:
+            # The buffered micro-batch is reused across `num_iterations`: TRL gets a shallow copy whose advantages
+            # (and loss mask) are filled in, never the shared dict.
+            inputs = dict(inputs)
+            if "tool_mask" in inputs and self._drops_tokens_in_forward:
+                # TRL folds the tool mask into its loss mask before its forward: the weights must be in it first.
+                with recorded_final_hidden(self, self._records_hidden) as hidden:
+                    logps_BT, entropy_BT = policy_logps_and_entropy(self, inputs)
+                statistics = self._forward_statistics(inputs, logps_BT, entropy_BT, hidden)
+                inputs.update(self._apply_credit(inputs, self._training_forward_methods, statistics)[0])
+            else:
+                mask_dtype = torch.promote_types(inputs["prompt_mask"].dtype, inputs["completion_mask"].dtype)
+                if self._drops_tokens_in_forward:
+                    # Without a tool mask, TRL's loss mask is this very tensor, read after its forward: a float copy
+                    # takes the methods' (possibly soft) weights in place there.
+                    inputs["completion_mask"] = inputs["completion_mask"].to(torch.float32, copy=True)
+                self._loss_forward = (inputs, mask_dtype)
+        try:
+            loss = super()._compute_loss(model, inputs)
+        finally:
+            self._loss_forward = None
+        if not self.model.training or self.accelerator.sync_gradients:  # once per optimizer step, or eval batch
+            mode = "train" if self.model.training else "eval"
+            for name, count in self.forward_counts.items():
+                self._metrics[mode][name].append(float(count))
+            self.forward_counts = Counter(dict.fromkeys(self.forward_counts, 0))
+        return loss
 
-    @contextmanager
-    def _credit_from_training_forward(self, model, inputs, hidden=None):
-        """Reshape `inputs["advantages"]` with the statistics of the next forward of `model` (TRL's loss forward).
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, *args, **kwargs):
+        """TRL's scoring forward, with TRL 1.15's torch fused head where it needs one (`trl_compat.torch_fused_head`).
 
-        TRL's `_compute_loss` runs one forward of the policy and reads `inputs["advantages"]` after it;
-        `tests/test_trainer.py` checks that the advantages it consumed are the ones computed here. Tokens a method
-        drops leave TRL's loss mask (`trl_loss_mask`, a clone) in place, after that forward and before the loss reads
-        it; `tests/test_baselines.py` checks TRL's loss against one computed with the dropped tokens masked out.
+        In the forward of `_compute_loss` (`_loss_forward` is set), the methods of the training forward read the
+        log-probs and entropies it returns and write the micro-batch's advantages and loss weights, which TRL's loss
+        reads after this returns (`tests/test_trl_compat.py` checks TRL's order; `tests/test_trainer.py` and
+        `tests/test_baselines.py` what its loss consumed).
         """
-
-        def after_forward(module, args, kwargs, output):
-            handle.remove()  # only the policy forward of this loss
-            logps_BT, entropy_BT = fused_statistics(output, inputs["completion_ids"].size(1))
+        loss_forward, self._loss_forward = self._loss_forward, None  # the first call of the loss is its forward
+        if loss_forward is not None:
+            # TRL built the attention mask from the float copy of the completion mask: scored as TRL would score the
+            # buffered micro-batch, in its own dtype (the values are 0 and 1 either way).
+            attention_mask = attention_mask.to(loss_forward[1])
+        # TRL's fused head returns no maximum logit: min-p's logit gap is streamed from the final hidden states of this
+        # very forward, recorded from the backbone around it (no second backbone forward).
+        records_hidden = loss_forward is not None and self._records_hidden
+        with torch_fused_head(), recorded_final_hidden(self, records_hidden) as hidden:
+            logps_BT, entropy_BT, aux_loss = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, *args, **kwargs
+            )
+        if loss_forward is not None:
+            inputs = loss_forward[0]
             statistics = self._forward_statistics(
                 inputs, logps_BT.detach().float(), entropy_BT.detach().float(), hidden
             )
             updates = self._apply_credit(inputs, self._training_forward_methods, statistics)[0]
-            loss_mask_BT = updates.pop("tool_mask", None)
+            weights_BT = updates.pop("tool_mask", None)  # only from a method with drops_tokens=True
             inputs.update(updates)
-            if loss_mask_BT is not None:  # TRL's forward has read the attention mask; its loss reads this one next
-                weigh_trl_loss_mask(inputs, loss_mask_BT)  # (a method returns one only with drops_tokens=True)
-
-        handle = model.register_forward_hook(after_forward, with_kwargs=True)
-        try:
-            yield
-        finally:
-            handle.remove()
+            if weights_BT is not None:
+                inputs["completion_mask"].mul_(weights_BT)  # the float copy TRL holds as its loss mask
+        return logps_BT, entropy_BT, aux_loss
 
     def _forward_statistics(self, batch, logps_BT, entropy_BT, hidden=None) -> dict[str, torch.Tensor]:
         """Statistics of the training forward; `hidden`: the final hidden states recorded from that forward."""
@@ -377,72 +352,6 @@ class CreditGRPOTrainer(GRPOTrainer):
         for name, total in zip(counts, totals.tolist()):
             self._metrics[mode][name].append(float(total))
         return rewards_per_func
-
-    @torch.no_grad()
-    def _log_token_credit(self, batch, statistic_BT, step: int) -> None:
-        """Append per-token credit of a few completions to `output_dir/token_credit.jsonl`, labelled `step`.
-
-        Rows are spread over the local batch so that several prompt groups appear; methods of the training
-        forward are applied to them as the first training forward will (the policy has not moved yet). Every
-        process runs the small forward (ZeRO-3 forwards are collective); only the main process writes.
-        """
-        from ..viz import append_token_credit, token_credit_records_from_batch
-
-        num_rows = batch["completion_ids"].size(0)
-        rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
-        sub = {
-            key: value[rows]
-            for key, value in batch.items()
-            if isinstance(value, torch.Tensor)
-            and value.dim() >= 1
-            and value.size(0) == num_rows
-            and key not in MULTIMODAL_KEYS
-        }
-        # Image inputs are not laid out per row: then every row is scored and the sampled ones kept.
-        has_images = any(key in batch for key in MULTIMODAL_KEYS)
-        with recorded_final_hidden(self, self._records_hidden) as hidden:
-            logps_bT, entropy_bT = policy_logps_and_entropy(
-                self, batch if has_images else sub, self._forward_batch_size()
-            )
-        if has_images:
-            logps_bT, entropy_bT = logps_bT[rows], entropy_bT[rows]
-            hidden = [torch.cat(hidden)[rows]] if hidden else hidden
-        if statistic_BT is not None:
-            statistic_BT = statistic_BT[rows]
-        if self._training_forward_methods:
-            forward_statistics = self._forward_statistics(sub, logps_bT, entropy_bT, hidden)
-            updates, forward_statistic = self._apply_credit(
-                sub, self._training_forward_methods, forward_statistics, record_metrics=False
-            )
-            sub.update(updates)
-            statistic_BT = forward_statistic if forward_statistic is not None else statistic_BT
-        mask_bT = valid_mask(sub)
-        advantages_b = sub.get(SEQUENCE_ADVANTAGES, sub["advantages"])
-        token_advantages = sub["advantages"] if sub["advantages"].dim() == 2 else advantages_b.unsqueeze(1) * mask_bT
-        if not self.accelerator.is_main_process:
-            return
-        first_row = self.accelerator.process_index * num_rows
-        rewards_per_func = self._last_rewards_per_func[first_row + rows.to(self._last_rewards_per_func.device)]
-        rewards_b = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
-        decode = lambda ids_bT, m_bT: [  # noqa: E731
-            self.processing_class.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(ids_bT, m_bT)
-        ]
-        records = token_credit_records_from_batch(
-            step=step,
-            method=self.credit_method,
-            prompts=decode(sub["prompt_ids"], sub["prompt_mask"]),
-            completions=decode(sub["completion_ids"], sub["completion_mask"]),
-            rewards_B=rewards_b.cpu(),
-            advantages_B=advantages_b.cpu(),
-            completion_ids_BT=sub["completion_ids"].cpu(),
-            token_advantages_BT=token_advantages.cpu(),
-            logps_BT=logps_bT.cpu(),
-            entropies_BT=entropy_bT.cpu(),
-            mask_BT=mask_bT.cpu(),
-            tokenizer=self.processing_class,
-            statistic_BT=None if statistic_BT is None else statistic_BT.cpu(),
-        )
-        append_token_credit(self.args.output_dir, records)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's card, extended with what trained (`trl_credit.model_card.trainer_model_card`): the base model, the

@@ -1,4 +1,4 @@
-"""Where each statistic comes from: TRL's own forward path, once per batch.
+"""Where each statistic comes from: TRL's own forward path, once per batch, and what each source costs.
 
 * The policy at generation, from the first of these sources that covers the batch (every process takes the same one):
   1. TRL's old-log-prob forward, where it runs one (vLLM's importance-sampling correction, or
@@ -21,19 +21,26 @@
   * `reference_deviation` / `previous_policy_deviation`: the policy's and the reference's final hidden states (one
     no-grad forward of the reference) streamed through both LM heads and output transforms. The same pass gives the
     policy's full-vocabulary entropy, which is then `rollout_entropy`.
-* `policy_logps` / `policy_entropy` come from the training forward itself (see `CreditGRPOTrainer._compute_loss`).
+* `policy_logps` / `policy_entropy` come from the training forward itself: TRL's forward of its loss, handed over in
+  `CreditGRPOTrainer._get_per_token_logps_and_entropies`.
 * `policy_logit_gap`: TRL's fused LM head does not expose the maximum logit (its `outputs` are log-probs, entropy,
   `log_sum_sq_probs`, `mean_logits`, `is_top1`), so the final hidden states of that same forward are recorded from
   its backbone (`recorded_final_hidden`) and the LM head is streamed over them once more, under no_grad, with the
   model's output transform and the sampling temperature (`policy_logit_gap`): no second backbone forward and no
   `(B, T, V)` logits, one extra LM-head pass over the valid tokens.
 
+Cost: every forward the sources add is counted where it runs (`count_forward`) into `trainer.forward_counts`, which
+the trainer logs once per optimizer step: `EXTRA_FORWARDS` (a forward of the policy over a batch or micro-batch:
+case 3, the policy side of a deviation without a recorded source, the no-grad forward of a micro-batch with a tool
+mask), `EXTRA_REFERENCE_FORWARDS` (the deviation reference's forward) and `TOKEN_CREDIT_LOG_FORWARDS` (the policy
+forward over the few rows of the token-credit log). LM-head streams over recorded hidden states are not forwards.
+
 Every process runs the same forwards and LM-head gathers whatever its masks, so ZeRO-3 and FSDP2 stay in step.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import torch
 from trl.models.utils import disable_gradient_checkpointing
@@ -46,36 +53,30 @@ from ..methods import (
     ROLLOUT_MEAN_ENTROPY,
     ROLLOUT_SUM_SQ_PROBS,
 )
-from ..statistics import TokenStatistics, hellinger_and_entropy, token_statistics
-from .engines import backbone, completion_hidden, full_lm_head, logit_transform, unsharded_root
-from .trl_compat import MULTIMODAL_KEYS, output_cache
+from .batch_layout import sequence_inputs, valid_mask
+from .lm_head_statistics import TokenStatistics, hellinger_and_entropy, token_statistics
+from .model_parts import completion_hidden, full_lm_head, logit_transform, unsharded_root
+from .recorders import recorded_final_hidden
 
 # TRL's own bookkeeping among them: how many images and tiles each row has, never passed to the model.
 _ROW_COUNTS = ("num_images", "num_tiles")
+# Logged per optimizer step: forwards over a batch or micro-batch that the credit methods add to TRL's (see above).
+EXTRA_FORWARDS = "credit/extra_forwards"
+EXTRA_REFERENCE_FORWARDS = "credit/extra_reference_forwards"
+TOKEN_CREDIT_LOG_FORWARDS = "credit/token_credit_log_forwards"
 
 
-def sequence_inputs(batch) -> tuple[torch.Tensor, torch.Tensor, dict]:
-    """`(input_ids, attention_mask, multimodal kwargs)` of prompt + completion, as TRL's loss builds them."""
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    multimodal = {key: batch[key] for key in MULTIMODAL_KEYS if batch.get(key) is not None}
-    return input_ids, attention_mask, multimodal
-
-
-def loss_weights(batch) -> torch.Tensor:
-    """Completion mask x tool mask, as TRL's loss weighs tokens (soft where a generation-batch method weighed them)."""
-    mask_BT = batch["completion_mask"]
-    return (mask_BT * batch["tool_mask"] if "tool_mask" in batch else mask_BT).float()
-
-
-def valid_mask(batch) -> torch.Tensor:
-    """The tokens TRL's loss counts: a positive `loss_weights`."""
-    return loss_weights(batch).bool()
+def count_forward(trainer, counted_as: str = EXTRA_FORWARDS) -> None:
+    """Count one forward of a model over a batch (in however many row chunks) under the metric `counted_as`."""
+    trainer.forward_counts[counted_as] += 1
 
 
 @torch.no_grad()
-def policy_logps_and_entropy(trainer, batch, batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def policy_logps_and_entropy(
+    trainer, batch, batch_size: int | None = None, counted_as: str = EXTRA_FORWARDS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """TRL's own no-grad forward of the policy over `batch`: sampled-token log-probs and entropies, `(B, T)`."""
+    count_forward(trainer, counted_as)
     input_ids, attention_mask, multimodal = sequence_inputs(batch)
     with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
         logps_BT, entropy_BT, _ = trainer._get_per_token_logps_and_entropies(
@@ -88,159 +89,6 @@ def policy_logps_and_entropy(trainer, batch, batch_size: int | None = None) -> t
             **multimodal,
         )
     return logps_BT.float(), entropy_BT.float()
-
-
-@contextmanager
-def _policy_backbone_hook(trainer, hook):
-    """Run `hook(module, args, output)` after every forward of the policy's backbone inside the block."""
-    handle = backbone(trainer.accelerator.unwrap_model(trainer.model)).register_forward_hook(hook)
-    try:
-        yield
-    finally:
-        handle.remove()
-
-
-@contextmanager
-def recorded_final_hidden(trainer, enabled: bool = True):
-    """Yield a list that receives the `(b, L, H)` final hidden states (detached) of every forward of the policy's
-    backbone run inside the block, in call order; TRL's fused LM head calls the backbone once per row chunk, so
-    concatenating the list gives the batch's hidden states. Records nothing when not `enabled`."""
-    recorded = []
-    hook = lambda module, args, output: recorded.append(output.last_hidden_state.detach())  # noqa: E731
-    with _policy_backbone_hook(trainer, hook) if enabled else nullcontext():
-        yield recorded
-
-
-class GenerationHidden:
-    """The final hidden states with which `generate` scored each token it sampled, read from the policy's backbone.
-
-    `generate` runs the backbone with a KV cache: the prefill (one call, or one per chunk with `prefill_chunk_size`)
-    covers the prompt, then each decoding step covers the one token it just sampled. Laid end to end, the calls
-    cover the padded sequence position by position, as one forward over prompt + completion does; a call's last
-    position scores the next token, so only that position of each call is kept (`B x H` per decoding step, not the
-    prompt's hidden states). `tests/test_architectures.py` checks the statistics built on them against the model's
-    own logits. TRL's scoring forwards pass `use_cache=False` and return no cache, so they are not recorded.
-    """
-
-    def __init__(self):
-        self.length = 0  # sequence positions covered so far
-        self.last_positions: list[int] = []
-        self.last_hidden: list[torch.Tensor] = []  # (B, H) each
-
-    def __call__(self, module, args, output):
-        if output_cache(output) is None:
-            return
-        self.length += output.last_hidden_state.size(1)
-        self.last_positions.append(self.length - 1)
-        self.last_hidden.append(output.last_hidden_state[:, -1].detach())
-
-    def completion_hidden(self, batch) -> torch.Tensor | None:
-        """`(B, T, H)` hidden states that scored each completion token, or None when the record does not cover the
-        batch (nothing recorded, other rows, a decoding mode that is not one token per step)."""
-        valid_BT = valid_mask(batch)
-        prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
-        # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
-        if prompt_len - 1 not in self.last_positions:
-            return None
-        first = self.last_positions.index(prompt_len - 1)
-        scoring = self.last_hidden[first : first + completion_len]
-        generated = len(scoring)  # below completion_len only where TRL padded the completions further
-        if self.last_positions[first : first + generated] != list(range(prompt_len - 1, prompt_len - 1 + generated)):
-            return None
-        if any(hidden.size(0) != valid_BT.size(0) for hidden in scoring) or valid_BT[:, generated:].any():
-            return None
-        return torch.nn.functional.pad(torch.stack(scoring, dim=1), (0, 0, 0, completion_len - generated))
-
-
-def generates_in_one_call(trainer) -> bool:
-    """Whether TRL samples the batch with one `model.generate` call, one sequence per row: its plain path, not vLLM,
-    continuous batching, a `rollout_func` or a tool loop. Vision-language models take the forward (not tested)."""
-    return not (
-        trainer.use_vllm
-        or trainer.use_transformers_continuous_batching
-        or trainer.rollout_func is not None
-        or trainer.tools
-        or trainer._is_vlm
-    )
-
-
-@contextmanager
-def recorded_generation_hidden(trainer, enabled: bool = True):
-    """Yield a `GenerationHidden` that records the policy's backbone during `generate` inside the block (or None
-    when not `enabled`)."""
-    record = GenerationHidden() if enabled else None
-    with _policy_backbone_hook(trainer, record) if enabled else nullcontext():
-        yield record
-
-
-class ScoringForward:
-    """The policy's fused-LM-head forwards (`model(..., fused_lm_head=True)`) run inside a block, as TRL's
-    `_get_per_token_logps_and_entropies` makes them: one call per row chunk. Each call keeps the per-position
-    log-probs and entropies the fused head computed (TRL's policy head always computes both, at the sampling
-    temperature and with the model's output transform) and, when `keep_hidden`, the backbone's final hidden states
-    aligned with them (position p scores token p + 1).
-
-    Inside `_generate_and_score_completions` such calls are TRL's old-log-prob forward and, with PEFT and `beta != 0`,
-    its reference forward (adapter disabled, same module): `statistics` tells them apart by the log-probs TRL returned.
-    """
-
-    def __init__(self, keep_hidden: bool):
-        self.keep_hidden = keep_hidden
-        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
-        self._hidden = None  # the backbone's output of the call in progress
-
-    def backbone_hook(self, module, args, output):
-        if self.keep_hidden:
-            self._hidden = output.last_hidden_state.detach()
-
-    def model_hook(self, module, args, kwargs, output):
-        hidden, self._hidden = self._hidden, None
-        if not kwargs.get("fused_lm_head") or getattr(output, "entropy", None) is None:
-            return
-        log_probs = output.log_probs.detach()
-        if hidden is not None:
-            hidden = hidden[:, : log_probs.size(1)]  # unshifted labels: the last position scores nothing
-        self.calls.append((log_probs, output.entropy.detach(), hidden))
-
-    def statistics(self, batch) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """`(entropy_BT, hidden_BTH or None)` of the consecutive calls whose log-probs are exactly the batch's
-        `old_per_token_logps` (the rows TRL scored, in order), or None when no such calls were recorded."""
-        old_BT = batch.get("old_per_token_logps")
-        if old_BT is None:
-            return None
-        num_rows, num_tokens = old_BT.shape
-        for first in range(len(self.calls)):
-            last, rows = first, 0
-            while last < len(self.calls) and rows < num_rows:
-                rows += self.calls[last][0].size(0)
-                last += 1
-            calls = self.calls[first:last]
-            if rows != num_rows or any(
-                c[0].size(1) < num_tokens or (self.keep_hidden and c[2] is None) for c in calls
-            ):
-                continue
-            logps_BT = torch.cat([c[0][:, -num_tokens:] for c in calls])
-            if torch.equal(logps_BT, old_BT):
-                entropy_BT = torch.cat([c[1][:, -num_tokens:] for c in calls]).float()
-                hidden_BTH = torch.cat([c[2][:, -num_tokens:] for c in calls]) if self.keep_hidden else None
-                return entropy_BT, hidden_BTH
-        return None
-
-
-@contextmanager
-def recorded_scoring_forward(trainer, enabled: bool = True, keep_hidden: bool = False):
-    """Yield a `ScoringForward` that records the policy's fused-LM-head forwards inside the block (or None when not
-    `enabled`). Hooks `trainer.model`, the module TRL's scoring forward calls."""
-    if not enabled:
-        yield None
-        return
-    record = ScoringForward(keep_hidden)
-    handle = trainer.model.register_forward_hook(record.model_hook, with_kwargs=True)
-    try:
-        with _policy_backbone_hook(trainer, record.backbone_hook):
-            yield record
-    finally:
-        handle.remove()
 
 
 def _on_every_process(trainer, found: bool, device) -> bool:
@@ -359,6 +207,9 @@ def deviation_and_entropy(trainer, batch, reference, policy_hidden_BTH=None) -> 
     entropy_BT = torch.zeros(valid_BT.shape, device=valid_BT.device)
     # Image inputs are not laid out per row (TRL slices them by image counts), so they go in one chunk.
     step = valid_BT.size(0) if multimodal else trainer._forward_batch_size()
+    count_forward(trainer, EXTRA_REFERENCE_FORWARDS)
+    if policy_hidden_BTH is None:
+        count_forward(trainer, EXTRA_FORWARDS)
     with (
         disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs),
         unsharded_root(policy),

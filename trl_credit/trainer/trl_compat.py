@@ -1,48 +1,52 @@
 """Every private TRL and transformers surface trl-credit relies on, in one place, checked when a trainer is built.
 
 TRL's public API has no seam for per-token advantages, so the trainer reaches a few private surfaces of
-`GRPOTrainer` and of the models it patches. Each one is named here with what it is used for; `check_trl_surfaces`
-verifies them against the installed versions and fails with one message naming the supported TRL range, instead of
-a wrong result or an `AttributeError` deep inside a training step.
+`GRPOTrainer` and of the models it patches. Each one is named here with what it is used for. `check_trl_surfaces`
+checks the installed TRL by its version (`SUPPORTED_TRL`) and by the signatures and fields below, when a trainer is
+built, and fails with one message naming the supported range instead of a wrong result or an `AttributeError` deep
+inside a training step. What TRL does with them (behaviour no signature shows) is checked by `tests/test_trl_compat.py`
+on both supported releases.
 
 * `GRPOTrainer._generate_and_score_completions`, `_compute_loss`, `_calculate_rewards`: overridden (each calls
   `super()`).
 * `GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
-  compute_entropy, **multimodal)`: TRL's own scoring forward; its multimodal keywords are `MULTIMODAL_KEYS`.
-* `_compute_loss` builds its loss mask from `completion_mask * tool_mask` before its policy forward and reads
-  `inputs["advantages"]` after it: methods of the training forward fill in the advantages from that forward, and
-  methods that drop tokens enter through `tool_mask` (`tests/test_trainer.py` checks what the loss consumed).
-* The fused LM head (`add_fused_lm_head`): the policy forward inside `_compute_loss` returns a `FusedCausalLMOutput`
-  whose `FUSED_OUTPUT_FIELDS` the trainer reads, and it applies the output transform of `LOGIT_TRANSFORM_KEYS`,
-  which `engines.logit_transform` reads the same way.
+  compute_entropy, **multimodal)`: TRL's own scoring forward, overridden as the trainer's one seam into TRL's loss
+  (`CreditGRPOTrainer._get_per_token_logps_and_entropies`); its multimodal keywords are `MULTIMODAL_KEYS`.
+* `_compute_loss` calls that scoring method once for its policy forward and reads `inputs["advantages"]` after it;
+  without a tool mask its loss mask is the very tensor `inputs["completion_mask"]`, read after that forward too;
+  with one, TRL multiplies the two before it. Tested by running TRL's `_compute_loss` on a micro-batch whose advantages
+  and completion mask are changed only after the forward.
+* The fused LM head (`add_fused_lm_head`) returns a `FusedCausalLMOutput` whose `FUSED_OUTPUT_FIELDS` the trainer's
+  scoring-forward record reads, and applies the output transform of `LOGIT_TRANSFORM_KEYS`, which
+  `model_parts.logit_transform` reads the same way (tested against TRL's head, one key at a time).
 * Trainer attributes read to know how TRL generates and scores: `GENERATION_ATTRIBUTES`.
 * `NORMALISER_AT_GENERATION`: the loss types whose normaliser TRL counts when the batch is generated.
-* Without a tool mask, `_compute_loss`'s loss mask is the very tensor `inputs["completion_mask"]`, read after its
-  forward: methods that drop tokens remove them from it there (`weigh_trl_loss_mask`) instead of paying a forward.
-* When `_generate_and_score_completions` runs its old-log-prob forward (`runs_scoring_forward`): its log-probs and
-  the entropies its fused head computes alongside give the rollout statistics, with no second policy forward.
+* When `_generate_and_score_completions` runs its old-log-prob forward (`runs_scoring_forward`, tested against
+  whether TRL's batch has `old_per_token_logps`): its log-probs and the entropies its fused head computes alongside
+  give the rollout statistics, with no second policy forward.
 * transformers: the backbone's output cache (`output_cache`) and its forward keyword (`cache_keyword`).
 
 What differs between the two supported releases lives here too. TRL 1.15's fused LM head runs a Triton kernel and
 leaves it undefined when Triton cannot be imported: on a machine without Triton (the CPU wheels of torch) every
 `GRPOTrainer` forward fails with `AttributeError: 'NoneType' object has no attribute 'apply'`, and with Triton
 installed the kernel still cannot read CPU tensors. TRL 1.16 folds the same tiles in torch off CUDA/XPU.
-`install()` gives TRL 1.15 that fallback (`chunked_logprob_torch`) for tensors that are not on a CUDA/XPU device with
-Triton, while TRL's own kernel keeps every other case; nothing is changed on TRL 1.16.
+`torch_fused_head()` gives TRL 1.15 that fallback (`chunked_logprob_torch`) for tensors that are not on a CUDA/XPU
+device with Triton, only for the duration of the block: the trainer wraps its own scoring calls in it, and TRL's
+module is as it was outside them. Nothing is changed on TRL 1.16.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
-import re
+from contextlib import contextmanager
 from functools import cache
 
 import torch
 import trl
 from packaging.version import Version
 from trl import GRPOTrainer
-from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
+from trl.trainer.utils import FusedCausalLMOutput
 
 SUPPORTED_TRL = ">=1.15,<1.17"
 
@@ -69,15 +73,8 @@ LOGIT_TRANSFORM_KEYS = (
     "lm_head_multiplier",
     "logits_scaling",
 )
-# ... and the MoE router settings it reads for the load-balancing loss, which do not touch the logits.
-_ROUTER_KEYS = ("output_router_logits", "router_aux_loss_coef", "num_experts", "num_experts_per_tok")
 GENERATION_ATTRIBUTES = ("use_vllm", "use_transformers_continuous_batching", "rollout_func", "tools", "_is_vlm")
 NORMALISER_AT_GENERATION = ("cispo", "dapo", "vespo")  # normalised by `num_items_in_batch`
-# `_compute_loss`'s loss mask is `inputs["completion_mask"]` itself when the batch has no tool mask.
-_COMPLETION_MASK_LINE = 'completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]'
-_LOSS_MASK_LINE = 'mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]'
-# When `_generate_and_score_completions` runs its old-log-prob forward (`runs_scoring_forward`).
-_SCORING_CONDITION = "if self.args.gradient_accumulation_steps % generate_every != 0 or ("
 _OVERRIDDEN = (
     "_generate_and_score_completions",
     "_compute_loss",
@@ -99,7 +96,8 @@ def _unsupported(what: str) -> UnsupportedTRLError:
 
 @cache
 def check_trl_surfaces() -> None:
-    """Raise `UnsupportedTRLError` unless every class-level surface above is as trl-credit expects."""
+    """Raise `UnsupportedTRLError` unless the installed TRL is a supported release with every class-level surface
+    above (the version pins what no signature shows: the behaviour `tests/test_trl_compat.py` checks)."""
     low, high = (Version(bound.lstrip("<>=")) for bound in SUPPORTED_TRL.split(","))
     if not low <= Version(Version(trl.__version__).base_version) < high:
         raise _unsupported("is outside that range")
@@ -114,29 +112,11 @@ def check_trl_surfaces() -> None:
             f"scores tokens with _get_per_token_logps_and_entropies{keywords}, expected the keywords "
             f"{_SCORING_KEYWORDS} and the multimodal inputs {MULTIMODAL_KEYS}"
         )
+    if tuple(inspect.signature(GRPOTrainer._compute_loss).parameters) != ("self", "model", "inputs"):
+        raise _unsupported("has a GRPOTrainer._compute_loss that does not take (model, inputs)")
     fields = {f.name for f in dataclasses.fields(FusedCausalLMOutput)}
     if not set(FUSED_OUTPUT_FIELDS) <= fields:
         raise _unsupported(f"has a fused LM head output without {sorted(set(FUSED_OUTPUT_FIELDS) - fields)}")
-    read = set(_config_attributes_read(add_fused_lm_head))
-    if read != set(LOGIT_TRANSFORM_KEYS + _ROUTER_KEYS):
-        raise _unsupported(f"transforms the fused LM head's logits with the config keys {sorted(read)}")
-    source = inspect.getsource(GRPOTrainer._compute_loss)
-    mask_at, forward_at = source.find(_LOSS_MASK_LINE), source.find("_get_per_token_logps_and_entropies(")
-    advantages_at = source.find('inputs["advantages"]')
-    if _COMPLETION_MASK_LINE not in source or not 0 <= mask_at < forward_at < advantages_at:
-        raise _unsupported(
-            "builds GRPOTrainer._compute_loss's loss mask, forward and advantages otherwise than as "
-            f'`{_COMPLETION_MASK_LINE}`, then `{_LOSS_MASK_LINE}`, then its forward, then `inputs["advantages"]`'
-        )
-    if _SCORING_CONDITION not in inspect.getsource(GRPOTrainer._generate_and_score_completions):
-        raise _unsupported(f"decides otherwise than `{_SCORING_CONDITION}` whether to run its scoring forward")
-
-
-def _config_attributes_read(function) -> list[str]:
-    """The attribute names `function` reads with `getattr(text_config, "name", ...)` or `text_config.name`."""
-    source = inspect.getsource(function)
-    names = re.findall(r'getattr\(text_config, "(\w+)"', source) + re.findall(r"text_config\.(\w+)", source)
-    return [name for name in dict.fromkeys(names) if name != "model_type"]
 
 
 def check_trainer_attributes(trainer: GRPOTrainer) -> None:
@@ -147,32 +127,13 @@ def check_trainer_attributes(trainer: GRPOTrainer) -> None:
 
 
 def runs_scoring_forward(trainer) -> bool:
-    """Whether TRL's `_generate_and_score_completions` runs its no-grad old-log-prob forward of the policy (TRL 1.16's
-    condition). Only decides whether to record: `ScoringForward.statistics` checks the record against the batch."""
+    """Whether TRL's `_generate_and_score_completions` runs its no-grad old-log-prob forward of the policy (the same
+    condition in TRL 1.15 and 1.16). Only decides whether to record: `ScoringForward.statistics` checks the record
+    against the batch."""
     generate_every = trainer.args.steps_per_generation * trainer.num_iterations
     return trainer.args.gradient_accumulation_steps % generate_every != 0 or (
         trainer.use_vllm and trainer.vllm_importance_sampling_correction
     )
-
-
-def trl_loss_mask(inputs) -> torch.Tensor | None:
-    """The tensor TRL 1.16's `_compute_loss` masks its loss with, when it is a batch tensor that can still be changed
-    after TRL's forward: without a tool mask TRL uses `inputs["completion_mask"]` itself (its forward reads a
-    concatenated copy as the attention mask); with one, TRL multiplies the two before its forward (None)."""
-    return None if "tool_mask" in inputs else inputs["completion_mask"]
-
-
-def weigh_trl_loss_mask(inputs, loss_mask_BT: torch.Tensor) -> None:
-    """Multiply TRL's loss mask (`trl_loss_mask`, the micro-batch's own clone) by `loss_mask_BT`, in place, between
-    TRL's forward and its loss. The weights may be soft (min-p's), so the tensor takes their float dtype through
-    `.data`: TRL holds this very object as its mask, and an integer tensor cannot hold them."""
-    mask_BT = trl_loss_mask(inputs)
-    mask_BT.data = mask_BT * loss_mask_BT
-
-
-def fused_statistics(output, num_tokens: int):
-    """`(log_probs, entropy)` of the last `num_tokens` positions of the fused LM head's output."""
-    return output.log_probs[:, -num_tokens:], output.entropy[:, -num_tokens:]
 
 
 def output_cache(output):
@@ -196,6 +157,9 @@ _TOKEN_CHUNK = 1024
 def needs_torch_fused_head(trl_version: str) -> bool:
     """Whether this TRL release's fused LM head has no torch path for devices without Triton (TRL 1.15)."""
     return Version(trl_version).release[:2] == (1, 15)
+
+
+_NEEDS_TORCH_FUSED_HEAD = needs_torch_fused_head(trl.__version__)
 
 
 def chunked_logprob_torch(
@@ -259,16 +223,25 @@ class _FusedHeadFunction:
         return chunked_logprob_torch(hidden, *args)
 
 
-def install() -> bool:
-    """On TRL 1.15, route the fused LM head's kernel through `_FusedHeadFunction`; return whether it did."""
+@contextmanager
+def torch_fused_head():
+    """On TRL 1.15, route the fused LM head's kernel through `_FusedHeadFunction` inside the block, and put TRL's own
+    back after it (re-entrant); elsewhere a no-op. Only the forward looks the kernel up: the backward runs on the
+    autograd graph the block built, so the loss may backpropagate after the block."""
     import trl.trainer.utils as trl_utils
 
-    if not needs_torch_fused_head(trl.__version__):
-        return False
-    try:
-        from trl.kernels import ChunkedLogProbFunction
-    except ImportError:  # TRL 1.15 imports Triton there unconditionally
-        ChunkedLogProbFunction = None
-    _FusedHeadFunction.triton_function = ChunkedLogProbFunction
+    if not _NEEDS_TORCH_FUSED_HEAD:
+        yield
+        return
+    if _FusedHeadFunction.triton_function is None:
+        try:
+            from trl.kernels import ChunkedLogProbFunction
+        except ImportError:  # TRL 1.15 imports Triton there unconditionally
+            ChunkedLogProbFunction = None
+        _FusedHeadFunction.triton_function = ChunkedLogProbFunction
+    kernel = trl_utils._ChunkedLogProbFunction
     trl_utils._ChunkedLogProbFunction = _FusedHeadFunction
-    return True
+    try:
+        yield
+    finally:
+        trl_utils._ChunkedLogProbFunction = kernel

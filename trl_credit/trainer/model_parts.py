@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import torch
 from accelerate.utils import is_peft_model
 
-from ..statistics import LogitTransform
+from .lm_head_statistics import LogitTransform
 from .trl_compat import cache_keyword, output_cache
 
 

@@ -1,0 +1,206 @@
+"""What the trainer records from forwards TRL runs anyway, so that a statistic costs no second policy forward.
+
+Each recorder is a context manager that hooks the policy (or its backbone) for the duration of one TRL call and is
+removed after it: the final hidden states of a forward (`recorded_final_hidden`), the hidden states `generate`
+scored each sampled token with (`recorded_generation_hidden`), and the entropies and hidden states of TRL's
+old-log-prob forward (`recorded_scoring_forward`), both set up for a batch's generation by `recorded_rollout`.
+`sources` decides which record covers a batch.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from ..methods import (
+    PREVIOUS_POLICY_DEVIATION,
+    REFERENCE_DEVIATION,
+    ROLLOUT_ENTROPY,
+    ROLLOUT_MEAN_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
+)
+from .batch_layout import valid_mask
+from .model_parts import backbone
+from .trl_compat import output_cache, runs_scoring_forward
+
+# Generation statistics of the rollout policy's full next-token distribution (beyond the sampled token's log-prob).
+ROLLOUT_DISTRIBUTION = (
+    ROLLOUT_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_MEAN_ENTROPY,
+    REFERENCE_DEVIATION,
+    PREVIOUS_POLICY_DEVIATION,
+)
+
+
+@contextmanager
+def _policy_backbone_hook(trainer, hook):
+    """Run `hook(module, args, output)` after every forward of the policy's backbone inside the block."""
+    handle = backbone(trainer.accelerator.unwrap_model(trainer.model)).register_forward_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def recorded_final_hidden(trainer, enabled: bool = True):
+    """Yield a list that receives the `(b, L, H)` final hidden states (detached) of every forward of the policy's
+    backbone run inside the block, in call order; TRL's fused LM head calls the backbone once per row chunk, so
+    concatenating the list gives the batch's hidden states. Records nothing when not `enabled`."""
+    recorded = []
+    hook = lambda module, args, output: recorded.append(output.last_hidden_state.detach())  # noqa: E731
+    with _policy_backbone_hook(trainer, hook) if enabled else nullcontext():
+        yield recorded
+
+
+class GenerationHidden:
+    """The final hidden states with which `generate` scored each token it sampled, read from the policy's backbone.
+
+    `generate` runs the backbone with a KV cache: the prefill (one call, or one per chunk with `prefill_chunk_size`)
+    covers the prompt, then each decoding step covers the one token it just sampled. Laid end to end, the calls
+    cover the padded sequence position by position, as one forward over prompt + completion does; a call's last
+    position scores the next token, so only that position of each call is kept (`B x H` per decoding step, not the
+    prompt's hidden states). `tests/test_architectures.py` checks the statistics built on them against the model's
+    own logits. TRL's scoring forwards pass `use_cache=False` and return no cache, so they are not recorded.
+    """
+
+    def __init__(self):
+        self.length = 0  # sequence positions covered so far
+        self.last_positions: list[int] = []
+        self.last_hidden: list[torch.Tensor] = []  # (B, H) each
+
+    def __call__(self, module, args, output):
+        if output_cache(output) is None:
+            return
+        self.length += output.last_hidden_state.size(1)
+        self.last_positions.append(self.length - 1)
+        self.last_hidden.append(output.last_hidden_state[:, -1].detach())
+
+    def completion_hidden(self, batch) -> torch.Tensor | None:
+        """`(B, T, H)` hidden states that scored each completion token, or None when the record does not cover the
+        batch (nothing recorded, other rows, a decoding mode that is not one token per step)."""
+        valid_BT = valid_mask(batch)
+        prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+        # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
+        if prompt_len - 1 not in self.last_positions:
+            return None
+        first = self.last_positions.index(prompt_len - 1)
+        scoring = self.last_hidden[first : first + completion_len]
+        generated = len(scoring)  # below completion_len only where TRL padded the completions further
+        if self.last_positions[first : first + generated] != list(range(prompt_len - 1, prompt_len - 1 + generated)):
+            return None
+        if any(hidden.size(0) != valid_BT.size(0) for hidden in scoring) or valid_BT[:, generated:].any():
+            return None
+        return torch.nn.functional.pad(torch.stack(scoring, dim=1), (0, 0, 0, completion_len - generated))
+
+
+def generates_in_one_call(trainer) -> bool:
+    """Whether TRL samples the batch with one `model.generate` call, one sequence per row: its plain path, not vLLM,
+    continuous batching, a `rollout_func` or a tool loop. Vision-language models take the forward (not tested)."""
+    return not (
+        trainer.use_vllm
+        or trainer.use_transformers_continuous_batching
+        or trainer.rollout_func is not None
+        or trainer.tools
+        or trainer._is_vlm
+    )
+
+
+@contextmanager
+def recorded_generation_hidden(trainer, enabled: bool = True):
+    """Yield a `GenerationHidden` that records the policy's backbone during `generate` inside the block (or None
+    when not `enabled`)."""
+    record = GenerationHidden() if enabled else None
+    with _policy_backbone_hook(trainer, record) if enabled else nullcontext():
+        yield record
+
+
+class ScoringForward:
+    """The policy's fused-LM-head forwards (`model(..., fused_lm_head=True)`) run inside a block, as TRL's
+    `_get_per_token_logps_and_entropies` makes them: one call per row chunk. Each call keeps the per-position
+    log-probs and entropies the fused head computed (TRL's policy head always computes both, at the sampling
+    temperature and with the model's output transform) and, when `keep_hidden`, the backbone's final hidden states
+    aligned with them (position p scores token p + 1).
+
+    Inside `_generate_and_score_completions` such calls are TRL's old-log-prob forward and, with PEFT and `beta != 0`,
+    its reference forward (adapter disabled, same module): `statistics` tells them apart by the log-probs TRL returned.
+    """
+
+    def __init__(self, keep_hidden: bool):
+        self.keep_hidden = keep_hidden
+        self.calls: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] = []
+        self._hidden = None  # the backbone's output of the call in progress
+
+    def backbone_hook(self, module, args, output):
+        if self.keep_hidden:
+            self._hidden = output.last_hidden_state.detach()
+
+    def model_hook(self, module, args, kwargs, output):
+        hidden, self._hidden = self._hidden, None
+        if not kwargs.get("fused_lm_head") or getattr(output, "entropy", None) is None:
+            return
+        log_probs = output.log_probs.detach()
+        if hidden is not None:
+            hidden = hidden[:, : log_probs.size(1)]  # unshifted labels: the last position scores nothing
+        self.calls.append((log_probs, output.entropy.detach(), hidden))
+
+    def statistics(self, batch) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """`(entropy_BT, hidden_BTH or None)` of the consecutive calls whose log-probs are exactly the batch's
+        `old_per_token_logps` (the rows TRL scored, in order), or None when no such calls were recorded."""
+        old_BT = batch.get("old_per_token_logps")
+        if old_BT is None:
+            return None
+        num_rows, num_tokens = old_BT.shape
+        for first in range(len(self.calls)):
+            last, rows = first, 0
+            while last < len(self.calls) and rows < num_rows:
+                rows += self.calls[last][0].size(0)
+                last += 1
+            calls = self.calls[first:last]
+            if rows != num_rows or any(
+                c[0].size(1) < num_tokens or (self.keep_hidden and c[2] is None) for c in calls
+            ):
+                continue
+            logps_BT = torch.cat([c[0][:, -num_tokens:] for c in calls])
+            if torch.equal(logps_BT, old_BT):
+                entropy_BT = torch.cat([c[1][:, -num_tokens:] for c in calls]).float()
+                hidden_BTH = torch.cat([c[2][:, -num_tokens:] for c in calls]) if self.keep_hidden else None
+                return entropy_BT, hidden_BTH
+        return None
+
+
+@contextmanager
+def recorded_scoring_forward(trainer, enabled: bool = True, keep_hidden: bool = False):
+    """Yield a `ScoringForward` that records the policy's fused-LM-head forwards inside the block (or None when not
+    `enabled`). Hooks `trainer.model`, the module TRL's scoring forward calls."""
+    if not enabled:
+        yield None
+        return
+    record = ScoringForward(keep_hidden)
+    handle = trainer.model.register_forward_hook(record.model_hook, with_kwargs=True)
+    try:
+        with _policy_backbone_hook(trainer, record.backbone_hook):
+            yield record
+    finally:
+        handle.remove()
+
+
+@contextmanager
+def recorded_rollout(trainer, statistics: tuple[str, ...], keep_hidden: bool = False):
+    """Yield `(GenerationHidden or None, ScoringForward or None)`: the records of TRL's generation of a batch inside
+    the block that the generation-batch `statistics` can use. `generate` is recorded where TRL samples in one call;
+    TRL's old-log-prob forward where it runs one and a statistic reads the rollout policy's full distribution
+    (keeping its hidden states when `keep_hidden` or for `rollout_sum_sq_probs`). Nothing without `statistics`."""
+    if not statistics:
+        yield None, None
+        return
+    record = generates_in_one_call(trainer)
+    score = any(name in ROLLOUT_DISTRIBUTION for name in statistics) and runs_scoring_forward(trainer)
+    keep_hidden = keep_hidden or ROLLOUT_SUM_SQ_PROBS in statistics
+    with (
+        recorded_generation_hidden(trainer, record) as generation,
+        recorded_scoring_forward(trainer, score, keep_hidden) as scoring,
+    ):
+        yield generation, scoring
