@@ -10,8 +10,14 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from ..methods import CREDIT_METHODS, get_credit_method
-from ..methods import CreditMethod, SettingError, parse_credit_methods, stack_hyperparameters
+from ..methods import (
+    CREDIT_METHODS,
+    CreditMethod,
+    SettingError,
+    get_credit_method,
+    parse_credit_methods,
+    stack_hyperparameters,
+)
 
 
 @dataclass
