@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from trl_credit import viz
 from trl_credit.methods import eapo_advantages, taco_advantages, taco_tail_risk
+from trl_credit.reports import token_view
 
 WORDS = ["The", " sum", " of", " 3", " and", " 4", " is", " 7", ".", "\n", " so", " \\boxed{7}", " then", " x"]
 
@@ -43,7 +43,7 @@ def fake_token_credit_records(method: str = "taco", steps: int = 3, per_step: in
         for row in range(per_step):
             tokens = [rng.choice(WORDS) for _ in range(length)]
             records.append(
-                viz.token_credit_record(
+                token_view.token_credit_record(
                     step=step,
                     method=method,
                     prompt="What is 3 + 4?",

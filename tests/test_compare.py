@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from trl_credit.cli import main as cli_main
-from trl_credit.compare.plan import (
+from trl_credit.experiments.compare.plan import (
     CompareConfig,
     CompareUsageError,
     RunSpec,
@@ -23,7 +23,7 @@ from trl_credit.compare.plan import (
     run_name,
     run_state,
 )
-from trl_credit.compare.report import (
+from trl_credit.experiments.compare.report import (
     RunResult,
     collect_results,
     final_table,
@@ -31,7 +31,7 @@ from trl_credit.compare.report import (
     paired_table,
     write_report,
 )
-from trl_credit.compare.stats import paired_difference, student_t_cdf, student_t_quantile, t_interval
+from trl_credit.experiments.compare.stats import paired_difference, student_t_cdf, student_t_quantile, t_interval
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

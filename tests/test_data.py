@@ -9,7 +9,7 @@ import datasets
 import pytest
 
 from trl_credit import data
-from trl_credit.data import BOXED_INSTRUCTION, SOURCES, extract_gold, load_math_dataset, prepare_math_dataset
+from trl_credit.data import BOXED_INSTRUCTION, SOURCES, extract_gold, load_math_dataset, prepare_math_dataset, sources
 
 
 def _has_package(name: str) -> bool:
@@ -107,7 +107,7 @@ HUB_ROWS = {
         ("open-r1/DAPO-Math-17k-Processed", "en", "train"),
         [
             {
-                "prompt": data._DAPO_PREFIX + "Find the sum of 7 and 8." + data._DAPO_SUFFIX,
+                "prompt": sources._DAPO_PREFIX + "Find the sum of 7 and 8." + sources._DAPO_SUFFIX,
                 "solution": "15",
                 "data_source": "math_dapo",
                 "source_prompt": [{"role": "user", "content": "..."}],

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_credit import doc_tables
 from trl_credit.cli import main as cli_main
 from trl_credit.methods import CREDIT_METHODS, parse_credit_methods
 from trl_credit.methods.registry import COMMON_DIAGNOSTICS
+from trl_credit.reports import doc_tables
 from trl_credit.rewards import RewardStats
 from trl_credit.trainer.diagnostics import TRAINER_METRICS
 
@@ -32,7 +32,7 @@ def test_the_readme_stays_short():
 
 
 def test_generated_tables_are_up_to_date():
-    assert doc_tables.stale_documents(ROOT) == [], "run: python -m trl_credit.doc_tables"
+    assert doc_tables.stale_documents(ROOT) == [], "run: python -m trl_credit.reports.doc_tables"
 
 
 # --------------------------------------------------------------------------------------------------- commands

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from trl_credit import evaluation
 from trl_credit.cli import main as dispatcher_main
 from trl_credit.cli.eval import main as eval_main
-from trl_credit.evaluation import Completion, EvalConfig, pass_at_k, run_evaluation, summarize
+from trl_credit.experiments import evaluation
+from trl_credit.experiments.evaluation import Completion, EvalConfig, pass_at_k, run_evaluation, summarize
 
 
 def closed_form_pass_at_k(n: int, c: int, k: int) -> float:
@@ -139,8 +139,8 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
     held-out split it evaluated by default."""
     import yaml
 
-    from trl_credit import model_card
     from trl_credit.data import SOURCES
+    from trl_credit.reports import model_card
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

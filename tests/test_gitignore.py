@@ -17,9 +17,9 @@ def _default(config_class, name: str) -> str:
 def _default_output_folders() -> dict[str, str]:
     """The first folder of each command's default output path."""
     from trl_credit.cli.grpo import parse_arguments
-    from trl_credit.compare.plan import CompareConfig
-    from trl_credit.evaluation import EvalConfig
-    from trl_credit.lab.run import LabConfig
+    from trl_credit.experiments.compare.plan import CompareConfig
+    from trl_credit.experiments.evaluation import EvalConfig
+    from trl_credit.experiments.lab.run import LabConfig
 
     grpo_output = parse_arguments(["--method", "taco"])[1].output_dir  # the quick start
     eval_output = EvalConfig(model_name_or_path="m", dataset_name="gsm8k").output_dir

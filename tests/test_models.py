@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from trl_credit import models
+from trl_credit.data import models
 
 
 def _has_smollm2() -> bool:

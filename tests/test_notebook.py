@@ -21,7 +21,7 @@ for module, install in [("gguf", "pip install gguf"), ("reasoning_gym", "pip ins
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"the notebook needs {module}: {install}", allow_module_level=True)
 try:
-    from trl_credit.models import smollm2_gguf_path
+    from trl_credit.data.models import smollm2_gguf_path
 
     smollm2_gguf_path()
 except RuntimeError as error:

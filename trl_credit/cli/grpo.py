@@ -266,7 +266,7 @@ def _safe_method_name(method: str) -> str:
 
 def check_before_loading(training_args, model_args) -> None:
     """What can be checked before any model or data set is loaded: the model reference and vLLM."""
-    from ..models import check_model_reference
+    from ..data.models import check_model_reference
 
     try:
         check_model_reference(model_args.model_name_or_path)
@@ -408,7 +408,7 @@ def train(script_args, training_args, model_args) -> None:
     from trl import get_peft_config, get_quantization_config
 
     from ..data import hub_dataset_id
-    from ..models import resolve_model_path
+    from ..data.models import resolve_model_path
     from ..rewards import get_reward_funcs
     from ..trainer import trainer_pair
 

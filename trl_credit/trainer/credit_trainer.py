@@ -386,7 +386,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         forward are applied to them as the first training forward will (the policy has not moved yet). Every
         process runs the small forward (ZeRO-3 forwards are collective); only the main process writes.
         """
-        from ..viz import append_token_credit, token_credit_records_from_batch
+        from ..reports.token_view import append_token_credit, token_credit_records_from_batch
 
         num_rows = batch["completion_ids"].size(0)
         rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
@@ -445,13 +445,13 @@ class CreditGRPOTrainer(GRPOTrainer):
         append_token_credit(self.args.output_dir, records)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card, extended with what trained (`trl_credit.model_card.trainer_model_card`): the base model, the
+        """TRL's card, extended with what trained (`trl_credit.reports.model_card.trainer_model_card`): the base model, the
         set-up, each method with its hyperparameters and paper, the reward and evaluation results, training plots."""
         if not self.is_world_process_zero():
             return
         from huggingface_hub import ModelCard
 
-        from ..model_card import trainer_model_card
+        from ..reports.model_card import trainer_model_card
 
         # TRL's own card first, for the tags TRL derives (`unsloth`, `hf_jobs`, Trackio's), whatever its version.
         path = os.path.join(self.args.output_dir, "README.md")

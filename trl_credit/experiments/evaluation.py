@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from .data import SOURCES, PreparedDataset, hub_dataset_id, prepare_math_dataset
-from .rewards import DEFAULT_VERIFY_TIMEOUT_S, check_answers, tally
+from ..data import SOURCES, PreparedDataset, hub_dataset_id, prepare_math_dataset
+from ..rewards import DEFAULT_VERIFY_TIMEOUT_S, check_answers, tally
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class EvalConfig:
 
     Parameters that select the model and data:
         model_name_or_path (`str`): local folder, Hub id, or `smollm2-135m-instruct` (offline, see
-            `trl_credit.models`).
+            `trl_credit.data.models`).
         dataset_name (`str`): named source (`trl_credit.data.SOURCES`), local `.jsonl`/`.json`/`.parquet` file or
             Hub id.
         dataset_split (`str`, *optional*): defaults to the source's held-out split (`held_out_split`: `test`, or
@@ -390,7 +390,7 @@ def run_evaluation(
         The summary: metrics (`avg@n`, `pass@k`, `mean_completion_length`, `num_problems`), scoring counters,
         dropped data rows, timings and the configuration.
     """
-    from .models import resolve_model_path
+    from ..data.models import resolve_model_path
 
     prepared = prepared if prepared is not None else prepare_eval_data(config)
     problems = prepared.dataset
@@ -453,12 +453,12 @@ def update_model_card(config: EvalConfig, summary: dict) -> Path | None:
     Writes `summary` to the model folder as `eval_<dataset>_<split>.json` (a later evaluation of the same split
     replaces it), where model cards look for results, then renders the card again (`README.md`: evaluation table and
     `model-index` metadata). Returns the card's path, or `None` when nothing was written: `update_model_card` is
-    off, or the model is a Hub id or a folder without a card recorded by `trl_credit.model_card.CreditModelCard`.
+    off, or the model is a Hub id or a folder without a card recorded by `trl_credit.reports.model_card.CreditModelCard`.
 
     Raises:
         ValueError: the folder's card record cannot be read back.
     """
-    from .model_card import CARD_INPUTS_NAME, regenerate_model_card
+    from ..reports.model_card import CARD_INPUTS_NAME, regenerate_model_card
 
     folder = Path(config.model_name_or_path).expanduser()
     if not config.update_model_card or not (folder / CARD_INPUTS_NAME).is_file():

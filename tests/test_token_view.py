@@ -12,8 +12,8 @@ import pytest
 import torch
 from fake_runs import fake_token_credit_records
 
-from trl_credit import viz
 from trl_credit.cli.inspect import main as inspect_main
+from trl_credit.reports import token_view
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 INJECTION = "<script>window.__pwned = 1</script><img src=x onerror=alert(1)>"
@@ -23,7 +23,7 @@ def record_with_weights(weights, *, step=1, advantage=0.5, tokens=None, statisti
     """A record whose token weights are exactly `weights` (Â = A · w)."""
     n = len(weights)
     tokens = tokens or [f" tok{i}" for i in range(n)]
-    return viz.token_credit_record(
+    return token_view.token_credit_record(
         step=step,
         method="eapo",
         prompt="Compute 3 + 4.",
@@ -44,7 +44,7 @@ def record_with_weights(weights, *, step=1, advantage=0.5, tokens=None, statisti
 
 def test_record_drops_masked_positions_and_computes_weights(tiny_tokenizer):
     ids = tiny_tokenizer.convert_tokens_to_ids(["the", "sum", "is", "7", "<pad>"])
-    record = viz.token_credit_record(
+    record = token_view.token_credit_record(
         step=2,
         method="taco",
         prompt="p",
@@ -68,7 +68,7 @@ def test_record_drops_masked_positions_and_computes_weights(tiny_tokenizer):
 
 
 def test_record_zero_advantage_has_unit_weights_and_no_statistic():
-    record = viz.token_credit_record(
+    record = token_view.token_credit_record(
         step=0,
         method="grpo",
         prompt="p",
@@ -94,7 +94,7 @@ def test_records_from_batch(tiny_tokenizer):
     )
     mask_BT = ids_BT != tiny_tokenizer.pad_token_id
     advantages_B = torch.tensor([1.0, -1.0])
-    records = viz.token_credit_records_from_batch(
+    records = token_view.token_credit_records_from_batch(
         step=5,
         method="tide",
         prompts=["p0", "p1"],
@@ -115,8 +115,8 @@ def test_records_from_batch(tiny_tokenizer):
 
 
 def test_record_rejects_misaligned_inputs():
-    with pytest.raises(viz.TokenCreditError, match="positions"):
-        viz.token_credit_record(
+    with pytest.raises(token_view.TokenCreditError, match="positions"):
+        token_view.token_credit_record(
             step=0,
             method="taco",
             prompt="",
@@ -133,12 +133,12 @@ def test_record_rejects_misaligned_inputs():
 
 def test_append_read_and_select_round_trip(tmp_path):
     records = fake_token_credit_records("taco", steps=3, per_step=4)
-    viz.append_token_credit(tmp_path, records[:5])
-    viz.append_token_credit(tmp_path, records[5:])  # appending, as the trainer does at each step
-    assert viz.read_token_credit(tmp_path) == records
-    assert len(viz.select_records(records, step=2)) == 4
-    assert {r["step"] for r in viz.select_records(records, step="last")} == {3}
-    assert len(viz.select_records(records, max_completions=5)) == 5
+    token_view.append_token_credit(tmp_path, records[:5])
+    token_view.append_token_credit(tmp_path, records[5:])  # appending, as the trainer does at each step
+    assert token_view.read_token_credit(tmp_path) == records
+    assert len(token_view.select_records(records, step=2)) == 4
+    assert {r["step"] for r in token_view.select_records(records, step="last")} == {3}
+    assert len(token_view.select_records(records, max_completions=5)) == 5
     # A padded row keeps only its valid tokens; TACO only ever shrinks positive credit.
     assert len(records[0]["tokens"]) == 9
     assert all(0.1 <= w <= 1.0 for r in records for w in r["weights"])
@@ -146,46 +146,46 @@ def test_append_read_and_select_round_trip(tmp_path):
 
 def test_read_reports_the_bad_line(tmp_path):
     good = json.dumps(record_with_weights([1.0]))
-    (tmp_path / viz.TOKEN_CREDIT_FILENAME).write_text(good + "\n" + json.dumps({"step": 1}) + "\n")
-    with pytest.raises(viz.TokenCreditError, match=r":2: .*lacks"):
-        viz.read_token_credit(tmp_path)
+    (tmp_path / token_view.TOKEN_CREDIT_FILENAME).write_text(good + "\n" + json.dumps({"step": 1}) + "\n")
+    with pytest.raises(token_view.TokenCreditError, match=r":2: .*lacks"):
+        token_view.read_token_credit(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------- colours
 
 
 def test_weight_colours_diverge_around_one():
-    assert viz.weight_hex(1.0) == "#ffffff"
-    assert viz.weight_rgb(0.25) == viz.weight_rgb(0.01) == (214, 96, 77)  # saturated red
-    assert viz.weight_rgb(4.0) == viz.weight_rgb(100.0) == (67, 147, 195)  # saturated blue
-    red, _, blue = viz.weight_rgb(0.7)
+    assert token_view.weight_hex(1.0) == "#ffffff"
+    assert token_view.weight_rgb(0.25) == token_view.weight_rgb(0.01) == (214, 96, 77)  # saturated red
+    assert token_view.weight_rgb(4.0) == token_view.weight_rgb(100.0) == (67, 147, 195)  # saturated blue
+    red, _, blue = token_view.weight_rgb(0.7)
     assert 214 < red < 255 and blue < red  # a light red, between white and the saturated end
-    red, _, blue = viz.weight_rgb(1.5)
+    red, _, blue = token_view.weight_rgb(1.5)
     assert 67 < red < blue
     for undefined in (None, 0.0, -1.0, math.nan):
-        assert viz.weight_hex(undefined) == "#ffffff"
+        assert token_view.weight_hex(undefined) == "#ffffff"
 
 
 def test_visible_token_text_shows_whitespace():
-    assert viz.visible_token_text("a\nb") == "a\u21b5\nb"
-    assert viz.visible_token_text("\t") == "\u21e5\t"
-    assert viz.visible_token_text("\x00") == "\\x00"
-    assert viz.visible_token_text("") == "\u2205"
-    assert viz.visible_token_text("  x") == "  x"
+    assert token_view.visible_token_text("a\nb") == "a\u21b5\nb"
+    assert token_view.visible_token_text("\t") == "\u21e5\t"
+    assert token_view.visible_token_text("\x00") == "\\x00"
+    assert token_view.visible_token_text("") == "\u2205"
+    assert token_view.visible_token_text("  x") == "  x"
 
 
 # ---------------------------------------------------------------------------------------------- HTML
 
 
 def test_html_is_self_contained_and_escapes_tokens():
-    page = viz.render_token_credit_html([record_with_weights([0.5, 2.0], tokens=[INJECTION, "a\nb"])])
+    page = token_view.render_token_credit_html([record_with_weights([0.5, 2.0], tokens=[INJECTION, "a\nb"])])
     assert INJECTION not in page and "&lt;script&gt;window.__pwned" in page
     tags = _parse_tags(page)
     assert [name for name, _ in tags].count("script") == 1 and "img" not in [name for name, _ in tags]
     # No external resources of any kind: the page must open offline.
     assert not [attrs for _, attrs in tags if {"src", "href"} & set(attrs)]
     assert not re.search(r"@import|url\(|https?://", page, flags=re.IGNORECASE)
-    assert f'style="background-color: {viz.weight_hex(0.5)}"' in page
+    assert f'style="background-color: {token_view.weight_hex(0.5)}"' in page
     assert page.count('class="tok"') == 2
     title = next(attrs["title"] for name, attrs in tags if attrs.get("class") == "tok")
     assert "weight Â/A = 0.500" in title and "log p = -1.000 (p = 0.368)" in title
@@ -225,7 +225,7 @@ def test_dispatcher_runs_inspect(tmp_path, capsys):
 
 
 def test_inspect_writes_html_and_png(tmp_path):
-    viz.append_token_credit(tmp_path, fake_token_credit_records("eapo", steps=3, per_step=4))
+    token_view.append_token_credit(tmp_path, fake_token_credit_records("eapo", steps=3, per_step=4))
     out = tmp_path / "view" / "page.html"
     assert (
         inspect_main([str(tmp_path), "--step", "last", "--max-completions", "3", "--output", str(out), "--png"]) == 0
@@ -240,7 +240,7 @@ def test_inspect_writes_html_and_png(tmp_path):
 def test_inspect_shows_the_completions_whose_credit_changed(tmp_path, capsys):
     # Built so that the answer is known: 2 of 5 completions carry a weight other than 1, the first drawn ones do not.
     weights = [[1.0, 1.0], [1.0, 1.0, 1.0], [0.25, 1.0], [1.0, 1.0], [1.0, 4.0]]
-    viz.append_token_credit(tmp_path, [record_with_weights(w, step=3) for w in weights])
+    token_view.append_token_credit(tmp_path, [record_with_weights(w, step=3) for w in weights])
     out = tmp_path / "page.html"
     assert inspect_main([str(tmp_path), "--output", str(out), "--png", "--png-completions", "1"]) == 0
     printed = capsys.readouterr().out
@@ -256,7 +256,7 @@ def test_inspect_shows_the_completions_whose_credit_changed(tmp_path, capsys):
 
 
 def test_inspect_shows_every_completion_when_no_credit_changed(tmp_path, capsys):
-    viz.append_token_credit(tmp_path, [record_with_weights([1.0, 1.0], step=1) for _ in range(3)])
+    token_view.append_token_credit(tmp_path, [record_with_weights([1.0, 1.0], step=1) for _ in range(3)])
     assert inspect_main([str(tmp_path), "--output", str(tmp_path / "page.html")]) == 0
     assert "credit changed in none of the 3 completions" in capsys.readouterr().out
     assert (tmp_path / "page.html").read_text().count('class="completion"') == 3
@@ -301,7 +301,7 @@ def test_token_credit_steps_are_the_logged_steps_of_a_real_run(
     trainer.save_state()
     history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
     logged_steps = [entry["step"] for entry in history if "reward" in entry]
-    records = viz.read_token_credit(tmp_path)
+    records = token_view.read_token_credit(tmp_path)
     assert sorted({record["step"] for record in records}) == logged_steps
     # Every row is recorded (token_credit_samples = batch size): where a log entry reports one batch (the previous
     # step was logged too), its mean reward is that of the records labelled with its step.
@@ -327,7 +327,7 @@ def test_the_quick_start_image_shows_credit():
     from pathlib import Path
 
     images = Path(__file__).resolve().parents[1] / "docs" / "images"
-    records = viz.read_token_credit(images / "quickstart_token_credit.jsonl")
+    records = token_view.read_token_credit(images / "quickstart_token_credit.jsonl")
     changed = [record for record in records if any(w != 1.0 for w in record["weights"] if w is not None)]
     assert changed and len(changed) < len(records)
     assert f"shows the {len(changed)} of {len(records)} completions" in (images.parent / "cli.md").read_text()
@@ -390,7 +390,7 @@ def page_path(tmp_path):
             [1.0, 1.0], step=2, advantage=-0.5, tokens=[INJECTION, "line\nbreak"], statistic=[0.1, 0.2]
         ),
     ]
-    return viz.write_token_credit_html(records, tmp_path / "token_credit.html")
+    return token_view.write_token_credit_html(records, tmp_path / "token_credit.html")
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs it: apt-get install -y chromium)")

@@ -26,7 +26,7 @@ def method_statistic_name(method: str) -> str | None:
     """The name of the per-token statistic the token view shows for `method` (a name or a stack): that of the last
     method of the stack whose registration declares one (the trainer records the last statistic returned), or None
     for GRPO and for methods not registered in this process."""
-    from .methods import CREDIT_METHODS, parse_credit_methods
+    from ..methods import CREDIT_METHODS, parse_credit_methods
 
     try:
         names = parse_credit_methods(method)

@@ -17,8 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ...methods import DEFAULT_COMPARISON
 from ..compare.stats import paired_difference, t_interval
-from ..methods import DEFAULT_COMPARISON
 from .metrics import (
     COLLAPSE_TOLERANCE,
     collapsed,
