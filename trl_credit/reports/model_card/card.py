@@ -28,6 +28,7 @@ from .run_facts import (
     result_line,
     scrub_secrets,
     stack_sections,
+    trl_grpo_paper,
 )
 
 TEMPLATE_NAME = "credit_model_card.md.j2"
@@ -125,7 +126,7 @@ def generate_credit_model_card(
     from ...methods import get_credit_method, parse_credit_methods
 
     names = [get_credit_method(name).name for name in parse_credit_methods(method)] or [None]
-    grpo_paper = dict(grpo_paper) if grpo_paper is not None else grpo_paper()
+    grpo_paper = dict(grpo_paper) if grpo_paper is not None else trl_grpo_paper()
     inputs = _recordable_inputs(
         base_model=base_model,
         model_name=model_name,

@@ -92,7 +92,7 @@ def framework_versions() -> list[tuple[str, str]]:
     return versions
 
 
-def grpo_paper() -> dict[str, str]:
+def trl_grpo_paper() -> dict[str, str]:
     from trl import GRPOTrainer  # deferred: importing TRL takes seconds and the trainer has it loaded already
 
     return dict(GRPOTrainer._paper)
