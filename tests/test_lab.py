@@ -300,7 +300,7 @@ def test_a_collapse_is_a_final_reward_or_accuracy_at_the_floor():
     assert collapsed(0.0, 0.9) and collapsed(0.9, 0.05) and collapsed(0.04, math.nan)
     assert not collapsed(0.06, 0.9) and not collapsed(math.nan, math.nan)
     assert collapsed(0.52, 0.9, floor=0.5) and not collapsed(0.56, 0.9, floor=0.5)
-    from trl_credit.experiments.lab.run import collapse_counts
+    from trl_credit.experiments.lab.report import collapse_counts
 
     runs = [
         {"task": "mdp", "method": m, "seed": s, "metrics": {"final_reward": r, "avg@16": a}}
