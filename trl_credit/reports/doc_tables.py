@@ -151,7 +151,7 @@ def cli_options(command: str) -> str:
     if command == "grpo":
         from trl import GRPOConfig
 
-        from ..cli.grpo import CreditScriptArguments
+        from ..cli.grpo_arguments import CreditScriptArguments
         from ..trainer import CreditGRPOConfig
 
         rows = [*_dataclass_options(CreditScriptArguments), *_dataclass_options(CreditGRPOConfig, GRPOConfig)]
