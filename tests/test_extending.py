@@ -9,7 +9,7 @@ import torch
 import yaml
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
 from test_methods import eapo_loop, random_inputs, taco_loop
-from test_trainer import assert_all_params_changed
+from trainer_helpers import assert_all_params_changed
 
 from trl_credit import CreditBatch, CreditGRPOTrainer, CreditResult, register_credit_method
 from trl_credit.cli import main as cli_main

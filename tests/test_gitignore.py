@@ -32,7 +32,8 @@ def _default_output_folders() -> dict[str, str]:
 
 
 @pytest.mark.skipif(
-    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout of the repository"
+    shutil.which("git") is None or not (ROOT / ".git").exists(),
+    reason="needs git and a git checkout of the repository: git clone, and apt-get install git",
 )
 def test_default_output_folders_are_ignored():
     folders = _default_output_folders()

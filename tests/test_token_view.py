@@ -5,17 +5,15 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
-import subprocess
 
 import pytest
 import torch
 from fake_runs import fake_token_credit_records
+from headless_chromium import needs_chromium, read_png, run_chromium
 
 from trl_credit.cli.inspect import main as inspect_main
 from trl_credit.reports import token_view
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 INJECTION = "<script>window.__pwned = 1</script><img src=x onerror=alert(1)>"
 
 
@@ -232,7 +230,7 @@ def test_inspect_writes_html_and_png(tmp_path):
     )
     page = out.read_text()
     assert page.count('class="completion"') == 3 and 'data-step="3"' in page and 'data-step="1"' not in page
-    image = _read_png(out.with_suffix(".png"))
+    image = read_png(out.with_suffix(".png"))
     assert _has_colour(image, (67, 147, 195)) or _has_colour(image, (214, 96, 77), tol=60)
     assert inspect_main([str(tmp_path), "--step", "99"]) == 2
 
@@ -339,42 +337,15 @@ def test_the_quick_start_image_shows_credit():
 # ---------------------------------------------------------------------------------------------- Chromium
 
 
-def _read_png(path):
-    import matplotlib.image
-
-    image = matplotlib.image.imread(path)
-    return (image[..., :3] * 255).round().astype(int)
-
-
 def _token_area(path, dpi=150):
     """The PNG above its colour bar (the bottom 0.6 inch, whose scale holds every colour)."""
-    return _read_png(path)[: -int(0.6 * dpi)]
+    return read_png(path)[: -int(0.6 * dpi)]
 
 
 def _has_colour(image, rgb, tol=3, min_pixels=50):
     """Whether at least `min_pixels` pixels are within `tol` of `rgb` in every channel."""
     close = (abs(image - torch.tensor(rgb).numpy()) <= tol).all(axis=-1)
     return int(close.sum()) >= min_pixels
-
-
-def _chromium(tmp_path, url, *mode):
-    command = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--hide-scrollbars",
-        "--force-color-profile=srgb",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--window-size=1000,700",
-        *mode,
-        url,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
 @pytest.fixture
@@ -393,9 +364,9 @@ def page_path(tmp_path):
     return token_view.write_token_credit_html(records, tmp_path / "token_credit.html")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs it: apt-get install -y chromium)")
+@needs_chromium
 def test_chromium_renders_coloured_tokens(tmp_path, page_path):
-    dom = _chromium(tmp_path, page_path.as_uri(), "--dump-dom")
+    dom = run_chromium(tmp_path, page_path.as_uri(), "--dump-dom")
     spans = re.findall(r'<span class="tok" style="background-color: (#[0-9a-f]{6})"', dom)
     assert spans == ["#d6604d", "#ffffff", "#4393c3", "#ffffff", "#ffffff"]
     assert "2 shown" in dom  # the inline script ran
@@ -403,18 +374,18 @@ def test_chromium_renders_coloured_tokens(tmp_path, page_path):
     assert "line\u21b5\nbreak" in dom
 
     screenshot = tmp_path / "shot.png"
-    _chromium(tmp_path, page_path.as_uri(), f"--screenshot={screenshot}")
-    image = _read_png(screenshot)
+    run_chromium(tmp_path, page_path.as_uri(), f"--screenshot={screenshot}")
+    image = read_png(screenshot)
     assert image.std() > 10, "blank screenshot"
     assert _has_colour(image, (214, 96, 77)), "no red (w = 0.25) token box"
     assert _has_colour(image, (67, 147, 195)), "no blue (w = 4) token box"
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs it: apt-get install -y chromium)")
+@needs_chromium
 def test_chromium_filters_from_query(tmp_path, page_path):
-    dom = _chromium(tmp_path, page_path.as_uri() + "?sign=neg", "--dump-dom")
+    dom = run_chromium(tmp_path, page_path.as_uri() + "?sign=neg", "--dump-dom")
     assert "1 shown" in dom
     assert re.search(r'class="completion hidden" data-step="1"', dom)
-    dom = _chromium(tmp_path, page_path.as_uri() + "?threshold=0.5", "--dump-dom")
+    dom = run_chromium(tmp_path, page_path.as_uri() + "?threshold=0.5", "--dump-dom")
     assert "1 shown" in dom and re.search(r'class="completion hidden" data-step="2"', dom)
     assert dom.count('class="tok dim"') == 4  # every token but the one with statistic 0.9

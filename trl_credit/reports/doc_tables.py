@@ -30,7 +30,7 @@ def _registered():
     from ..methods import CREDIT_METHODS, DEFAULT_COMPARISON
 
     order = {name: i for i, name in enumerate(DEFAULT_COMPARISON)}
-    built_in = [m for m in CREDIT_METHODS.values() if m.function.__module__.startswith(f"{__package__}.methods.")]
+    built_in = [m for m in CREDIT_METHODS.values() if m.function.__module__.startswith("trl_credit.methods.")]
     return sorted(built_in, key=lambda m: (order.get(m.name, len(order)), m.name))
 
 
@@ -170,7 +170,7 @@ def cli_options(command: str) -> str:
     else:
         import importlib
 
-        rows = _argparse_options(importlib.import_module(f".cli.{command}", __package__).build_parser())
+        rows = _argparse_options(importlib.import_module(f"trl_credit.cli.{command}").build_parser())
     return _options_table(rows)
 
 
