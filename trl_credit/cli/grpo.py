@@ -134,8 +134,8 @@ def train(script_args, training_args, model_args) -> None:
         )
     except ValueError as error:
         raise UsageError(str(error)) from error
-    if training_args.use_cpu:
-        torch.set_num_threads(os.cpu_count() or 1)
+    if training_args.use_cpu:  # every core, unless OMP_NUM_THREADS says otherwise (torch reads it only at start-up)
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
 
     model_path = resolve_model_path(model_args.model_name_or_path)
     training_args.model_init_kwargs = {
