@@ -1,4 +1,4 @@
-"""Fake-but-realistic run folders for the viz, plot and model-card tests.
+"""Fake-but-realistic run folders for the token-view, plot and model-card tests.
 
 `token_credit.jsonl` records come from the real record builder and the real TACO/EAPO functions on
 random statistics; `trainer_state.json` mimics what TRL's GRPOTrainer logs (reward rising, entropy
