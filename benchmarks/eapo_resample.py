@@ -3,7 +3,7 @@
     python benchmarks/eapo_resample.py                      # 24 problems x 4 continuations per cut, ~6 min
     python benchmarks/eapo_resample.py --problems 8 --continuations 2 --max_new_tokens 32   # a quick look
 
-No training. SmolLM2-135M-Instruct (offline, `trl_credit.models`) answers `--problems` two-term chain sums
+No training. SmolLM2-135M-Instruct (offline, `trl_credit.data.models`) answers `--problems` two-term chain sums
 (`trl_credit.data`, test split) once each, sampled at `--temperature` (0.7; no top-k/top-p). For each response, the
 full-vocabulary entropy of the sampling distribution at every response token is taken from one forward; the response is cut at
 its highest-entropy token (the first and last tokens excluded) and, separately, at the lowest-entropy token within 4
@@ -85,8 +85,7 @@ def run(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trl_credit.data import load_math_dataset
-    from trl_credit.models import smollm2_135m_instruct_path
+    from trl_credit.data import load_math_dataset, smollm2_135m_instruct_path
 
     torch.set_num_threads(args.threads)
     path = smollm2_135m_instruct_path()
@@ -149,7 +148,7 @@ def run(args) -> dict:
 
 
 def summarize(records: list[dict]) -> dict:
-    from trl_credit.compare.stats import t_interval
+    from trl_credit.experiments.compare.stats import t_interval
 
     summary = {}
     for label, want in (("correct", True), ("incorrect", False)):

@@ -12,7 +12,7 @@ accelerate and peft but none of those), install the wheels in DIR with
 `--model DIR`: a local Hugging Face folder. One with a config and a tokenizer but no weights (the carry limit of the
 GPU machine keeps SmolLM2-135M's 269 MB of bf16 weights off it) gets random weights of that architecture, saved to
 a temporary folder first (TRL reloads the reference of `beta != 0` from the model's path); the step times and memory
-stay those of the architecture, the rewards mean nothing. Default: `trl_credit.models.smollm2_135m_instruct_path()`.
+stay those of the architecture, the rewards mean nothing. Default: `trl_credit.data.models.smollm2_135m_instruct_path()`.
 
 What runs, in this order, each part printing as it ends:
 
@@ -72,7 +72,7 @@ def all_methods() -> list[str]:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--model", help="local HF model folder (default: trl_credit.models.smollm2_135m_instruct_path())"
+        "--model", help="local HF model folder (default: trl_credit.data.models.smollm2_135m_instruct_path())"
     )
     parser.add_argument("--tiny", action="store_true", help="use the test suite's tiny random model (smoke runs)")
     parser.add_argument("--wheels", help="folder of wheels to install into /tmp/site when trl & co. are missing")
@@ -233,7 +233,7 @@ def materialise_model(args, folder: Path) -> tuple[str, bool]:
         return str(folder), True
     source = Path(args.model) if args.model else None
     if source is None:
-        from trl_credit.models import smollm2_135m_instruct_path
+        from trl_credit.data import smollm2_135m_instruct_path
 
         source = Path(smollm2_135m_instruct_path())
     if any(source.glob("*.safetensors")) or any(source.glob("*.bin")):

@@ -35,8 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
-from trl_credit.compare.stats import paired_difference  # noqa: E402
-from trl_credit.lab.metrics import (  # noqa: E402
+from trl_credit.experiments.compare.stats import paired_difference  # noqa: E402
+from trl_credit.experiments.lab.metrics import (  # noqa: E402
     COLLAPSE_TOLERANCE,
     collapsed,
     effect_size,

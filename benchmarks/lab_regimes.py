@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
-from trl_credit.compare.stats import paired_difference, student_t_quantile, t_interval  # noqa: E402
-from trl_credit.lab.metrics import gap_fraction, steps_until_solved  # noqa: E402
+from trl_credit.experiments.compare.stats import paired_difference, student_t_quantile, t_interval  # noqa: E402
+from trl_credit.experiments.lab.metrics import gap_fraction, steps_until_solved  # noqa: E402
 
 OUTPUT = _common.REPO_ROOT / "docs" / "lab_regimes"
 SEEDS = ["--seeds", "0", "1", "2", "3", "4"]

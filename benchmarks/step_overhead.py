@@ -70,9 +70,9 @@ def resolve_model(name: str) -> str:
         return "tiny"
     if name == "smollm2":
         try:
-            from trl_credit.models import smollm2_135m_instruct_path
+            from trl_credit.data import smollm2_135m_instruct_path
         except ImportError as err:
-            sys.exit(f"--model smollm2 needs trl_credit.models ({err}); pass --model /path/to/a/local/hf/folder")
+            sys.exit(f"--model smollm2 needs trl_credit.data.models ({err}); pass --model /path/to/a/local/hf/folder")
         return str(smollm2_135m_instruct_path())
     if not Path(name).is_dir():
         sys.exit(f"--model {name!r}: not 'tiny', 'smollm2' or a local folder")

@@ -1,4 +1,4 @@
-"""Fake-but-realistic run folders for the viz, plot and model-card tests.
+"""Fake-but-realistic run folders for the token-view, plot and model-card tests.
 
 `token_credit.jsonl` records come from the real record builder and the real TACO/EAPO functions on
 random statistics; `trainer_state.json` mimics what TRL's GRPOTrainer logs (reward rising, entropy
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from trl_credit import viz
 from trl_credit.methods import eapo_advantages, taco_advantages, taco_tail_risk
+from trl_credit.reports import token_view
 
 WORDS = ["The", " sum", " of", " 3", " and", " 4", " is", " 7", ".", "\n", " so", " \\boxed{7}", " then", " x"]
 
@@ -47,7 +47,7 @@ def fake_token_credit_records(method: str = "taco", steps: int = 3, per_step: in
         for row in range(per_step):
             tokens = [rng.choice(WORDS) for _ in range(length)]
             records.append(
-                viz.token_credit_record(
+                token_view.token_credit_record(
                     step=step,
                     method=method,
                     prompt="What is 3 + 4?",

@@ -226,7 +226,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
     `steps_per_generation=2` with one accumulation step, so TRL scores the batch for its off-policy ratio.
     `on_policy`: TRL runs no scoring forward, so the trainer runs the one policy forward itself.
     """
-    from test_engines import FakeVLLMGeneration, make_rollout_func
+    from trainer_helpers import FakeVLLMGeneration, make_rollout_func
 
     from trl_credit.trainer import model_parts, sources
 
@@ -375,7 +375,7 @@ def test_scoring_forward_is_told_apart_from_trls_peft_reference_forward(tmp_path
     """With PEFT and `beta != 0`, TRL's reference forward runs the same module with the adapter disabled, right after
     its old-log-prob forward: the rollout entropies must be the adapted policy's, not the base model's."""
     import peft
-    from test_engines import FakeVLLMGeneration, make_rollout_func
+    from trainer_helpers import FakeVLLMGeneration, make_rollout_func
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     tokenizer = make_tiny_tokenizer()

@@ -44,12 +44,12 @@ def test_grpo_help_shows_the_stack_options_with_their_help_and_defaults(capsys, 
 @pytest.fixture
 def no_model_loading(monkeypatch):
     """Any attempt to resolve or load a model fails the test: errors must come first."""
-    import trl_credit.models
+    import trl_credit.data.models
 
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the bad input was reported")
 
-    monkeypatch.setattr(trl_credit.models, "resolve_model_path", refuse)
+    monkeypatch.setattr(trl_credit.data.models, "resolve_model_path", refuse)
 
 
 def _yaml(tmp_path, **values) -> str:

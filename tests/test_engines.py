@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
-from test_trainer import AdvantageRecorder, assert_all_params_changed
+from trainer_helpers import AdvantageRecorder, FakeVLLMGeneration, assert_all_params_changed, make_rollout_func
 
 from trl_credit import CreditGRPOTrainer
 from trl_credit.methods import CREDIT_METHODS
@@ -82,43 +82,6 @@ def test_full_lm_head_and_unsharded_root_are_identity_without_sharding():
 
 
 # ---------------------------------------------------------------------------------------- vLLM-style rollouts
-
-
-class FakeVLLMGeneration:
-    """Stands in for TRL's `VLLMGeneration`; only `sync_weights` is reached when a `rollout_func` generates."""
-
-    def __init__(self):
-        self.syncs = 0
-
-    def sync_weights(self):
-        self.syncs += 1
-
-
-def make_rollout_func(max_tokens=6, noise=0.3, vary_lengths=False):
-    """Completions sampled from the policy, with log-probs perturbed like an inference engine's (bf16 kernels...).
-
-    `vary_lengths`: row i stops after `max_tokens - i % 3` tokens, so TRL right-pads the completions."""
-    generator = torch.Generator().manual_seed(0)
-
-    @torch.no_grad()
-    def rollout(prompts, trainer):
-        tokenizer, model = trainer.processing_class, trainer.accelerator.unwrap_model(trainer.model)
-        prompt_ids, completion_ids, logprobs = [], [], []
-        for row, prompt in enumerate(prompts):
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
-            completion, token_logps = [], []
-            for _ in range(max_tokens - row % 3 if vary_lengths else max_tokens):
-                logits = model(input_ids=torch.tensor([ids + completion])).logits[0, -1].float() / trainer.temperature
-                logp = torch.log_softmax(logits, dim=-1)
-                token = torch.multinomial(logp.exp(), 1, generator=generator).item()
-                completion.append(token)
-                token_logps.append(logp[token].item() + noise * torch.randn(1, generator=generator).item())
-            prompt_ids.append(ids)
-            completion_ids.append(completion)
-            logprobs.append(token_logps)
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
-
-    return rollout
 
 
 class ISRecorder(CreditGRPOTrainer):

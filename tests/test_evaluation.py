@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from trl_credit import evaluation
 from trl_credit.cli import main as dispatcher_main
 from trl_credit.cli.eval import main as eval_main
-from trl_credit.evaluation import Completion, EvalConfig, pass_at_k, run_evaluation, summarize
+from trl_credit.experiments import evaluation
+from trl_credit.experiments.evaluation import Completion, EvalConfig, pass_at_k, run_evaluation, summarize
+from trl_credit.experiments.evaluation import config as eval_config
+from trl_credit.experiments.evaluation import run as eval_run
 
 
 def closed_form_pass_at_k(n: int, c: int, k: int) -> float:
@@ -89,7 +91,7 @@ def test_cli_with_a_controlled_generator(tmp_path, monkeypatch, capsys, tiny_mod
         golds = evaluation.prepare_eval_data(config).dataset["solution"]
         return CountingBackend(golds, correct)
 
-    monkeypatch.setattr(evaluation, "build_backend", fake_build_backend)
+    monkeypatch.setattr(eval_run, "build_backend", fake_build_backend)
     argv = [
         "--model_name_or_path",
         tiny_model_dir,
@@ -139,8 +141,8 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
     held-out split it evaluated by default."""
     import yaml
 
-    from trl_credit import model_card
     from trl_credit.data import SOURCES
+    from trl_credit.reports import model_card
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -158,7 +160,7 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
     ).save(run_dir / "README.md")
     correct = [2, 0, 4]
     monkeypatch.setattr(
-        evaluation,
+        eval_run,
         "build_backend",
         lambda config, path: CountingBackend(evaluation.prepare_eval_data(config).dataset["solution"], correct),
     )
@@ -211,7 +213,7 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
 def test_cli_leaves_a_folder_without_a_trl_credit_card_alone(tiny_model_dir, tmp_path, monkeypatch, capsys):
     before = sorted(p.name for p in Path(tiny_model_dir).iterdir())
     monkeypatch.setattr(
-        evaluation,
+        eval_run,
         "build_backend",
         lambda config, path: CountingBackend(evaluation.prepare_eval_data(config).dataset["solution"], [1]),
     )
@@ -270,7 +272,7 @@ def no_model_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
-    monkeypatch.setattr(evaluation, "build_backend", refuse)
+    monkeypatch.setattr(eval_run, "build_backend", refuse)
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
 
 
@@ -322,7 +324,7 @@ def test_cli_bad_input_exits_2_with_one_line_before_loading(case, tmp_path, caps
 
 
 def test_cli_vllm_missing_is_bad_input(tmp_path, capsys, no_model_loading, monkeypatch):
-    monkeypatch.setattr(evaluation.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(eval_config.importlib.util, "find_spec", lambda name: None)
     (tmp_path / "config.json").write_text("{}")
     argv = ["--model_name_or_path", str(tmp_path), "--dataset_name", "chain_sum", "--backend", "vllm"]
     assert eval_main(argv) == 2

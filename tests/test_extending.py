@@ -81,7 +81,7 @@ def test_stack_and_user_method_train_from_the_cli_and_yaml(tmp_path, tiny_model_
 
 def test_a_method_registered_outside_the_package_reaches_plots_token_view_and_card(tmp_path, make_trainer):
     """Registration alone: its diagnostics are plotted, its statistic is named in the token view, its paper cited."""
-    from trl_credit.viz import read_token_credit
+    from trl_credit.reports.token_view import read_token_credit
 
     trainer = make_trainer(
         EXAMPLE, output_dir=tmp_path, credit_kwargs={"surprise_boost_max": 2.0}, log_token_credit=True, max_steps=2

@@ -17,9 +17,9 @@ def _default(config_class, name: str) -> str:
 def _default_output_folders() -> dict[str, str]:
     """The first folder of each command's default output path."""
     from trl_credit.cli.grpo import parse_arguments
-    from trl_credit.compare.plan import CompareConfig
-    from trl_credit.evaluation import EvalConfig
-    from trl_credit.lab.run import LabConfig
+    from trl_credit.experiments.compare.plan import CompareConfig
+    from trl_credit.experiments.evaluation import EvalConfig
+    from trl_credit.experiments.lab.run import LabConfig
 
     grpo_output = parse_arguments(["--method", "taco"])[1].output_dir  # the quick start
     eval_output = EvalConfig(model_name_or_path="m", dataset_name="gsm8k").output_dir
@@ -32,7 +32,8 @@ def _default_output_folders() -> dict[str, str]:
 
 
 @pytest.mark.skipif(
-    shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs a git checkout of the repository"
+    shutil.which("git") is None or not (ROOT / ".git").exists(),
+    reason="needs git and a git checkout of the repository: git clone, and apt-get install git",
 )
 def test_default_output_folders_are_ignored():
     folders = _default_output_folders()

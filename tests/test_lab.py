@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trl_credit.cli import main as cli_main
-from trl_credit.lab.metrics import (
+from trl_credit.experiments.lab.metrics import (
     add_sums,
     collapsed,
     credit_mass,
@@ -25,7 +25,7 @@ from trl_credit.lab.metrics import (
     steps_until_solved,
     within_step_spread,
 )
-from trl_credit.lab.tasks import COMPLETION_LENGTH, FORK_POSITION, RARE_TOKEN, TASKS, VOCABULARY, get_task
+from trl_credit.experiments.lab.tasks import COMPLETION_LENGTH, FORK_POSITION, RARE_TOKEN, TASKS, VOCABULARY, get_task
 from trl_credit.methods import TASK_DECISIVE, CreditBatch
 
 # ---------------------------------------------------------------------------------------------- tasks
@@ -56,7 +56,7 @@ def _flipping_positions(task, prompt, completion) -> set[int]:
 @pytest.mark.parametrize("name", ["needle", "rare"])
 def test_decisive_tokens_are_the_ones_that_decide_a_success(name):
     """In a success with a single key, the key is the one token whose change can flip the reward."""
-    from trl_credit.lab.model import sample_prior
+    from trl_credit.experiments.lab.model import sample_prior
 
     task, rng, checked = get_task(name), random.Random(0), 0
     while checked < 20:
@@ -71,7 +71,7 @@ def test_decisive_tokens_are_the_ones_that_decide_a_success(name):
 
 
 def test_fork_decides_at_the_fork_only():
-    from trl_credit.lab.model import sample_prior
+    from trl_credit.experiments.lab.model import sample_prior
 
     task, rng = get_task("fork"), random.Random(0)
     assert [task.correct_choice(p.split()) for p in task.prompts()] == ["L", "R", "L", "R"]
@@ -105,7 +105,7 @@ def test_rare_token_alone_is_in_tacos_tail_under_the_prior(name):
 
 def test_hitch_rare_token_leads_to_the_key_and_so_to_success():
     """After z the key follows with probability 0.9: completions with z succeed far more often (Monte Carlo)."""
-    from trl_credit.lab.model import sample_prior
+    from trl_credit.experiments.lab.model import sample_prior
 
     task, rng = get_task("hitch", horizon=16), random.Random(0)
     assert task.prior(["find", "k2"], 5, RARE_TOKEN)["k2"] == pytest.approx(0.9)
@@ -129,7 +129,7 @@ def test_forks_are_the_positions_that_decide_a_success(name, horizon, decisive):
     """Knobs: H tokens, `decisive` forks. In a success every fork, and nothing else, can flip the reward; in a failure
     with one wrong fork, that fork alone. The prior succeeds about 30 % of the time whatever the number of forks
     (Monte Carlo, independent of the formula)."""
-    from trl_credit.lab.model import sample_prior
+    from trl_credit.experiments.lab.model import sample_prior
 
     task, rng = get_task(name, horizon=horizon, decisive=decisive), random.Random(horizon + decisive)
     assert task.completion_length == horizon and len(task.fork_positions) == decisive
@@ -180,8 +180,8 @@ def test_task_knobs_are_checked(name, horizon, decisive, message):
 def test_oracle_credit_falls_exactly_on_the_decisive_positions():
     """Labels from flipping tokens (not from the task's `decisive`): A_i there, 0 (or the floor) elsewhere."""
     # Imported here, not at collection: registering `oracle` then would put it in other modules' method lists.
-    from trl_credit.lab.model import sample_prior
-    from trl_credit.lab.oracle import oracle_advantages
+    from trl_credit.experiments.lab.model import sample_prior
+    from trl_credit.experiments.lab.oracle import oracle_advantages
 
     task, rng = get_task("mdp", horizon=16, decisive=2), random.Random(3)
     prompt = task.prompts()[0]
@@ -222,7 +222,7 @@ def test_oracle_credit_falls_exactly_on_the_decisive_positions():
 def test_the_default_oracle_leaves_no_token_of_a_response_without_credit():
     """Zero credit off the decisive tokens let them drift until the oracle collapsed (docs/evidence.md): by default
     every valid token of a response with A_i != 0 gets credit of A_i's sign, at least ORACLE_FLOOR * |A_i|."""
-    from trl_credit.lab.oracle import ORACLE_FLOOR, oracle_advantages
+    from trl_credit.experiments.lab.oracle import ORACLE_FLOOR, oracle_advantages
     from trl_credit.methods import get_credit_method
 
     generator = torch.Generator().manual_seed(0)
@@ -300,7 +300,7 @@ def test_a_collapse_is_a_final_reward_or_accuracy_at_the_floor():
     assert collapsed(0.0, 0.9) and collapsed(0.9, 0.05) and collapsed(0.04, math.nan)
     assert not collapsed(0.06, 0.9) and not collapsed(math.nan, math.nan)
     assert collapsed(0.52, 0.9, floor=0.5) and not collapsed(0.56, 0.9, floor=0.5)
-    from trl_credit.lab.run import collapse_counts
+    from trl_credit.experiments.lab.report import collapse_counts
 
     runs = [
         {"task": "mdp", "method": m, "seed": s, "metrics": {"final_reward": r, "avg@16": a}}
@@ -322,8 +322,8 @@ def test_paired_t_holm_and_effect_size_by_hand():
 
 def test_the_reward_reads_token_positions_as_the_labels_do():
     """A special token inside a completion must not shift the positions the reward reads (decoding drops it)."""
-    from trl_credit.lab.model import make_tokenizer
-    from trl_credit.lab.run import token_reward
+    from trl_credit.experiments.lab.model import make_tokenizer
+    from trl_credit.experiments.lab.run import token_reward
 
     task, tokenizer = get_task("mdp", horizon=8, decisive=2), make_tokenizer()
     assert task.fork_positions == (1, 5)
@@ -350,7 +350,7 @@ def test_within_step_spread_by_hand():
 
 
 def test_warm_up_reaches_the_prior_tail_included():
-    from trl_credit.lab.model import make_model, make_tokenizer, sample_prior, token_probability, warm_up
+    from trl_credit.experiments.lab.model import make_model, make_tokenizer, sample_prior, token_probability, warm_up
 
     task, tokenizer = get_task("rare"), make_tokenizer()
     assert tokenizer.convert_ids_to_tokens(tokenizer("find k2 f3 z")["input_ids"]) == ["find", "k2", "f3", "z"]
@@ -398,7 +398,7 @@ def test_lab_help_describes_the_knobs(capsys):
 
 def test_tiny_oracle_run_credits_the_forks(tmp_path):
     """The oracle through the real trainer: each response's forks take A_i, the rest a quarter; GRPO spreads 1/H."""
-    from trl_credit.lab.oracle import ORACLE_FLOOR
+    from trl_credit.experiments.lab.oracle import ORACLE_FLOOR
 
     argv = [
         "lab",
@@ -490,7 +490,7 @@ def test_tiny_lab_run(tmp_path, capsys):
 def test_a_trainer_without_the_ground_truth_refuses_the_oracle_at_init(tmp_path):
     from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
 
-    import trl_credit.lab.trainer  # noqa: F401  (registers the oracle)
+    import trl_credit.experiments.lab.trainer  # noqa: F401  (registers the oracle)
     from trl_credit import CreditGRPOTrainer
 
     tokenizer = make_tiny_tokenizer()

@@ -12,8 +12,8 @@ from conftest import length_reward, make_tiny_model, tiny_config, tiny_prompt_da
 from fake_runs import write_fake_trainer_state
 from huggingface_hub import ModelCard, ModelCardData
 
-from trl_credit import model_card
-from trl_credit.plots import save_training_plots
+from trl_credit.reports import model_card
+from trl_credit.reports.plots import save_training_plots
 
 FAKE_TOKEN = "hf_" + "FakeSecretValue0123456789abcdefXYZ"
 TACO_PAPER = {
@@ -200,7 +200,7 @@ def _front_matter(text: str) -> dict:
 
 def _summary(dataset="chain_sum", split="test", n=4, correct=(0, 1, 3, 4), ks=(1, 2, 4)):
     """A summary as `trl-credit eval` writes it, computed here from per-problem correct counts."""
-    from trl_credit.evaluation import summarize
+    from trl_credit.experiments.evaluation import summarize
 
     metrics = summarize(list(correct), n, list(ks), [10] * (n * len(correct)))
     return {
@@ -357,7 +357,7 @@ def _same(shown: str, value) -> bool:
 
 
 def test_base_model_reference(tmp_path, monkeypatch, tiny_model_dir):
-    from trl_credit import models
+    from trl_credit.data import models
 
     hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert model_card.base_model_reference(hub_id) == (hub_id, hub_id)
@@ -374,7 +374,8 @@ def test_base_model_reference(tmp_path, monkeypatch, tiny_model_dir):
 def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_tokenizer):
     """A stack trained for 3 steps from a folder laid out as the converted quick-start model: the card's base model,
     set-up, per-method hyperparameters and result line against the trainer's own arguments and log history."""
-    from trl_credit import CreditGRPOTrainer, models
+    from trl_credit import CreditGRPOTrainer
+    from trl_credit.data import models
 
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
     model_dir = models.cache_root() / "SmolLM2-135M-Instruct"  # as `smollm2-135m-instruct` resolves offline

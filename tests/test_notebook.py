@@ -14,14 +14,15 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "examples" / "token_credit_quickstart.ipynb"
 STEPS = 2  # per run; the notebook's own default (20) is for people
 
-nbformat = pytest.importorskip("nbformat", reason="notebook tests need nbformat, nbclient and ipykernel")
-nbclient = pytest.importorskip("nbclient", reason="notebook tests need nbformat, nbclient and ipykernel")
-pytest.importorskip("ipykernel", reason="notebook tests need nbformat, nbclient and ipykernel")
+NOTEBOOK_PACKAGES = "the notebook test needs nbformat, nbclient and ipykernel: pip install -e '.[test]'"
+nbformat = pytest.importorskip("nbformat", reason=NOTEBOOK_PACKAGES)
+nbclient = pytest.importorskip("nbclient", reason=NOTEBOOK_PACKAGES)
+pytest.importorskip("ipykernel", reason=NOTEBOOK_PACKAGES)
 for module, install in [("gguf", "pip install gguf"), ("reasoning_gym", "pip install reasoning-gym==0.1.25")]:
     if importlib.util.find_spec(module) is None:
         pytest.skip(f"the notebook needs {module}: {install}", allow_module_level=True)
 try:
-    from trl_credit.models import smollm2_gguf_path
+    from trl_credit.data.models import smollm2_gguf_path
 
     smollm2_gguf_path()
 except RuntimeError as error:

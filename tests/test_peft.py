@@ -14,7 +14,9 @@ from conftest import (
 from trl_credit import CreditGRPOTrainer
 from trl_credit.trainer.sources import valid_mask
 
-peft = pytest.importorskip("peft")  # a declared test dependency (the `test` extra); only absent in a broken install
+peft = pytest.importorskip(
+    "peft", reason="needs peft: pip install -e '.[peft]'"
+)  # a declared test dependency (the `test` extra); only absent in a broken install
 
 METHODS = ["grpo", "taco", "eapo", "tide"]
 

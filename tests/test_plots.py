@@ -8,8 +8,8 @@ import matplotlib.image
 import pytest
 from fake_runs import fake_token_credit_records, write_fake_trainer_state
 
-from trl_credit import plots, viz
 from trl_credit.cli.plot import main as plot_main
+from trl_credit.reports import plots, token_view
 
 
 def _assert_png(path):
@@ -168,7 +168,7 @@ def test_plotting_leaves_pyplot_alone(tmp_path):
         figure = plt.figure()
         history = json.loads(write_fake_trainer_state(tmp_path / "s.json", method="eapo").read_text())["log_history"]
         assert plots.save_training_plots(history, tmp_path / "out")
-        assert viz.render_token_credit_png(fake_token_credit_records("taco", steps=1), tmp_path / "credit.png")
+        assert token_view.render_token_credit_png(fake_token_credit_records("taco", steps=1), tmp_path / "credit.png")
         assert (matplotlib.get_backend(), plt.get_fignums()) == ("pdf", [figure.number])
     finally:
         plt.close("all")

@@ -16,12 +16,10 @@ from conftest import (
     length_reward,
     make_tiny_model,
     make_tiny_tokenizer,
-    naive_logprobs,
-    sampled,
     tiny_config,
     tiny_prompt_dataset,
 )
-from reference_formulas import eapo_loop, taco_loop, tide_loop
+from trainer_helpers import AdvantageRecorder, assert_all_params_changed
 from trl import GRPOTrainer
 
 from trl_credit import (
@@ -34,106 +32,12 @@ from trl_credit import (
     TIDEConfig,
     TIDETrainer,
 )
-from trl_credit.methods import CREDIT_METHODS, eapo_kappa_schedule
+from trl_credit.methods import CREDIT_METHODS
 from trl_credit.rewards import AccuracyReward, completion_text, extract_answer
 from trl_credit.trainer.trl_compat import torch_fused_head
 
 METHODS = ["grpo", "taco", "eapo", "tide"]
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
-
-
-def _row_key(prompt_ids, completion_ids):
-    return tuple(prompt_ids.tolist()) + (-1,) + tuple(completion_ids.tolist())
-
-
-def _inputs(batch):
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
-    return input_ids, attention_mask, mask
-
-
-class AdvantageRecorder:
-    """Expected token advantages computed outside the trainer, checked where TRL consumes them."""
-
-    def __init__(self, monkeypatch, trainer):
-        self.trainer = trainer
-        self.expected = {}
-        self.checked_batches = 0
-        self.expected_taco = None
-        original_generate = GRPOTrainer._generate_and_score_completions
-        original_compute_loss = GRPOTrainer.compute_loss
-        original_loss = GRPOTrainer._compute_loss
-
-        def generate(trainer_self, inputs):
-            batch = original_generate(trainer_self, inputs)
-            self._expect_generation(batch)
-            return batch
-
-        def compute_loss(trainer_self, model, inputs, *args, **kwargs):
-            # Before the trainer's `_compute_loss` starts: its training forward is the only one TRL's loss sees.
-            self.expected_taco = self._expect_taco(inputs) if trainer.credit_method == "taco" else None
-            return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
-
-        def inner_loss(trainer_self, model, inputs):
-            loss = original_loss(trainer_self, model, inputs)
-            self._check(inputs, self.expected_taco)
-            return loss
-
-        monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate)
-        monkeypatch.setattr(GRPOTrainer, "compute_loss", compute_loss)
-        monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
-
-    @torch.no_grad()
-    def _expect_generation(self, batch):
-        trainer, args = self.trainer, self.trainer.args
-        if trainer.credit_method not in ("eapo", "tide"):
-            return
-        _, _, mask = _inputs(batch)
-        logp_policy = naive_logprobs(trainer.model, batch, trainer.temperature)
-        entropy = -(logp_policy.exp() * logp_policy).sum(-1)
-        hp = args.credit_hyperparameters()
-        if not mask.any():
-            expected = torch.zeros(mask.shape)  # every token masked: no statistic
-        elif trainer.credit_method == "eapo":
-            kappa = eapo_kappa_schedule(hp["eapo_kappa"], trainer.state.global_step, hp["eapo_kappa_decay_steps"])
-            expected = eapo_loop(batch["advantages"], entropy, mask, kappa, hp["eapo_quantiles"])
-        else:
-            reference = trainer.deviation_reference.model_and_context()[0]
-            logp_ref = naive_logprobs(reference, batch, trainer.temperature)
-            deviation = (1 - torch.exp(0.5 * (logp_policy + logp_ref)).sum(-1)).clamp(0, 1)
-            vocab = logp_policy.size(-1)
-            expected = tide_loop(
-                batch["advantages"], deviation, entropy, mask, vocab, hp["tide_tau"], hp["tide_kappa"]
-            )
-        for i in range(mask.size(0)):
-            self.expected[_row_key(batch["prompt_ids"][i], batch["completion_ids"][i])] = expected[i]
-
-    @torch.no_grad()
-    def _expect_taco(self, inputs):
-        trainer = self.trainer
-        _, _, mask = _inputs(inputs)
-        logp_all = naive_logprobs(trainer.model, inputs, trainer.temperature)
-        logps = sampled(logp_all, inputs["completion_ids"])
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-        hp = trainer.args.credit_hyperparameters()
-        return taco_loop(inputs["advantages"], logps, entropy, mask, hp["taco_alpha"], hp["taco_lambda"])
-
-    def _check(self, inputs, expected):
-        consumed = inputs["advantages"]
-        _, _, mask = _inputs(inputs)
-        method = self.trainer.credit_method
-        if method == "grpo":
-            assert consumed.dim() == 1
-        elif method == "taco":
-            torch.testing.assert_close(consumed, expected, atol=1e-4, rtol=1e-4)
-        else:
-            assert consumed.shape == mask.shape
-            assert (consumed[mask == 0] == 0).all()
-            for i in range(consumed.size(0)):
-                want = self.expected[_row_key(inputs["prompt_ids"][i], inputs["completion_ids"][i])]
-                torch.testing.assert_close(consumed[i], want, atol=1e-4, rtol=1e-4)
-        self.checked_batches += 1
 
 
 def run_training(monkeypatch, tmp_path, method, model=None, trainer_cls=CreditGRPOTrainer, args=None, **overrides):
@@ -152,11 +56,6 @@ def run_training(monkeypatch, tmp_path, method, model=None, trainer_cls=CreditGR
     trainer.train()
     after = dict(trainer.model.named_parameters())
     return trainer, recorder, before, after
-
-
-def assert_all_params_changed(before, after):
-    unchanged = [name for name, param in before.items() if torch.equal(param, after[name].detach())]
-    assert not unchanged, f"parameters that did not change: {unchanged}"
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)

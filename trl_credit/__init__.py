@@ -1,6 +1,18 @@
 """trl-credit: token-level credit assignment (TACO, EAPO, TIDE) for TRL's GRPOTrainer.
 
-The pure method functions import only torch; the trainers (which import TRL) load on first access.
+The library is two folders; everything else is tooling around it, grouped by role, and the library imports none of it:
+
+- `methods/`: the credit methods, one pure function per paper over `(B, T)` tensors (torch only, no TRL), and the
+  registry that names them;
+- `trainer/`: `CreditGRPOTrainer` and its config, which gather the statistics a method reads and hand the reshaped
+  advantages to TRL's own loss, and the single-method pairs (`TACOTrainer`, ...);
+- `data/`: math data sets as TRL prompts with gold answers, and the offline SmolLM2 model;
+- `rewards/`: reward functions in TRL's convention and the Math-Verify answer checks behind them;
+- `reports/`: the model card, the training plots, the token-credit view and the generated tables of the docs;
+- `experiments/`: evaluation (avg@k, pass@k), comparisons over methods and seeds, and the credit lab;
+- `cli/`: the `trl-credit` command and its sub-commands.
+
+The method functions load with the package; the trainers (which import TRL) load on first access.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """`trl-credit` console script: a thin dispatcher over sub-command modules.
 
-Each sub-command lives in `trl_credit/cli/<name>.py` and exposes `main(argv) -> int`; modules are
-imported lazily so that `trl-credit --help` answers without importing torch or TRL.
+Each sub-command lives in `trl_credit/cli/<name>.py` and exposes `main(argv) -> int` (the command line of `grpo`,
+which `compare` shares, is `grpo_arguments.py`); modules are imported lazily so that `trl-credit --help` answers
+without importing torch or TRL.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import sys
 
 from transformers import HfArgumentParser
 
-from ..compare.plan import (
+from ..experiments.compare.plan import (
     CompareConfig,
     CompareUsageError,
     build_runs,
@@ -70,7 +70,7 @@ def validate_runs(config: CompareConfig, passthrough: list[str]):
 def evaluation_settings(config: CompareConfig, script_args, training_args) -> dict:
     """The `EvalConfig` fields shared by every run, with a held-out split; raises `CompareUsageError` otherwise."""
     from ..data import SOURCES
-    from ..evaluation import held_out_split
+    from ..experiments.evaluation import held_out_split
 
     dataset = config.eval_dataset_name or script_args.dataset_name
     same_data = dataset == script_args.dataset_name
@@ -105,7 +105,7 @@ def evaluation_settings(config: CompareConfig, script_args, training_args) -> di
 
 def check_evaluation(settings: dict) -> int:
     """Build the evaluation config and load its problems now, so that bad values fail before training."""
-    from ..evaluation import EvalConfig, check_backend_available, prepare_eval_data
+    from ..experiments.evaluation import EvalConfig, check_backend_available, prepare_eval_data
 
     try:
         eval_config = EvalConfig(model_name_or_path="unused", **settings)
@@ -153,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def execute(config: CompareConfig, runs, eval_settings: dict | None, script_args, command: str) -> int:
-    from ..compare.report import write_report
-    from ..compare.runner import RunFailed, evaluate_run, execute_run
+    from ..experiments.compare.report import write_report
+    from ..experiments.compare.runner import RunFailed, evaluate_run, execute_run
     from .grpo import training_dataset
 
     failures, overlaps, train_problems = [], [], {}

@@ -5,7 +5,7 @@ Example (offline):
     trl-credit eval --model_name_or_path smollm2-135m-instruct --dataset_name chain_sum --num_problems 20 \
         --n 4 --max_new_tokens 64
 
-Without `--dataset_split` the source's held-out split is evaluated (`trl_credit.evaluation.held_out_split`: `test`,
+Without `--dataset_split` the source's held-out split is evaluated (`trl_credit.experiments.evaluation.held_out_split`: `test`,
 or the only split of a source published as one). Every input is checked before the model is loaded: a bad flag or
 value, an unknown data set, a missing column or a missing vLLM exits with status 2 and one line on stderr. When the
 model is a `trl-credit grpo` output folder, the summary is also saved there and its model card is rendered again
@@ -19,8 +19,14 @@ import sys
 
 from transformers import HfArgumentParser
 
-from ..evaluation import EvalConfig, check_backend_available, prepare_eval_data, run_evaluation, update_model_card
-from ..models import check_model_reference
+from ..data.models import check_model_reference
+from ..experiments.evaluation import (
+    EvalConfig,
+    check_backend_available,
+    prepare_eval_data,
+    run_evaluation,
+    update_model_card,
+)
 
 PROG = "trl-credit eval"
 

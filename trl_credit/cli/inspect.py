@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _completions_to_show(records: list[dict], *, show_all: bool) -> tuple[list[dict], str]:
     """The records to draw, and a sentence saying which ones they are."""
-    from trl_credit.viz import credit_changed
+    from trl_credit.reports.token_view import credit_changed
 
     if show_all:
         return records, f"showing all {len(records)} completions"
@@ -73,17 +73,17 @@ def _completions_to_show(records: list[dict], *, show_all: bool) -> tuple[list[d
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from trl_credit import viz
+    from trl_credit.reports import token_view
 
     try:
-        records = viz.read_token_credit(args.run_dir)
-    except (FileNotFoundError, viz.TokenCreditError) as error:
+        records = token_view.read_token_credit(args.run_dir)
+    except (FileNotFoundError, token_view.TokenCreditError) as error:
         print(f"trl-credit inspect: {error}", file=sys.stderr)
         return 2
-    at_step = viz.select_records(records, step=args.step)
+    at_step = token_view.select_records(records, step=args.step)
     if not at_step:
         where = "" if args.step is None else f" at step {args.step}"
-        recorded = viz.format_steps(record["step"] for record in records)
+        recorded = token_view.format_steps(record["step"] for record in records)
         print(f"trl-credit inspect: no completions recorded{where}; recorded steps: {recorded}", file=sys.stderr)
         return 2
     selected, note = _completions_to_show(at_step, show_all=args.all)
@@ -91,14 +91,14 @@ def main(argv: list[str]) -> int:
         selected = selected[: args.max_completions]
         note = f"{note} (the first {args.max_completions} here; --max-completions 0 shows them all)"
 
-    source = viz.find_token_credit_file(args.run_dir)
+    source = token_view.find_token_credit_file(args.run_dir)
     html_path = Path(args.output) if args.output else source.with_suffix(".html")
-    viz.write_token_credit_html(selected, html_path, title=f"Token credit: {source.parent.name}", note=note)
+    token_view.write_token_credit_html(selected, html_path, title=f"Token credit: {source.parent.name}", note=note)
     print(note)
     print(f"wrote {html_path} ({len(selected)} completions)")
     if args.png is not None:
         png_path = Path(args.png) if args.png else html_path.with_suffix(".png")
-        viz.render_token_credit_png(selected[: args.png_completions], png_path)
+        token_view.render_token_credit_png(selected[: args.png_completions], png_path)
         print(f"wrote {png_path}")
     return 0
 

@@ -4,7 +4,7 @@
     trl-credit lab --methods grpo taco --tasks rare --seeds 0 --max_steps 100
     trl-credit lab --methods grpo oracle taco --tasks mdp --horizon 128 --decisive 1 --num_generations 4
 
-A tiny model is trained from scratch on 2 CPU cores with the real `CreditGRPOTrainer` (see `trl_credit.lab`).
+A tiny model is trained from scratch on 2 CPU cores with the real `CreditGRPOTrainer` (see `trl_credit.experiments.lab`).
 `--horizon` sets the completion length of every task, `--decisive` the number of decisive forks of `fork` and `mdp`,
 `--num_generations` the group size. The `oracle` method gives each response's advantage to the tokens the task marks
 decisive and nothing to the others: with `grpo` (the same advantage on every token) in the grid, the report adds the
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run `trl-credit lab` with `argv` (without the command name); return the exit status."""
     import torch
 
-    from ..lab.run import LabConfig, run_lab
+    from ..experiments.lab.run import LabConfig, run_lab
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _Parser(LabConfig, prog=PROG, allow_abbrev=False, description=__doc__.split("\n\n")[0])

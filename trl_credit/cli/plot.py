@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    from trl_credit import plots
+    from trl_credit.reports import plots
 
     try:
         runs = [plots.load_run(run_dir) for run_dir in [args.run_dir, *args.compare]]

@@ -335,13 +335,16 @@ class CreditGRPOTrainer(GRPOTrainer):
     # ---------------------------------------------------------------------------------------------- logging
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        from ..rewards import RewardStats
-
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards_per_func  # (all processes' rows, reward funcs): for the token log
         # Answers the reward functions that count them could not score (timeouts, unparseable LaTeX), summed over
-        # processes; every process holds the same reward functions, so all or none run the reduction.
-        counters = [f.unscored for f in self.reward_funcs if isinstance(getattr(f, "unscored", None), RewardStats)]
+        # processes; every process holds the same reward functions, so all or none run the reduction. A reward function
+        # counts them in an `unscored` attribute with `snapshot_and_reset() -> {name: count}` (`rewards.RewardStats`).
+        counters = [
+            f.unscored
+            for f in self.reward_funcs
+            if callable(getattr(getattr(f, "unscored", None), "snapshot_and_reset", None))
+        ]
         if not counters:
             return rewards_per_func
         counts = Counter()
@@ -354,13 +357,13 @@ class CreditGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card, extended with what trained (`trl_credit.model_card.trainer_model_card`): the base model, the
+        """TRL's card, extended with what trained (`trl_credit.reports.model_card.trainer_model_card`): the base model, the
         set-up, each method with its hyperparameters and paper, the reward and evaluation results, training plots."""
         if not self.is_world_process_zero():
             return
         from huggingface_hub import ModelCard
 
-        from ..model_card import trainer_model_card
+        from ..reports.model_card import trainer_model_card
 
         # TRL's own card first, for the tags TRL derives (`unsloth`, `hf_jobs`, Trackio's), whatever its version.
         path = os.path.join(self.args.output_dir, "README.md")

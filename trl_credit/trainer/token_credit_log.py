@@ -40,7 +40,7 @@ def _append_token_credit(trainer, batch, statistic_BT, step: int) -> None:
     forward are applied to them as the first training forward will (the policy has not moved yet). Every
     process runs the small forward (ZeRO-3 forwards are collective); only the main process writes.
     """
-    from ..viz import append_token_credit, token_credit_records_from_batch
+    from ..reports.token_view import append_token_credit, token_credit_records_from_batch
 
     num_rows = batch["completion_ids"].size(0)
     rows = torch.linspace(0, num_rows - 1, min(trainer.args.token_credit_samples, num_rows)).round().long().unique()

@@ -5,17 +5,15 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
-import subprocess
 
 import pytest
 import torch
 from fake_runs import fake_token_credit_records
+from headless_chromium import needs_chromium, read_png, run_chromium
 
-from trl_credit import viz
 from trl_credit.cli.inspect import main as inspect_main
+from trl_credit.reports import token_view
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 INJECTION = "<script>window.__pwned = 1</script><img src=x onerror=alert(1)>"
 
 
@@ -23,7 +21,7 @@ def record_with_weights(weights, *, step=1, advantage=0.5, tokens=None, statisti
     """A record whose token weights are exactly `weights` (Â = A · w)."""
     n = len(weights)
     tokens = tokens or [f" tok{i}" for i in range(n)]
-    return viz.token_credit_record(
+    return token_view.token_credit_record(
         step=step,
         method="eapo",
         prompt="Compute 3 + 4.",
@@ -44,7 +42,7 @@ def record_with_weights(weights, *, step=1, advantage=0.5, tokens=None, statisti
 
 def test_record_drops_masked_positions_and_computes_weights(tiny_tokenizer):
     ids = tiny_tokenizer.convert_tokens_to_ids(["the", "sum", "is", "7", "<pad>"])
-    record = viz.token_credit_record(
+    record = token_view.token_credit_record(
         step=2,
         method="taco",
         prompt="p",
@@ -68,7 +66,7 @@ def test_record_drops_masked_positions_and_computes_weights(tiny_tokenizer):
 
 
 def test_record_zero_advantage_has_unit_weights_and_no_statistic():
-    record = viz.token_credit_record(
+    record = token_view.token_credit_record(
         step=0,
         method="grpo",
         prompt="p",
@@ -94,7 +92,7 @@ def test_records_from_batch(tiny_tokenizer):
     )
     mask_BT = ids_BT != tiny_tokenizer.pad_token_id
     advantages_B = torch.tensor([1.0, -1.0])
-    records = viz.token_credit_records_from_batch(
+    records = token_view.token_credit_records_from_batch(
         step=5,
         method="tide",
         prompts=["p0", "p1"],
@@ -115,8 +113,8 @@ def test_records_from_batch(tiny_tokenizer):
 
 
 def test_record_rejects_misaligned_inputs():
-    with pytest.raises(viz.TokenCreditError, match="positions"):
-        viz.token_credit_record(
+    with pytest.raises(token_view.TokenCreditError, match="positions"):
+        token_view.token_credit_record(
             step=0,
             method="taco",
             prompt="",
@@ -133,12 +131,12 @@ def test_record_rejects_misaligned_inputs():
 
 def test_append_read_and_select_round_trip(tmp_path):
     records = fake_token_credit_records("taco", steps=3, per_step=4)
-    viz.append_token_credit(tmp_path, records[:5])
-    viz.append_token_credit(tmp_path, records[5:])  # appending, as the trainer does at each step
-    assert viz.read_token_credit(tmp_path) == records
-    assert len(viz.select_records(records, step=2)) == 4
-    assert {r["step"] for r in viz.select_records(records, step="last")} == {3}
-    assert len(viz.select_records(records, max_completions=5)) == 5
+    token_view.append_token_credit(tmp_path, records[:5])
+    token_view.append_token_credit(tmp_path, records[5:])  # appending, as the trainer does at each step
+    assert token_view.read_token_credit(tmp_path) == records
+    assert len(token_view.select_records(records, step=2)) == 4
+    assert {r["step"] for r in token_view.select_records(records, step="last")} == {3}
+    assert len(token_view.select_records(records, max_completions=5)) == 5
     # A padded row keeps only its valid tokens; TACO only ever shrinks positive credit.
     assert len(records[0]["tokens"]) == 9
     assert all(0.1 <= w <= 1.0 for r in records for w in r["weights"])
@@ -146,46 +144,46 @@ def test_append_read_and_select_round_trip(tmp_path):
 
 def test_read_reports_the_bad_line(tmp_path):
     good = json.dumps(record_with_weights([1.0]))
-    (tmp_path / viz.TOKEN_CREDIT_FILENAME).write_text(good + "\n" + json.dumps({"step": 1}) + "\n")
-    with pytest.raises(viz.TokenCreditError, match=r":2: .*lacks"):
-        viz.read_token_credit(tmp_path)
+    (tmp_path / token_view.TOKEN_CREDIT_FILENAME).write_text(good + "\n" + json.dumps({"step": 1}) + "\n")
+    with pytest.raises(token_view.TokenCreditError, match=r":2: .*lacks"):
+        token_view.read_token_credit(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------- colours
 
 
 def test_weight_colours_diverge_around_one():
-    assert viz.weight_hex(1.0) == "#ffffff"
-    assert viz.weight_rgb(0.25) == viz.weight_rgb(0.01) == (214, 96, 77)  # saturated red
-    assert viz.weight_rgb(4.0) == viz.weight_rgb(100.0) == (67, 147, 195)  # saturated blue
-    red, _, blue = viz.weight_rgb(0.7)
+    assert token_view.weight_hex(1.0) == "#ffffff"
+    assert token_view.weight_rgb(0.25) == token_view.weight_rgb(0.01) == (214, 96, 77)  # saturated red
+    assert token_view.weight_rgb(4.0) == token_view.weight_rgb(100.0) == (67, 147, 195)  # saturated blue
+    red, _, blue = token_view.weight_rgb(0.7)
     assert 214 < red < 255 and blue < red  # a light red, between white and the saturated end
-    red, _, blue = viz.weight_rgb(1.5)
+    red, _, blue = token_view.weight_rgb(1.5)
     assert 67 < red < blue
     for undefined in (None, 0.0, -1.0, math.nan):
-        assert viz.weight_hex(undefined) == "#ffffff"
+        assert token_view.weight_hex(undefined) == "#ffffff"
 
 
 def test_visible_token_text_shows_whitespace():
-    assert viz.visible_token_text("a\nb") == "a\u21b5\nb"
-    assert viz.visible_token_text("\t") == "\u21e5\t"
-    assert viz.visible_token_text("\x00") == "\\x00"
-    assert viz.visible_token_text("") == "\u2205"
-    assert viz.visible_token_text("  x") == "  x"
+    assert token_view.visible_token_text("a\nb") == "a\u21b5\nb"
+    assert token_view.visible_token_text("\t") == "\u21e5\t"
+    assert token_view.visible_token_text("\x00") == "\\x00"
+    assert token_view.visible_token_text("") == "\u2205"
+    assert token_view.visible_token_text("  x") == "  x"
 
 
 # ---------------------------------------------------------------------------------------------- HTML
 
 
 def test_html_is_self_contained_and_escapes_tokens():
-    page = viz.render_token_credit_html([record_with_weights([0.5, 2.0], tokens=[INJECTION, "a\nb"])])
+    page = token_view.render_token_credit_html([record_with_weights([0.5, 2.0], tokens=[INJECTION, "a\nb"])])
     assert INJECTION not in page and "&lt;script&gt;window.__pwned" in page
     tags = _parse_tags(page)
     assert [name for name, _ in tags].count("script") == 1 and "img" not in [name for name, _ in tags]
     # No external resources of any kind: the page must open offline.
     assert not [attrs for _, attrs in tags if {"src", "href"} & set(attrs)]
     assert not re.search(r"@import|url\(|https?://", page, flags=re.IGNORECASE)
-    assert f'style="background-color: {viz.weight_hex(0.5)}"' in page
+    assert f'style="background-color: {token_view.weight_hex(0.5)}"' in page
     assert page.count('class="tok"') == 2
     title = next(attrs["title"] for name, attrs in tags if attrs.get("class") == "tok")
     assert "weight Â/A = 0.500" in title and "log p = -1.000 (p = 0.368)" in title
@@ -225,14 +223,14 @@ def test_dispatcher_runs_inspect(tmp_path, capsys):
 
 
 def test_inspect_writes_html_and_png(tmp_path):
-    viz.append_token_credit(tmp_path, fake_token_credit_records("eapo", steps=3, per_step=4))
+    token_view.append_token_credit(tmp_path, fake_token_credit_records("eapo", steps=3, per_step=4))
     out = tmp_path / "view" / "page.html"
     assert (
         inspect_main([str(tmp_path), "--step", "last", "--max-completions", "3", "--output", str(out), "--png"]) == 0
     )
     page = out.read_text()
     assert page.count('class="completion"') == 3 and 'data-step="3"' in page and 'data-step="1"' not in page
-    image = _read_png(out.with_suffix(".png"))
+    image = read_png(out.with_suffix(".png"))
     assert _has_colour(image, (67, 147, 195)) or _has_colour(image, (214, 96, 77), tol=60)
     assert inspect_main([str(tmp_path), "--step", "99"]) == 2
 
@@ -240,7 +238,7 @@ def test_inspect_writes_html_and_png(tmp_path):
 def test_inspect_shows_the_completions_whose_credit_changed(tmp_path, capsys):
     # Built so that the answer is known: 2 of 5 completions carry a weight other than 1, the first drawn ones do not.
     weights = [[1.0, 1.0], [1.0, 1.0, 1.0], [0.25, 1.0], [1.0, 1.0], [1.0, 4.0]]
-    viz.append_token_credit(tmp_path, [record_with_weights(w, step=3) for w in weights])
+    token_view.append_token_credit(tmp_path, [record_with_weights(w, step=3) for w in weights])
     out = tmp_path / "page.html"
     assert inspect_main([str(tmp_path), "--output", str(out), "--png", "--png-completions", "1"]) == 0
     printed = capsys.readouterr().out
@@ -256,7 +254,7 @@ def test_inspect_shows_the_completions_whose_credit_changed(tmp_path, capsys):
 
 
 def test_inspect_shows_every_completion_when_no_credit_changed(tmp_path, capsys):
-    viz.append_token_credit(tmp_path, [record_with_weights([1.0, 1.0], step=1) for _ in range(3)])
+    token_view.append_token_credit(tmp_path, [record_with_weights([1.0, 1.0], step=1) for _ in range(3)])
     assert inspect_main([str(tmp_path), "--output", str(tmp_path / "page.html")]) == 0
     assert "credit changed in none of the 3 completions" in capsys.readouterr().out
     assert (tmp_path / "page.html").read_text().count('class="completion"') == 3
@@ -301,7 +299,7 @@ def test_token_credit_steps_are_the_logged_steps_of_a_real_run(
     trainer.save_state()
     history = json.loads((tmp_path / "trainer_state.json").read_text())["log_history"]
     logged_steps = [entry["step"] for entry in history if "reward" in entry]
-    records = viz.read_token_credit(tmp_path)
+    records = token_view.read_token_credit(tmp_path)
     assert sorted({record["step"] for record in records}) == logged_steps
     # Every row is recorded (token_credit_samples = batch size): where a log entry reports one batch (the previous
     # step was logged too), its mean reward is that of the records labelled with its step.
@@ -327,7 +325,7 @@ def test_the_quick_start_image_shows_credit():
     from pathlib import Path
 
     images = Path(__file__).resolve().parents[1] / "docs" / "images"
-    records = viz.read_token_credit(images / "quickstart_token_credit.jsonl")
+    records = token_view.read_token_credit(images / "quickstart_token_credit.jsonl")
     changed = [record for record in records if any(w != 1.0 for w in record["weights"] if w is not None)]
     assert changed and len(changed) < len(records)
     assert f"shows the {len(changed)} of {len(records)} completions" in (images.parent / "cli.md").read_text()
@@ -339,42 +337,15 @@ def test_the_quick_start_image_shows_credit():
 # ---------------------------------------------------------------------------------------------- Chromium
 
 
-def _read_png(path):
-    import matplotlib.image
-
-    image = matplotlib.image.imread(path)
-    return (image[..., :3] * 255).round().astype(int)
-
-
 def _token_area(path, dpi=150):
     """The PNG above its colour bar (the bottom 0.6 inch, whose scale holds every colour)."""
-    return _read_png(path)[: -int(0.6 * dpi)]
+    return read_png(path)[: -int(0.6 * dpi)]
 
 
 def _has_colour(image, rgb, tol=3, min_pixels=50):
     """Whether at least `min_pixels` pixels are within `tol` of `rgb` in every channel."""
     close = (abs(image - torch.tensor(rgb).numpy()) <= tol).all(axis=-1)
     return int(close.sum()) >= min_pixels
-
-
-def _chromium(tmp_path, url, *mode):
-    command = [
-        CHROMIUM,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--hide-scrollbars",
-        "--force-color-profile=srgb",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--window-size=1000,700",
-        *mode,
-        url,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
 @pytest.fixture
@@ -390,12 +361,12 @@ def page_path(tmp_path):
             [1.0, 1.0], step=2, advantage=-0.5, tokens=[INJECTION, "line\nbreak"], statistic=[0.1, 0.2]
         ),
     ]
-    return viz.write_token_credit_html(records, tmp_path / "token_credit.html")
+    return token_view.write_token_credit_html(records, tmp_path / "token_credit.html")
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs it: apt-get install -y chromium)")
+@needs_chromium
 def test_chromium_renders_coloured_tokens(tmp_path, page_path):
-    dom = _chromium(tmp_path, page_path.as_uri(), "--dump-dom")
+    dom = run_chromium(tmp_path, page_path.as_uri(), "--dump-dom")
     spans = re.findall(r'<span class="tok" style="background-color: (#[0-9a-f]{6})"', dom)
     assert spans == ["#d6604d", "#ffffff", "#4393c3", "#ffffff", "#ffffff"]
     assert "2 shown" in dom  # the inline script ran
@@ -403,18 +374,18 @@ def test_chromium_renders_coloured_tokens(tmp_path, page_path):
     assert "line\u21b5\nbreak" in dom
 
     screenshot = tmp_path / "shot.png"
-    _chromium(tmp_path, page_path.as_uri(), f"--screenshot={screenshot}")
-    image = _read_png(screenshot)
+    run_chromium(tmp_path, page_path.as_uri(), f"--screenshot={screenshot}")
+    image = read_png(screenshot)
     assert image.std() > 10, "blank screenshot"
     assert _has_colour(image, (214, 96, 77)), "no red (w = 0.25) token box"
     assert _has_colour(image, (67, 147, 195)), "no blue (w = 4) token box"
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (CI installs it: apt-get install -y chromium)")
+@needs_chromium
 def test_chromium_filters_from_query(tmp_path, page_path):
-    dom = _chromium(tmp_path, page_path.as_uri() + "?sign=neg", "--dump-dom")
+    dom = run_chromium(tmp_path, page_path.as_uri() + "?sign=neg", "--dump-dom")
     assert "1 shown" in dom
     assert re.search(r'class="completion hidden" data-step="1"', dom)
-    dom = _chromium(tmp_path, page_path.as_uri() + "?threshold=0.5", "--dump-dom")
+    dom = run_chromium(tmp_path, page_path.as_uri() + "?threshold=0.5", "--dump-dom")
     assert "1 shown" in dom and re.search(r'class="completion hidden" data-step="2"', dom)
     assert dom.count('class="tok dim"') == 4  # every token but the one with statistic 0.9

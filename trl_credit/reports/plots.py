@@ -163,7 +163,7 @@ def reward_range(log_history: Sequence[dict[str, Any]]) -> tuple[float, float] |
     names = sorted(
         {match.group(1) for entry in log_history for key in entry if (match := _REWARD_MEAN.fullmatch(key))}
     )
-    from .rewards import REWARD_RANGES as bounds
+    from ..rewards import REWARD_RANGES as bounds
 
     if not names or any(name not in bounds for name in names):
         return None

@@ -15,7 +15,7 @@ advantage on the other tokens keeps them anchored and the oracle at or above GRP
 
 GRPO's broadcast credit (`A_i` on every token) is the floor of the lab's gap. The decisive tokens come as the statistic
 `TASK_DECISIVE`, which only the lab's `LabTrainer` supplies: any other trainer refuses the method at init. It is
-registered when `trl_credit.lab.trainer` is imported, so it is not a method of the package's trainers.
+registered when `trl_credit.experiments.lab.trainer` is imported, so it is not a method of the package's trainers.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..methods import TASK_DECISIVE, CreditBatch, CreditResult, register_credit_method
-from ..methods.settings import in_range
+from ...methods import TASK_DECISIVE, CreditBatch, CreditResult, register_credit_method
+from ...methods.settings import in_range
 
 CEILING = "oracle"  # the name the lab's reports compare every method with
 ORACLE_FLOOR = 0.25  # credit on the non-decisive tokens, as a fraction of A_i: the least that kept the oracle stable

@@ -1,7 +1,7 @@
 """Math-Verify worker process: reads JSON requests on stdin, answers one JSON line each on stdout.
 
-Run by path (`python _verify_worker.py`), never imported: running it by path keeps `trl_credit/__init__.py`
-(and torch) out of the worker, so it starts in well under a second. The parent (`trl_credit.rewards`)
+Run by path (`python verify_worker.py`), never imported: running it by path keeps `trl_credit/__init__.py`
+(and torch) out of the worker, so it starts in well under a second. The parent (`answer_checks.py`)
 enforces the time limit by killing this process, which works from any thread and inside worker
 processes, where Math-Verify's own `signal.alarm` timeout cannot run; Math-Verify's timeouts are therefore
 turned off here.

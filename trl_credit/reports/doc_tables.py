@@ -1,7 +1,7 @@
 """The documentation's tables, generated from the registry: the methods table and the list of logged metrics.
 
-    python -m trl_credit.doc_tables          # rewrite the generated blocks of README.md and docs/*.md
-    python -m trl_credit.doc_tables --check  # exit 1, naming the files, if a block differs from the code
+    python -m trl_credit.reports.doc_tables          # rewrite the generated blocks of README.md and docs/*.md
+    python -m trl_credit.reports.doc_tables --check  # exit 1, naming the files, if a block differs from the code
 
 A generated block sits between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->`; the text around it
 is written by hand. `tests/test_docs.py` fails when a block differs from what this module generates.
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 def documents(root: Path = REPOSITORY) -> list[str]:
@@ -27,10 +27,10 @@ def documents(root: Path = REPOSITORY) -> list[str]:
 def _registered():
     """The package's methods (not the lab's oracle, nor those a user or a test registered), the default comparison's
     first."""
-    from .methods import CREDIT_METHODS, DEFAULT_COMPARISON
+    from ..methods import CREDIT_METHODS, DEFAULT_COMPARISON
 
     order = {name: i for i, name in enumerate(DEFAULT_COMPARISON)}
-    built_in = [m for m in CREDIT_METHODS.values() if m.function.__module__.startswith(f"{__package__}.methods.")]
+    built_in = [m for m in CREDIT_METHODS.values() if m.function.__module__.startswith("trl_credit.methods.")]
     return sorted(built_in, key=lambda m: (order.get(m.name, len(order)), m.name))
 
 
@@ -76,9 +76,9 @@ def hyperparameters_table() -> str:
 
 def metrics_list() -> str:
     """Every metric trl-credit logs: the trainer's own, those of every method, and each method's diagnostics."""
-    from .methods import COMMON_DIAGNOSTICS
-    from .rewards import RewardStats
-    from .trainer.diagnostics import TRAINER_METRICS
+    from ..methods import COMMON_DIAGNOSTICS
+    from ..rewards import RewardStats
+    from ..trainer.diagnostics import TRAINER_METRICS
 
     lines = ["| metric | meaning |", "|---|---|"]
     lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in TRAINER_METRICS.items()]
@@ -108,7 +108,7 @@ def _bibtex(methods) -> str:
 
 
 def _in_default_comparison(method) -> bool:
-    from .methods import DEFAULT_COMPARISON
+    from ..methods import DEFAULT_COMPARISON
 
     return method.name in DEFAULT_COMPARISON
 
@@ -151,26 +151,26 @@ def cli_options(command: str) -> str:
     if command == "grpo":
         from trl import GRPOConfig
 
-        from .cli.grpo import CreditScriptArguments
-        from .trainer import CreditGRPOConfig
+        from ..cli.grpo_arguments import CreditScriptArguments
+        from ..trainer import CreditGRPOConfig
 
         rows = [*_dataclass_options(CreditScriptArguments), *_dataclass_options(CreditGRPOConfig, GRPOConfig)]
     elif command == "eval":
-        from .evaluation import EvalConfig
+        from ..experiments.evaluation import EvalConfig
 
         rows = _dataclass_options(EvalConfig)
     elif command == "compare":
-        from .compare.plan import CompareConfig
+        from ..experiments.compare.plan import CompareConfig
 
         rows = _dataclass_options(CompareConfig)
     elif command == "lab":
-        from .lab.run import LabConfig
+        from ..experiments.lab.run import LabConfig
 
         rows = _dataclass_options(LabConfig)
     else:
         import importlib
 
-        rows = _argparse_options(importlib.import_module(f".cli.{command}", __package__).build_parser())
+        rows = _argparse_options(importlib.import_module(f"trl_credit.cli.{command}").build_parser())
     return _options_table(rows)
 
 
@@ -225,13 +225,15 @@ def stale_documents(root: Path = REPOSITORY) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trl_credit.doc_tables", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trl_credit.reports.doc_tables", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--check", action="store_true", help="only report stale documents (exit 1 if any)")
     args = parser.parse_args(argv)
     stale = stale_documents()
     if args.check:
         if stale:
-            print(f"stale generated blocks in {', '.join(stale)}: run python -m trl_credit.doc_tables")
+            print(f"stale generated blocks in {', '.join(stale)}: run python -m trl_credit.reports.doc_tables")
         return 1 if stale else 0
     for name in stale:
         path = REPOSITORY / name

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..plots import diagnostic_metrics, find_trainer_state, metric_series
+from ...reports.plots import diagnostic_metrics, find_trainer_state, metric_series
 from .plan import BASELINE, DONE_MARKER, EVAL_SUMMARY, RunSpec
 from .stats import Interval, paired_difference, t_interval
 

@@ -9,7 +9,7 @@ Nothing in the product is patched. `_AdvantageRecorder` is a `GRPOTrainer` subcl
   token from the task (decisive, implausible) and adds the labels to the batch (`lab_decisive`,
   `lab_implausible`), so TRL's shuffle and split keep them aligned with their rows.
 - `LabTrainer._batch_statistics` hands the decisive labels to the credit stack as the statistic `TASK_DECISIVE`:
-  that is what the `oracle` method (`trl_credit.lab.oracle`, registered by importing this module) reads.
+  that is what the `oracle` method (`trl_credit.experiments.lab.oracle`, registered by importing this module) reads.
 - Its `_compute_loss` receives exactly the dict `CreditGRPOTrainer` hands to TRL's loss, and reads
   `inputs["advantages"]` after TRL's `_compute_loss` returns: that is the tensor the loss multiplied (`(B,)` for
   GRPO, `(B, T)` for the credit methods; TACO fills it in during that very forward). It also takes the gradient
@@ -23,7 +23,7 @@ from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOTrainer
 
-from ..methods import TASK_DECISIVE
+from ...methods import TASK_DECISIVE
 from . import oracle  # noqa: F401  (registers the `oracle` credit method)
 from .metrics import add_sums, credit_mass
 from .tasks import LabTask

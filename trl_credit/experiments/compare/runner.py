@@ -5,7 +5,7 @@ memory is the `ru_maxrss` that `os.wait4` reports for it: the peak resident set 
 single process of the run (with `accelerate launch`, of the largest worker), not a sum over processes, and not GPU
 memory. After a successful exit compare writes `RUN/.done` with the wall time and that peak.
 
-The evaluation calls `trl_credit.evaluation.run_evaluation`, the code behind `trl-credit eval`, in this process:
+The evaluation calls `trl_credit.experiments.evaluation.run_evaluation`, the code behind `trl-credit eval`, in this process:
 completions and `summary.json` go to `RUN/eval/`, and the summary is copied to `RUN/eval.json`, where model cards
 look for evaluation results; the run's model card is then rendered again with them.
 """
@@ -123,8 +123,8 @@ def evaluate_run(spec: RunSpec, settings: dict, train_problems: set[str] | None 
     `train_problems`, the problem texts the run trained on, gives `train_overlap`: how many evaluated problems also
     occur verbatim in training (small procedural tasks repeat problems across splits).
     """
+    from ...reports.model_card import regenerate_model_card
     from ..evaluation import run_evaluation
-    from ..model_card import regenerate_model_card
 
     config = evaluation_config(spec, settings)
     summary_path = spec.output_dir / EVAL_SUMMARY

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ..methods import DEFAULT_COMPARISON
+from ...methods import DEFAULT_COMPARISON
 
 DONE_MARKER = ".done"
 RUN_RECORD = "run.json"
-EVAL_SUMMARY = "eval.json"  # picked up by model cards (`trl_credit.model_card.load_eval_summaries`)
+EVAL_SUMMARY = "eval.json"  # picked up by model cards (`trl_credit.reports.model_card.load_eval_summaries`)
 BASELINE = "grpo"
 # Flags compare sets itself for each run; passing them through would make every run identical or unresumable.
 OWNED_FLAGS = {
@@ -224,7 +224,7 @@ def check_recorded_arguments(spec: RunSpec) -> None:
 
 def measured_step_seconds(runs_dir: Path) -> tuple[float | None, int]:
     """Mean TRL `step_time` over every logged step of the runs already in `runs_dir`, and the number of steps."""
-    from ..plots import find_trainer_state, metric_series
+    from ...reports.plots import find_trainer_state, metric_series
 
     times: list[float] = []
     for run_dir in sorted(p for p in runs_dir.glob("*") if p.is_dir()) if runs_dir.is_dir() else []:

@@ -1,0 +1,112 @@
+"""The package layout: the library (`methods/`, `trainer/`) apart from the tooling around it, one job per module.
+
+Imports are read with `ast` from the source, so a deferred import inside a function counts as much as one at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+import trl_credit
+
+PACKAGE = Path(trl_credit.__file__).resolve().parent
+LIBRARY = ("methods", "trainer")
+TOOLING = ("data", "rewards", "reports", "experiments", "cli")
+MAX_LINES = 400
+
+MODULES = sorted(path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py"))
+
+# The two outputs of the trainer that the tooling formats, imported where they are written: the model card TRL writes at
+# each checkpoint (`create_model_card`) and the token-credit records of `log_token_credit`. Nothing else.
+LIBRARY_USES_OF_TOOLING = {
+    "trainer/credit_trainer.py": ["trl_credit.reports.model_card", "trl_credit.reports.model_card.trainer_model_card"],
+    "trainer/token_credit_log.py": [
+        "trl_credit.reports.token_view",
+        "trl_credit.reports.token_view.append_token_credit",
+        "trl_credit.reports.token_view.token_credit_records_from_batch",
+    ],
+}
+
+
+def _module_name(relative: str) -> str:
+    parts = ["trl_credit", *Path(relative).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(relative: str) -> set[str]:
+    """Every `trl_credit` module `relative` imports, as absolute dotted names (`from . import x` gives `pkg.x` too)."""
+    name = _module_name(relative)
+    package = name if relative.endswith("__init__.py") else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse((PACKAGE / relative).read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return {module for module in found if module == "trl_credit" or module.startswith("trl_credit.")}
+
+
+def _group(module: str) -> str | None:
+    """`library`, `tooling`, or None for the package's top-level modules (`trl_credit`, `trl_credit.resources`)."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in LIBRARY + TOOLING:
+        return None
+    return "library" if parts[1] in LIBRARY else "tooling"
+
+
+def test_every_folder_of_the_package_is_library_or_tooling():
+    # `configs/` and `model_cards/` join the package as data in a wheel (pyproject's package-dir), not as code.
+    folders = {path.name for path in PACKAGE.iterdir() if path.is_dir()} - {"__pycache__", "configs", "model_cards"}
+    assert folders == set(LIBRARY + TOOLING)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_no_module_is_over_400_lines(module):
+    assert len((PACKAGE / module).read_text().splitlines()) <= MAX_LINES
+
+
+LIBRARY_MODULES = [m for m in MODULES if _group(_module_name(m)) != "tooling"]
+
+
+@pytest.mark.parametrize("module", LIBRARY_MODULES)
+def test_the_library_imports_nothing_from_the_tooling(module):
+    tooling = sorted(m for m in imported_modules(module) if _group(m) == "tooling")
+    assert tooling == LIBRARY_USES_OF_TOOLING.get(module, [])
+
+
+def test_the_import_reader_sees_relative_deferred_and_submodule_imports(tmp_path, monkeypatch):
+    # The reader itself, on a module written for it: each import form resolves to the absolute module it names.
+    source = (
+        "import trl_credit.data\n"
+        "from ..rewards import RewardStats\n"
+        "def f():\n"
+        "    from ...reports import token_view\n"
+        "    from . import sources\n"
+    )
+    (tmp_path / "trl_credit" / "trainer" / "sub").mkdir(parents=True)
+    (tmp_path / "trl_credit" / "trainer" / "sub" / "mod.py").write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "trl_credit")
+    assert imported_modules("trainer/sub/mod.py") == {
+        "trl_credit.data",
+        "trl_credit.trainer.rewards",
+        "trl_credit.trainer.rewards.RewardStats",
+        "trl_credit.reports",
+        "trl_credit.reports.token_view",
+        "trl_credit.trainer.sub",
+        "trl_credit.trainer.sub.sources",
+    }
+
+
+def test_the_package_docstring_names_every_folder():
+    for folder in LIBRARY + TOOLING:
+        assert f"`{folder}/`" in trl_credit.__doc__

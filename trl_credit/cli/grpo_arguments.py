@@ -1,0 +1,297 @@
+"""The command line of `trl-credit grpo`: one parser over the script's, the method's, TRL's model and the stack's
+arguments, read from a YAML recipe and flags, each value checked and, when wrong, named as it was given.
+
+Arguments are parsed with TRL's `TrlParser` over `CreditScriptArguments`, the method's config (`TACOConfig`, ...),
+`ModelConfig`, and the hyperparameter dataclass of every other method of the stack, whose values go to
+`credit_kwargs`: YAML values are defaults and flags override them. Without `--config`, the packaged
+`configs/quickstart.yaml` supplies the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+
+import yaml
+
+
+class UsageError(Exception):
+    """A bad command line or config: reported as one line, exit code 2, before any model is loaded."""
+
+
+@dataclass
+class CreditScriptArguments:
+    """Arguments of `trl-credit grpo` that are not training hyperparameters."""
+
+    method: str | None = field(
+        default=None,
+        metadata={
+            "help": "Credit method: grpo, a registered method (listed below), `package.module:name` to import "
+            "a user method, or a '+'-separated stack of them. Defaults to the config's "
+            "`method`/`credit_method`, else grpo.",
+        },
+    )
+    dataset_name: str = field(
+        default="chain_sum",
+        metadata={
+            "help": "Named source (gsm8k, math, math500, minerva, dapo-math-17k, aime24, aime25, amc23, "
+            "olympiadbench, chain_sum), a Hub data set id, or a local .jsonl/.json/.parquet file."
+        },
+    )
+    dataset_train_split: str | None = field(default=None, metadata={"help": "Split to train on (source default)."})
+    prompt_column: str | None = field(default=None, metadata={"help": "Column holding the problem text."})
+    answer_column: str | None = field(default=None, metadata={"help": "Column holding the gold answer."})
+    system_prompt: str | None = field(default=None, metadata={"help": "Optional system message for every prompt."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Train on this many rows (seeded sample)."})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["accuracy"],
+        metadata={"help": "Reward functions: accuracy, format, overlong, or dotted paths `pkg.module:func`."},
+    )
+    accelerate_config: str | None = field(
+        default=None,
+        metadata={
+            "help": "Launch through `accelerate launch` with this config: a file or a packaged name "
+            "(single_gpu, multi_gpu, zero2, zero3, fsdp2)."
+        },
+    )
+
+
+def _peek_option(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _given_options(argv: list[str]) -> set[str]:
+    """The option names on the command line, without `--` (`--taco_alpha=0.05` -> `taco_alpha`)."""
+    return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
+
+
+def _normalise_options(argv: list[str]) -> list[str]:
+    """`--taco-alpha 0.05` -> `--taco_alpha 0.05` and `--config=x` -> `--config x`: `HfArgumentParser` accepts
+    both spellings, and every later step looks an option up by its underscore name."""
+    normalised = []
+    for arg in argv:
+        if arg.startswith("--") and len(arg) > 2:
+            name, equals, value = arg[2:].partition("=")
+            arg = "--" + name.replace("-", "_") + equals + value
+            if name == "config" and equals:
+                normalised += ["--config", value]
+                continue
+        normalised.append(arg)
+    return normalised
+
+
+def _read_yaml(path: str) -> dict:
+    try:
+        with open(path) as handle:
+            config = yaml.safe_load(handle) or {}
+    except OSError as error:
+        raise UsageError(f"cannot read --config {path!r}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise UsageError(f"--config {path!r} is not valid YAML: {error}".splitlines()[0]) from error
+    if not isinstance(config, dict):
+        raise UsageError(f"--config {path!r} must hold a YAML mapping of argument names to values")
+    return config
+
+
+def _resolve_method(argv: list[str], config: dict) -> str:
+    from ..methods import get_credit_method, parse_credit_methods
+
+    flag = _peek_option(argv, "--method")
+    in_config = {_method_spec(config[k]) for k in ("method", "credit_method") if config.get(k) is not None}
+    if len(in_config) > 1:
+        raise UsageError(f"the config sets method and credit_method to different values: {sorted(in_config)}")
+    method = flag or next(iter(in_config), "grpo")
+    if flag and in_config and flag not in in_config:
+        raise UsageError(f"--method {flag} was given with a config for method {next(iter(in_config))}")
+    try:
+        for name in parse_credit_methods(method):
+            get_credit_method(name)  # imports `package.module:name` modules, which register their methods
+    except ValueError as error:
+        raise UsageError(f"--method {method!r}: {error}") from error
+    return method
+
+
+def _method_spec(value) -> str:
+    """A method from YAML: a name, a '+'-separated stack, or a list of names."""
+    return value if isinstance(value, str) else "+".join(str(v) for v in value)
+
+
+def _stack(method: str):
+    from ..methods import get_credit_method, parse_credit_methods
+
+    return [get_credit_method(name) for name in parse_credit_methods(method)]
+
+
+def _method_argument_classes(method: str, config_class) -> list[type]:
+    """The hyperparameter dataclasses of the stack's methods that `config_class` does not declare as fields."""
+    declared = set(config_class.__dataclass_fields__)
+    return [m.arguments for m in _stack(method) if m.arguments is not None and not set(m.argument_names) <= declared]
+
+
+def build_parser(method: str):
+    from trl import ModelConfig, TrlParser
+
+    from ..trainer import trainer_pair
+
+    config_class = trainer_pair(method)[0]
+    dataclass_types = (
+        CreditScriptArguments,
+        config_class,
+        ModelConfig,
+        *_method_argument_classes(method, config_class),
+    )
+    parser = TrlParser(
+        dataclass_types,
+        prog=f"trl-credit grpo --method {method}",
+        epilog=_methods_epilog(),
+        formatter_class=_HelpFormatter,
+        allow_abbrev=False,  # `--taco_alph` is a typo, not `--taco_alpha`
+    )
+    # TrlParser reads `--config` itself; declared here only so that `--help` lists it.
+    parser.add_argument(
+        "--config",
+        default=argparse.SUPPRESS,
+        help="YAML file of argument values (flags override them). Without it, the packaged quick start "
+        "(configs/quickstart.yaml) supplies the defaults shown here.",
+    )
+
+    def one_line_error(message: str):
+        raise UsageError(message)
+
+    parser.error = one_line_error  # argparse prints usage and a message; we want one clear line
+    return parser
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in the help, as `HfArgumentParser`, and the methods list kept one per line."""
+
+
+def _methods_epilog() -> str:
+    from ..methods import CREDIT_METHODS
+
+    lines = [f"  {m.name:<14} {m.summary}" for m in CREDIT_METHODS.values()]
+    return "credit methods (`--method NAME --help` shows a method's options):\n" + "\n".join(lines)
+
+
+class _Sources:
+    """Where each argument of a command line came from, to name it in errors as the user wrote it."""
+
+    def __init__(self, argv: list[str], config: dict, config_path: str | None):
+        from ..trainer.config import parse_credit_kwargs
+
+        self.flags, self.config, self.config_path = _given_options(argv), config, config_path
+        raw = _peek_option(argv, "--credit_kwargs")
+        self.credit_kwargs_origin = "--credit_kwargs" if raw is not None else f"credit_kwargs in {config_path}"
+        if raw is None:
+            raw = config.get("credit_kwargs")
+        try:
+            self.credit_kwargs = parse_credit_kwargs(raw) or {}
+        except ValueError as error:
+            raise UsageError(f"{self.credit_kwargs_origin}: {error}") from None
+
+    def flagged(self, name: str) -> bool:
+        return name in self.flags or f"no_{name}" in self.flags  # `--no_x` sets a boolean x
+
+    def given(self, name: str) -> bool:
+        return self.flagged(name) or name in self.config
+
+    def describe(self, name: str) -> str:
+        if self.flagged(name):
+            return f"--{name}"
+        if name in self.config:
+            return f"{name} (in {self.config_path})"
+        if name in self.credit_kwargs:
+            return f"{name} (in {self.credit_kwargs_origin})"
+        return name
+
+
+def _check_names(parser, method: str, sources: _Sources) -> None:
+    """Refuse, with the close matches, flags and YAML keys that no option of this command has."""
+    from ..methods import CREDIT_METHODS
+
+    options = {s[2:] for s in parser._option_string_actions if s.startswith("--") and "-" not in s[2:]}
+    given = [(f"--{name}", name) for name in sorted(sources.flags)]
+    given += [(f"{key} (in {sources.config_path})", key) for key in sources.config if key != "env"]
+    for shown, name in given:
+        owner = next((m.name for m in CREDIT_METHODS.values() if name in m.argument_names), None)
+        if owner is not None and owner not in {m.name for m in _stack(method)}:
+            raise UsageError(f"{shown}: {name} is an option of {owner}, which is not in the method stack {method!r}")
+        if name in options:
+            continue
+        close = difflib.get_close_matches(name, sorted(options), n=3, cutoff=0.75)
+        hint = f"; did you mean {' or '.join('--' + c for c in close)}?" if close else ""
+        raise UsageError(f"unknown option {shown}{hint} (`--method {method} --help` lists the options)")
+    for name in sources.credit_kwargs:
+        if sources.given(name):
+            raise UsageError(f"{name} is given both as {sources.describe(name)} and in {sources.credit_kwargs_origin}")
+
+
+def _merge_method_arguments(training_args, method_args: list, sources: _Sources) -> None:
+    """Move the hyperparameters of the stack's methods given as YAML keys or flags into `credit_kwargs`, and
+    resolve and check the whole stack again."""
+    # Entries the config declares as fields (`TACOConfig.taco_alpha`) were merged into them when it was built.
+    declared = type(training_args).__dataclass_fields__
+    kwargs = {name: value for name, value in sources.credit_kwargs.items() if name not in declared}
+    for arguments in method_args:
+        kwargs.update({name: value for name, value in vars(arguments).items() if sources.given(name)})
+    training_args.credit_kwargs = kwargs
+    training_args.validate_credit_fields()
+
+
+def _safe_method_name(method: str) -> str:
+    """A stack as a folder name: registered names only (`examples/m.py:boost` -> `boost`)."""
+    from ..methods import parse_credit_methods
+
+    names = [name.rsplit(":", 1)[-1] for name in parse_credit_methods(method)] or ["grpo"]
+    return re.sub(r"[^A-Za-z0-9._+-]", "-", "+".join(names))
+
+
+def parse_arguments(argv: list[str]):
+    """Parse and validate the command line; return `(script_args, training_args, model_args, argv)`.
+
+    `argv` comes back normalised (`--taco-alpha` -> `--taco_alpha`), with the quick-start config inserted when none
+    was given.
+    """
+    from ..methods import SettingError
+    from ..resources import packaged_dir
+
+    argv = _normalise_options(argv)
+    config_path = _peek_option(argv, "--config")
+    if config_path is None:
+        config_path = str(packaged_dir("configs") / "quickstart.yaml")
+        argv = ["--config", config_path, *argv]
+    config = _read_yaml(config_path)
+    method = _resolve_method(argv, config)
+    parser = build_parser(method)
+    sources = _Sources(argv, config, config_path)
+
+    def argparse_error(message: str):  # "argument --x/--X: invalid float value: 'a lot'", maybe from the YAML
+        found = re.match(r"argument --(\w+)\S*: (.*)", message)
+        raise UsageError(f"{sources.describe(found[1])}: {found[2]}" if found else message)
+
+    parser.error = argparse_error
+    try:
+        _check_names(parser, method, sources)
+        script_args, training_args, model_args, *method_args = parser.parse_args_and_config(
+            [*argv, "--credit_method", method]
+        )
+        training_args.credit_method = script_args.method = method
+        _merge_method_arguments(training_args, method_args, sources)
+    except SettingError as error:  # a value given as a flag, a YAML key or in credit_kwargs: name it as given
+        raise UsageError(f"{sources.describe(error.name)} {error.problem}") from error
+    except ValueError as error:  # dataclass validation (TRL's own, or the credit stack's order)
+        raise UsageError(str(error).splitlines()[0]) from error
+    if model_args.model_name_or_path is None:
+        raise UsageError("--model_name_or_path is required (a Hub id, a local folder, or smollm2-135m-instruct)")
+    if training_args.output_dir in (None, "trainer_output"):
+        model_name = model_args.model_name_or_path.rstrip("/").split("/")[-1]
+        training_args.output_dir = os.path.join("outputs", f"{model_name}-{_safe_method_name(method)}")
+    return script_args, training_args, model_args, argv
