@@ -20,6 +20,11 @@ SUBCOMMANDS = {
 }
 
 
+def one_line(error: BaseException) -> str:
+    """An error's message on one line, for `trl-credit <command>: error: ...` (its type where it has none)."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def _usage() -> str:
     lines = ["usage: trl-credit <command> [options]", "", "commands:"]
     lines += [f"  {name:<8} {text}" for name, text in SUBCOMMANDS.items()]

@@ -26,6 +26,7 @@ from ..experiments.compare.plan import (
     estimate_cost,
     run_state,
 )
+from . import one_line
 
 PROG = "trl-credit compare"
 
@@ -33,10 +34,6 @@ PROG = "trl-credit compare"
 class _Parser(HfArgumentParser):
     def error(self, message: str):  # argparse would print the whole usage block, then exit
         raise CompareUsageError(message)
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
 
 
 def parse(argv: list[str]) -> tuple[CompareConfig, list[str]]:
@@ -62,7 +59,7 @@ def validate_runs(config: CompareConfig, passthrough: list[str]):
         try:
             arguments = parse_arguments(spec.grpo_argv())
         except UsageError as error:
-            raise CompareUsageError(f"the {spec.method} runs would fail: {_one_line(error)}") from error
+            raise CompareUsageError(f"the {spec.method} runs would fail: {one_line(error)}") from error
         parsed = parsed or arguments
     return parsed
 
@@ -77,7 +74,7 @@ def evaluation_settings(config: CompareConfig, script_args, training_args) -> di
     try:
         split = config.eval_split or held_out_split(dataset)
     except ValueError as error:
-        raise CompareUsageError(f"evaluation: {_one_line(error)}: pass --eval_split") from error
+        raise CompareUsageError(f"evaluation: {one_line(error)}: pass --eval_split") from error
     if same_data:
         train_split = script_args.dataset_train_split or (SOURCES[dataset].splits[0] if dataset in SOURCES else None)
         if split is None or split == train_split:
@@ -112,9 +109,9 @@ def check_evaluation(settings: dict) -> int:
         check_backend_available(eval_config.backend)
         return len(prepare_eval_data(eval_config).dataset)
     except ValueError as error:
-        raise CompareUsageError(f"evaluation: {_one_line(error)}") from error
+        raise CompareUsageError(f"evaluation: {one_line(error)}") from error
     except Exception as error:  # noqa: BLE001 - an unknown Hub id, the Hub unreachable offline, an unreadable file
-        raise CompareUsageError(f"evaluation: cannot load {settings['dataset_name']!r}: {_one_line(error)}") from error
+        raise CompareUsageError(f"evaluation: cannot load {settings['dataset_name']!r}: {one_line(error)}") from error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # --help
         return int(exit_.code or 0)
     except CompareUsageError as error:
-        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(error)}", file=sys.stderr)
         return 2
 
     num_eval_samples = num_problems * eval_settings["n"] if eval_settings else None

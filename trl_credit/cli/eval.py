@@ -27,6 +27,7 @@ from ..experiments.evaluation import (
     run_evaluation,
     update_model_card,
 )
+from . import one_line
 
 PROG = "trl-credit eval"
 
@@ -38,10 +39,6 @@ class _UsageError(Exception):
 class _Parser(HfArgumentParser):
     def error(self, message: str):  # argparse would print the whole usage block, then exit
         raise _UsageError(message)
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split()) or type(error).__name__
 
 
 def main(argv: list[str]) -> int:
@@ -56,22 +53,22 @@ def main(argv: list[str]) -> int:
     except SystemExit as exit_:  # --help
         return int(exit_.code or 0)
     except (_UsageError, ValueError) as error:
-        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(error)}", file=sys.stderr)
         return 2
     try:
         prepared = prepare_eval_data(config)
     except ValueError as error:  # unknown source, bad split, missing column: the message names the problem
-        print(f"{PROG}: error: {_one_line(error)}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(error)}", file=sys.stderr)
         return 2
     except Exception as error:  # noqa: BLE001 - an unknown Hub id, the Hub unreachable offline, an unreadable file
-        print(f"{PROG}: error: cannot load dataset {config.dataset_name!r}: {_one_line(error)}", file=sys.stderr)
+        print(f"{PROG}: error: cannot load dataset {config.dataset_name!r}: {one_line(error)}", file=sys.stderr)
         return 2
 
     summary = run_evaluation(config, prepared=prepared)
     try:
         card = update_model_card(config, summary)
     except ValueError as error:  # the evaluation itself is saved: report, do not fail
-        print(f"{PROG}: warning: model card not updated: {_one_line(error)}", file=sys.stderr)
+        print(f"{PROG}: warning: model card not updated: {one_line(error)}", file=sys.stderr)
         card = None
     metrics = {key: value for key, value in summary.items() if key.startswith(("avg@", "pass@"))}
     print(

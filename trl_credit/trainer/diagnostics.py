@@ -13,7 +13,8 @@ TRAINER_METRICS = {
     "credit/adv_abs_mean": "mean |Â| over the valid tokens of every process, after the whole stack",
     "credit/extra_forwards": "policy forwards over a batch or micro-batch the methods added in an optimizer step "
     "(0 where TRL's forward or `generate` was reused)",
-    "credit/extra_reference_forwards": "forwards of the deviation reference (TIDE) over a batch in an optimizer step",
+    "credit/extra_reference_forwards": "forwards of the reference model a deviation statistic reads (`reference_deviation`) over a batch in an "
+    "optimizer step",
     "credit/token_credit_log_forwards": "policy forwards over the few rows of the token-credit log in an optimizer step "
     "(`log_token_credit=True`)",
 }
