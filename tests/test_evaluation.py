@@ -14,7 +14,6 @@ from trl_credit.cli import main as dispatcher_main
 from trl_credit.cli.eval import main as eval_main
 from trl_credit.experiments import evaluation
 from trl_credit.experiments.evaluation import Completion, EvalConfig, pass_at_k, run_evaluation, summarize
-from trl_credit.experiments.evaluation import config as eval_config
 from trl_credit.experiments.evaluation import run as eval_run
 
 
@@ -324,7 +323,7 @@ def test_cli_bad_input_exits_2_with_one_line_before_loading(case, tmp_path, caps
 
 
 def test_cli_vllm_missing_is_bad_input(tmp_path, capsys, no_model_loading, monkeypatch):
-    monkeypatch.setattr(eval_config.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     (tmp_path / "config.json").write_text("{}")
     argv = ["--model_name_or_path", str(tmp_path), "--dataset_name", "chain_sum", "--backend", "vllm"]
     assert eval_main(argv) == 2

@@ -12,7 +12,6 @@ Every argument is checked, and the data set is loaded, before any model is.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -24,17 +23,17 @@ _LAUNCHED_ENV = "TRL_CREDIT_LAUNCHED"  # set in processes started by `accelerate
 
 def check_before_loading(training_args, model_args) -> None:
     """What can be checked before any model or data set is loaded: the model reference and vLLM."""
-    from ..data.models import check_model_reference
+    from ..data.models import check_model_reference, check_vllm_installed
 
     try:
         check_model_reference(model_args.model_name_or_path)
     except ValueError as error:
         raise UsageError(f"--model_name_or_path: {error}") from error
-    if training_args.use_vllm and importlib.util.find_spec("vllm") is None:
-        raise UsageError(
-            "--use_vllm true needs vLLM, which is not installed: pip install 'trl-credit[vllm]' (a GPU machine; "
-            "vLLM 0.22-0.31 with transformers 5.17)"
-        )
+    if training_args.use_vllm:
+        try:
+            check_vllm_installed("--use_vllm true")
+        except ValueError as error:
+            raise UsageError(str(error)) from error
 
 
 def launch_with_accelerate(accelerate_config: str, argv: list[str]) -> int:

@@ -10,6 +10,7 @@ found through its distribution metadata.
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import re
 import shutil
@@ -104,6 +105,16 @@ def resolve_model_path(name_or_path: str) -> str:
     """`name_or_path`, unless it names an offline model (`OFFLINE_MODELS`), which is converted or read from cache."""
     factory = OFFLINE_MODELS.get(name_or_path.lower())
     return factory() if factory is not None else name_or_path
+
+
+def check_vllm_installed(option: str, alternative: str = "") -> None:
+    """Raise `ValueError` naming `option` (`--use_vllm true`, `--backend vllm`) when vLLM is not installed, before any
+    model or data is loaded; `alternative` ends the message (`", or use --backend transformers"`)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            f"{option} needs vLLM, which is not installed: pip install 'trl-credit[vllm]' (a GPU machine; "
+            f"vLLM 0.22-0.31 with transformers 5.17){alternative}"
+        )
 
 
 def check_model_reference(name_or_path: str) -> None:

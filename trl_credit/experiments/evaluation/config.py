@@ -4,7 +4,6 @@ of a data source.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,8 +146,7 @@ def slug(name: str) -> str:
 
 def check_backend_available(backend: str) -> None:
     """Refuse `vllm` when it is not installed, before the data or the model is loaded."""
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ValueError(
-            "--backend vllm needs vLLM, which is not installed: pip install 'trl-credit[vllm]' (a GPU machine; "
-            "vLLM 0.22-0.31 with transformers 5.17), or use --backend transformers"
-        )
+    from ...data.models import check_vllm_installed
+
+    if backend == "vllm":
+        check_vllm_installed("--backend vllm", alternative=", or use --backend transformers")
