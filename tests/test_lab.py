@@ -378,6 +378,10 @@ def test_lab_cli_bad_input_exits_2(capsys):
         (["--tasks", "mdp", "--horizon", "8", "--decisive", "9"], "decisive of mdp must be between 1"),
         (["--decisive", "2"], "decisive sets the number of forks of fork and mdp; needle takes 1"),
         (["--num_generations", "1"], "num_generations must be >= 2"),
+        (["--methods", "grpo", "tacoo"], "unknown credit method 'tacoo'"),
+        (["--methods", "grpo", "eapo", "--credit_kwargs", '{"taco_alpha": 1}'], "credit_kwargs['taco_alpha'] is not"),
+        (["--methods", "eapo", "--credit_kwargs", '{"eapo_kappa": -1}'], "eapo_kappa must be finite and >= 0"),
+        (["--credit_kwargs", "[1]"], "credit_kwargs must be a mapping"),
     ):
         assert cli_main(["lab", *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -440,6 +444,21 @@ def test_tiny_oracle_run_credits_the_forks(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert "completions of 16 tokens with 2 decisive forks" in report
     assert "| fraction of the grpo→oracle gap closed: train reward, mean over all steps |" in report
+
+
+def test_lab_credit_kwargs_reach_their_method(tmp_path):
+    """`--credit_kwargs` sets the oracle's floor to 1, so its credit is GRPO's uniform spread; results record it."""
+    argv = ["lab", "--methods", "grpo", "oracle", "--tasks", "mdp", "--horizon", "16", "--decisive", "2"]
+    argv += ["--seeds", "0", "--max_steps", "2", "--warm_up_steps", "20", "--eval_samples", "2", "--pass_k", "1"]
+    argv += ["--credit_kwargs", '{"oracle_floor": 1.0}', "--output_dir", str(tmp_path)]
+    assert cli_main(argv) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["settings"]["credit_kwargs"] == {"oracle_floor": 1.0}
+    grpo, oracle = (r["metrics"] for r in results["runs"])
+    for sign in ("pos", "neg"):
+        if not math.isnan(oracle[f"decisive_precision_{sign}"]):
+            assert oracle[f"decisive_precision_{sign}"] == pytest.approx(2 / 16, abs=1e-5)
+    assert grpo["decisive_precision_pos"] == pytest.approx(oracle["decisive_precision_pos"], nan_ok=True)
 
 
 def test_tiny_lab_run(tmp_path, capsys):

@@ -3,14 +3,15 @@
     trl-credit lab                                              # grpo, taco, eapo, tide x needle, fork, rare x 3 seeds
     trl-credit lab --methods grpo taco --tasks rare --seeds 0 --max_steps 100
     trl-credit lab --methods grpo oracle taco --tasks mdp --horizon 128 --decisive 1 --num_generations 4
+    trl-credit lab --methods grpo eapo --tasks mdp --horizon 128 --credit_kwargs '{"eapo_kappa": 0.69}'
 
 A tiny model is trained from scratch on 2 CPU cores with the real `CreditGRPOTrainer` (see `trl_credit.experiments.lab`).
 `--horizon` sets the completion length of every task, `--decisive` the number of decisive forks of `fork` and `mdp`,
-`--num_generations` the group size. The `oracle` method gives each response's advantage to the tokens the task marks
-decisive and nothing to the others: with `grpo` (the same advantage on every token) in the grid, the report adds the
-fraction of the grpo-to-oracle gap each method closes. `OUTPUT_DIR/results.json` holds every run's series and
-metrics, `OUTPUT_DIR/report.md` the tables (mean ± 95 % t interval over seeds, and the paired difference to `grpo`).
-Finished runs in `results.json` are not repeated.
+`--num_generations` the group size, `--credit_kwargs` the methods' hyperparameters. The `oracle` method gives each
+response's advantage to the tokens the task marks decisive and a quarter of it to the others: with `grpo` (the same
+advantage on every token) in the grid, the report adds the fraction of the grpo-to-oracle gap each method closes.
+`OUTPUT_DIR/results.json` holds every run's series and metrics, `OUTPUT_DIR/report.md` the tables (mean ± 95 % t
+interval over seeds, and the paired difference to `grpo`). Finished runs in `results.json` are not repeated.
 """
 
 from __future__ import annotations

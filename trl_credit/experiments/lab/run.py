@@ -16,8 +16,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ...methods import DEFAULT_COMPARISON
+from ...methods import DEFAULT_COMPARISON, get_credit_method, parse_credit_methods
+from ...methods.registry import stack_hyperparameters
+from ...trainer.config import parse_credit_kwargs
 from .metrics import (
     mean_of_edges,
     precision,
@@ -51,6 +54,8 @@ class LabConfig:
         micro_batches (`int`, *optional*, defaults to `2`): gradient-accumulation micro-batches per step, between
             which the gradient-norm spread is measured.
         warm_up_steps (`int`, *optional*, defaults to `300`): distillation steps into the task's prior before RL.
+        credit_kwargs (`dict` or `str`, *optional*): hyperparameters of the compared methods, by name (a JSON object
+            on the command line); each run gets its own method's entries, the others keep the papers' defaults.
 
     Parameters that control measurement:
         solved_threshold (`float`, *optional*, defaults to `0.8`), solved_window (`int`, *optional*, defaults to
@@ -94,6 +99,14 @@ class LabConfig:
     eval_samples: int = field(default=32, metadata={"help": "Completions per prompt for avg@n and pass@k at the end."})
     pass_k: list[int] = field(default_factory=lambda: [1, 8], metadata={"help": "k of pass@k (<= eval_samples)."})
     output_dir: str = field(default="lab_results", metadata={"help": "Folder for results.json and report.md."})
+    credit_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": 'Hyperparameters of the compared methods, as a JSON object (`{"eapo_kappa": 0.69}`); the '
+            "others keep the papers' defaults. Each run gets its own method's entries; a name that no compared "
+            "method owns is an error."
+        },
+    )
 
     def __post_init__(self):
         for name in ("methods", "tasks", "seeds"):
@@ -103,6 +116,13 @@ class LabConfig:
             duplicates = sorted({v for v in values if values.count(v) > 1})
             if duplicates:
                 raise ValueError(f"{name} has duplicates: {duplicates}")
+        self.credit_kwargs = parse_credit_kwargs(self.credit_kwargs)
+        owners = {method: method_credit_kwargs(method, self.credit_kwargs) for method in self.methods}
+        orphans = [k for k in self.credit_kwargs or {} if not any(k in owned for owned in owners.values())]
+        if orphans:
+            raise ValueError(
+                f"credit_kwargs[{orphans[0]!r}] is not a hyperparameter of the compared methods {self.methods}"
+            )
         for task in self.tasks:
             get_task(task, self.horizon, self.decisive)
         for name in (
@@ -134,6 +154,14 @@ class LabConfig:
 # ---------------------------------------------------------------------------------------------------------------
 # One run
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def method_credit_kwargs(method: str, credit_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The entries of `credit_kwargs` that `method` (a name or a `+` stack) owns, coerced and checked by it."""
+    stack = [get_credit_method(name) for name in parse_credit_methods(method)]
+    owned = {k: v for k, v in (credit_kwargs or {}).items() if any(k in m.argument_names for m in stack)}
+    stack_hyperparameters(stack, owned)  # a bad value fails here, before any run trains
+    return owned
 
 
 def _probe_sequences(task, seed: int, count: int = 64) -> list[list[str]]:
@@ -229,6 +257,7 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
         save_strategy="no",
         dataloader_num_workers=0,
         disable_tqdm=True,
+        credit_kwargs=method_credit_kwargs(method, config.credit_kwargs) or None,
     )
 
     dataset = Dataset.from_dict({"prompt": task.prompts() * 64})
