@@ -11,19 +11,20 @@ torch thread, writing to `docs/lab_evidence/<folder>/`; stages that share a fold
 `docs/lab_evidence/stages.json` records each finished stage's command, wall time, load average and commit.
 
 `report.md` has one table per claim family (horizon, sparsity, group size, the methods at the longest horizon,
-contamination). Each row is one method against `grpo` at one level, paired on the seed, for two metrics (mean
+contamination) and one for the investigation of EAPO's collapses (its GRPO runs are `d-h128`'s). Each row is one method against `grpo` at one level, paired on the seed, for two metrics (mean
 train reward over the first 40 steps, avg@16 after training): the mean difference with its 95 % t interval, the
 effect size d_z (mean difference / standard deviation of the differences), the two-sided paired t test's p-value
 Holm-adjusted over every row and metric of the table, and each side's collapse count. A discovery row is a finding
 when its Holm-adjusted p < 0.05; it is *replicated* when the replication table's row at the paired level has the
 same sign with Holm-adjusted p < 0.05, *refuted* when it has the opposite sign with p < 0.05, and *not replicated*
-otherwise.
+otherwise. A `grpo − 0` row tests GRPO's own change of the metric (the contamination claim: GRPO raises `z`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import statistics
@@ -62,6 +63,10 @@ def _mdp(methods: list[str], horizon: int, steps: int = 60, **options) -> list[s
 FLOOR_AND_CEILING = ["grpo", "oracle"]
 HITCH = ["--tasks", "hitch", "--max_steps", "100", "--eval_samples", "16", "--pass_k", "1", "4"]
 HITCH_METHODS = ["grpo", "oracle", "taco", "stapo", "minp_support"]
+KAPPA_LN2 = json.dumps({"eapo_kappa": round(math.log(2), 4)})
+FORK_QUANTILES = json.dumps({"eapo_quantiles": [0.9, 0.999]})  # one fork in 128 tokens: the top 0.8 % are forks
+# Folders whose GRPO runs are in another folder (same seeds and settings but the compared method's hyperparameters).
+BASELINE_FOLDER = {"d-h128-eapo-k2": "d-h128", "d-h128-eapo-q": "d-h128"}
 
 # name: (seed set, seed slice, folder, lab arguments, estimated seconds per run on one loaded core).
 # Cheap and decisive stages first, so that a partial run is usable; each stage is sized for < 1 h on one core.
@@ -80,6 +85,22 @@ STAGES: dict[str, tuple[str, slice, str, list[str], float]] = {
     "d-h128-tide-a": ("discovery", _FIRST, "d-h128", _mdp(["tide"], 128, steps=40), 164),
     "d-h128-tide-b": ("discovery", _SECOND, "d-h128", _mdp(["tide"], 128, steps=40), 164),
     "d-hitch": ("discovery", _ALL, "d-hitch", ["--methods", *HITCH_METHODS, *HITCH, "--horizon", "16"], 30),
+    # Why EAPO collapses at H = 128 (issue: kappa, the quantiles or a defect): EAPO with a smaller kappa, and with
+    # quantiles that separate the fork from the fillers, on the discovery seeds, against d-h128's GRPO runs.
+    "d-h128-eapo-k2": (
+        "discovery",
+        _ALL,
+        "d-h128-eapo-k2",
+        _mdp(["eapo"], 128, steps=40, credit_kwargs=KAPPA_LN2),
+        50,
+    ),
+    "d-h128-eapo-q": (
+        "discovery",
+        _ALL,
+        "d-h128-eapo-q",
+        _mdp(["eapo"], 128, steps=40, credit_kwargs=FORK_QUANTILES),
+        50,
+    ),
     # Replication: disjoint seeds, a neighbouring configuration.
     "r-h24": ("replication", _ALL, "r-h24", _mdp(FLOOR_AND_CEILING, 24), 30),
     "r-h12": ("replication", _ALL, "r-h12", _mdp(FLOOR_AND_CEILING, 12), 20),
@@ -97,40 +118,59 @@ STAGES: dict[str, tuple[str, slice, str, list[str], float]] = {
     "r-hitch-b": ("replication", _SECOND, "r-hitch", ["--methods", *HITCH_METHODS, *HITCH, "--horizon", "24"], 40),
 }
 
-# Claim families: (title, methods compared with grpo, discovery levels, replication levels paired by position).
+METRICS = (("mean_reward", f"mean train reward, steps 1–{BUDGET}"), ("avg@16", "avg@16 after training"))
+LOG_GROWTH = ("log_rare_growth", "ln(p(z) end / start) in fixed correct responses")
+
+# Claim families: (title, methods compared with grpo, discovery levels, replication levels paired by position or None
+# for an investigation, metrics). The method `grpo` is compared with 0: does the metric move under GRPO at all.
 TABLES = (
     (
         "the oracle − grpo gap grows with the horizon",
         ["oracle"],
         [("H = 8", "d-h8"), ("H = 32", "d-h32"), ("H = 128", "d-h128")],
         [("H = 12", "r-h12"), ("H = 24", "r-h24"), ("H = 96", "r-h96")],
+        METRICS,
     ),
     (
         "the gap grows as decisive tokens get sparser",
         ["oracle"],
         [("4 of 32", "d-k4"), ("2 of 32", "d-k2"), ("1 of 32", "d-h32")],
         [("4 of 24", "r-k4"), ("2 of 24", "r-k2"), ("1 of 24", "r-h24")],
+        METRICS,
     ),
     (
         "the gap grows as the group shrinks",
         ["oracle"],
         [("G = 16", "d-g16"), ("G = 8", "d-h32"), ("G = 4", "d-g4")],
         [("G = 12, H = 24", "r-g12"), ("G = 8, H = 24", "r-h24"), ("G = 6, H = 24", "r-g6")],
+        METRICS,
     ),
     (
         "TACO, EAPO, TIDE against GRPO at the longest horizon",
         ["oracle", "taco", "eapo", "tide"],
         [("H = 128", "d-h128")],
         [("H = 96", "r-h96")],
+        METRICS,
+    ),
+    (
+        "EAPO's collapses at H = 128: κ and the entropy quantiles (an investigation, not replicated)",
+        ["eapo"],
+        [
+            ("κ = ln 4, quantiles (0.1, 0.9)", "d-h128"),
+            ("κ = ln 2", "d-h128-eapo-k2"),
+            ("quantiles (0.9, 0.999)", "d-h128-eapo-q"),
+        ],
+        None,
+        METRICS,
     ),
     (
         "contamination (hitch)",
-        ["oracle", "taco", "stapo", "minp_support"],
+        ["grpo", "oracle", "taco", "stapo", "minp_support"],
         [("H = 16", "d-hitch")],
         [("H = 24", "r-hitch")],
+        (LOG_GROWTH, *METRICS),
     ),
 )
-METRICS = (("mean_reward", f"mean train reward, steps 1–{BUDGET}"), ("avg@16", "avg@16 after training"))
 
 
 def stage_seeds(stage: str) -> list[int]:
@@ -192,6 +232,8 @@ def _runs(folder: str) -> list[dict]:
 def _metric(run: dict, metric: str) -> float:
     if metric == "mean_reward":
         return statistics.fmean(run["rewards"][:BUDGET])
+    if metric == "log_rare_growth":
+        return math.log(run["metrics"]["rare_prob_growth"])
     return float(run["metrics"][metric])
 
 
@@ -200,10 +242,14 @@ def _is_collapsed(run: dict) -> bool:
 
 
 def compare(folder: str, method: str, metric: str) -> dict | None:
-    """The paired comparison of `method` with grpo in `folder` (None when either has no run)."""
+    """The paired comparison of `method` with grpo in `folder`, or of grpo with 0 (None when either has no run)."""
     runs = _runs(folder)
+    grpo_runs = _runs(BASELINE_FOLDER.get(folder, folder))
     values = {r["seed"]: _metric(r, metric) for r in runs if r["method"] == method}
-    baseline = {r["seed"]: _metric(r, metric) for r in runs if r["method"] == "grpo"}
+    if method == "grpo":
+        baseline = dict.fromkeys(values, 0.0)
+    else:
+        baseline = {r["seed"]: _metric(r, metric) for r in grpo_runs if r["method"] == "grpo"}
     seeds = sorted(set(values) & set(baseline))
     if not seeds:
         return None
@@ -213,17 +259,19 @@ def compare(folder: str, method: str, metric: str) -> dict | None:
         "p": paired_t_p_value(differences),
         "d_z": effect_size(differences),
         "collapsed": sum(_is_collapsed(r) for r in runs if r["method"] == method and r["seed"] in seeds),
-        "collapsed_grpo": sum(_is_collapsed(r) for r in runs if r["method"] == "grpo" and r["seed"] in seeds),
+        "collapsed_grpo": sum(_is_collapsed(r) for r in grpo_runs if r["method"] == "grpo" and r["seed"] in seeds),
         "n": len(seeds),
     }
 
 
-def family(methods: list[str], levels: list[tuple[str, str]]) -> dict:
+def family(methods: list[str], levels: list[tuple[str, str]], metrics) -> dict:
     """`{(method, level index, metric): comparison}` with Holm-adjusted p-values over the whole family."""
     rows = {}
     for i, (_, folder) in enumerate(levels):
         for method in methods:
-            for metric, _ in METRICS:
+            for metric, _ in metrics:
+                if method == "grpo" and metric != LOG_GROWTH[0]:
+                    continue  # grpo against 0 only where 0 means "no change"
                 result = compare(folder, method, metric)
                 if result is not None:
                     rows[(method, i, metric)] = result
@@ -232,9 +280,11 @@ def family(methods: list[str], levels: list[tuple[str, str]]) -> dict:
     return rows
 
 
-def verdict(discovery: dict | None, replication: dict | None) -> str:
+def verdict(discovery: dict | None, replication: dict | None, investigation: bool = False) -> str:
     if discovery is None or discovery["p_holm"] >= ALPHA:
         return "no finding"
+    if investigation:
+        return "finding, not replicated (an investigation)"
     if replication is None:
         return "not yet run"
     same_sign = (discovery["interval"].mean > 0) == (replication["interval"].mean > 0)
@@ -265,11 +315,15 @@ def aggregate() -> str:
         f"adjusted separately; `*` when < {ALPHA}); the number of seeds; collapsed runs (final train reward or avg@16 "
         f"≤ {COLLAPSE_TOLERANCE}), the method's vs grpo's. A discovery cell with p_Holm < {ALPHA} is a finding; "
         "`replicated` when the replication cell at the paired level has the same sign with p_Holm < "
-        f"{ALPHA}, `refuted` when the opposite sign, `not replicated` otherwise.",
+        f"{ALPHA}, `refuted` when the opposite sign, `not replicated` otherwise. A `grpo − 0` row tests GRPO's own "
+        "change of the metric against 0 (one-sample t test).",
         "",
     ]
-    for title, methods, discovery_levels, replication_levels in TABLES:
-        discovery, replication = family(methods, discovery_levels), family(methods, replication_levels)
+    for title, methods, discovery_levels, replication_levels, metrics in TABLES:
+        investigation = replication_levels is None
+        replication_levels = replication_levels or []
+        discovery = family(methods, discovery_levels, metrics)
+        replication = family(methods, replication_levels, metrics)
         lines += [
             f"## {title}",
             "",
@@ -279,13 +333,13 @@ def aggregate() -> str:
         for i, (label, _) in enumerate(discovery_levels):
             replication_label = replication_levels[i][0] if i < len(replication_levels) else "–"
             for method in methods:
-                for metric, metric_label in METRICS:
+                for metric, metric_label in metrics:
                     d, r = discovery.get((method, i, metric)), replication.get((method, i, metric))
                     if d is None and r is None:
                         continue
                     lines.append(
-                        f"| {method} | {label} | {metric_label} | {_cell(d)} | {replication_label} | {_cell(r)} | "
-                        f"{verdict(d, r)} |"
+                        f"| {method}{' − 0' if method == 'grpo' else ''} | {label} | {metric_label} | {_cell(d)} | "
+                        f"{replication_label} | {_cell(r)} | {verdict(d, r, investigation)} |"
                     )
         lines.append("")
     log = _stage_log()
