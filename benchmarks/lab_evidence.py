@@ -11,13 +11,15 @@ torch thread, writing to `docs/lab_evidence/<folder>/`; stages that share a fold
 `docs/lab_evidence/stages.json` records each finished stage's command, wall time, load average and commit.
 
 `report.md` has one table per claim family (horizon, sparsity, group size, the methods at the longest horizon,
-contamination) and one for the investigation of EAPO's collapses (its GRPO runs are `d-h128`'s). Each row is one method against `grpo` at one level, paired on the seed, for two metrics (mean
-train reward over the first 40 steps, avg@16 after training): the mean difference with its 95 % t interval, the
-effect size d_z (mean difference / standard deviation of the differences), the two-sided paired t test's p-value
-Holm-adjusted over every row and metric of the table, and each side's collapse count. A discovery row is a finding
-when its Holm-adjusted p < 0.05; it is *replicated* when the replication table's row at the paired level has the
-same sign with Holm-adjusted p < 0.05, *refuted* when it has the opposite sign with p < 0.05, and *not replicated*
-otherwise. A `grpo − 0` row tests GRPO's own change of the metric (the contamination claim: GRPO raises `z`).
+contamination) and one for the investigation of EAPO's collapses (its GRPO runs are `d-h128`'s). Each row is one
+method against `grpo` at one level, paired on the seed, for two metrics (mean train reward over the first 40 steps,
+avg@16 after training): the mean difference with its 95 % t interval, the effect size d_z (mean difference /
+standard deviation of the differences), the two-sided paired t test's p-value Holm-adjusted over every row and metric
+of the table, and each side's collapse count. A sweep's last row tests whether the gap changes along it (the gaps at
+its last level minus those at its first: Welch's test, Cohen's d). A `grpo − 0` row tests GRPO's own change of the
+metric (the contamination claim: GRPO raises `z`). A discovery row is a finding when its Holm-adjusted p < 0.05; it
+is *replicated* when the replication table's row at the paired level has the same sign with Holm-adjusted p < 0.05,
+*refuted* when it has the opposite sign with p < 0.05, and *not replicated* otherwise.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from trl_credit.experiments.lab.metrics import (  # noqa: E402
     effect_size,
     holm,
     paired_t_p_value,
+    welch_difference,
 )
 
 OUTPUT = _common.REPO_ROOT / "docs" / "lab_evidence"
@@ -119,6 +122,7 @@ STAGES: dict[str, tuple[str, slice, str, list[str], float]] = {
 }
 
 METRICS = (("mean_reward", f"mean train reward, steps 1–{BUDGET}"), ("avg@16", "avg@16 after training"))
+ROW_NAMES = {"grpo": "grpo − 0", "trend": "oracle − grpo: the gap's change over the sweep"}
 LOG_GROWTH = ("log_rare_growth", "ln(p(z) end / start) in fixed correct responses")
 
 # Claim families: (title, methods compared with grpo, discovery levels, replication levels paired by position or None
@@ -264,6 +268,28 @@ def compare(folder: str, method: str, metric: str) -> dict | None:
     }
 
 
+def trend(first: str, last: str, metric: str) -> dict | None:
+    """Whether the oracle − grpo gap differs between two levels of a sweep: the per-seed gaps at `last` minus those at
+    `first`, Welch's interval and p-value (the levels are different tasks: their seeds are not paired)."""
+    gaps = []
+    for folder in (first, last):
+        runs = _runs(folder)
+        oracle = {r["seed"]: _metric(r, metric) for r in runs if r["method"] == "oracle"}
+        grpo = {r["seed"]: _metric(r, metric) for r in runs if r["method"] == "grpo"}
+        gaps.append([oracle[s] - grpo[s] for s in sorted(set(oracle) & set(grpo))])
+    if not all(gaps):
+        return None
+    interval, p_value = welch_difference(*gaps)
+    pooled_sd = math.sqrt((statistics.variance(gaps[0]) + statistics.variance(gaps[1])) / 2)
+    return {
+        "interval": interval,
+        "p": p_value,
+        "d_z": interval.mean / pooled_sd if pooled_sd else math.nan,  # Cohen's d: unpaired, so not d_z
+        "collapsed": None,
+        "n": f"{len(gaps[0])} + {len(gaps[1])}",
+    }
+
+
 def family(methods: list[str], levels: list[tuple[str, str]], metrics) -> dict:
     """`{(method, level index, metric): comparison}` with Holm-adjusted p-values over the whole family."""
     rows = {}
@@ -275,6 +301,11 @@ def family(methods: list[str], levels: list[tuple[str, str]], metrics) -> dict:
                 result = compare(folder, method, metric)
                 if result is not None:
                     rows[(method, i, metric)] = result
+    if len(levels) > 1 and "oracle" in methods:
+        for metric, _ in metrics:
+            result = trend(levels[0][1], levels[-1][1], metric)
+            if result is not None:
+                rows[("trend", len(levels) - 1, metric)] = result
     for key, adjusted in zip(rows, holm([r["p"] for r in rows.values()])):
         rows[key]["p_holm"] = adjusted
     return rows
@@ -297,9 +328,13 @@ def _cell(result: dict | None) -> str:
     if result is None:
         return "–"
     star = " *" if result["p_holm"] < ALPHA else ""
+    size = "d" if result["collapsed"] is None else "d_z"
+    collapses = (
+        "" if result["collapsed"] is None else f", collapsed {result['collapsed']} vs {result['collapsed_grpo']}"
+    )
     return (
-        f"{result['interval'].format()}{star}<br>d_z {result['d_z']:.2f}, p_Holm {result['p_holm']:.3g}, "
-        f"n {result['n']}, collapsed {result['collapsed']} vs {result['collapsed_grpo']}"
+        f"{result['interval'].format()}{star}<br>{size} {result['d_z']:.2f}, p_Holm {result['p_holm']:.3g}, "
+        f"n {result['n']}{collapses}"
     )
 
 
@@ -316,7 +351,10 @@ def aggregate() -> str:
         f"≤ {COLLAPSE_TOLERANCE}), the method's vs grpo's. A discovery cell with p_Holm < {ALPHA} is a finding; "
         "`replicated` when the replication cell at the paired level has the same sign with p_Holm < "
         f"{ALPHA}, `refuted` when the opposite sign, `not replicated` otherwise. A `grpo − 0` row tests GRPO's own "
-        "change of the metric against 0 (one-sample t test).",
+        "change of the metric against 0 (one-sample t test). The last row of a sweep tests the claim that the gap "
+        "changes along it: the per-seed gaps at the sweep's last level minus those at its first, with Welch's "
+        "interval and p-value and Cohen's d (the difference over the pooled standard deviation), since the two "
+        "levels' runs are not paired.",
         "",
     ]
     for title, methods, discovery_levels, replication_levels, metrics in TABLES:
@@ -330,17 +368,26 @@ def aggregate() -> str:
             "| method | discovery level | metric | discovery | replication level | replication | verdict |",
             "|---|---|---|---|---|---|---|",
         ]
-        for i, (label, _) in enumerate(discovery_levels):
-            replication_label = replication_levels[i][0] if i < len(replication_levels) else "–"
-            for method in methods:
-                for metric, metric_label in metrics:
-                    d, r = discovery.get((method, i, metric)), replication.get((method, i, metric))
-                    if d is None and r is None:
-                        continue
-                    lines.append(
-                        f"| {method}{' − 0' if method == 'grpo' else ''} | {label} | {metric_label} | {_cell(d)} | "
-                        f"{replication_label} | {_cell(r)} | {verdict(d, r, investigation)} |"
-                    )
+        rows = [  # (row, key in the families, discovery level, replication level)
+            (method, i, label, replication_levels[i][0] if i < len(replication_levels) else "–")
+            for i, (label, _) in enumerate(discovery_levels)
+            for method in methods
+        ]
+        if len(discovery_levels) > 1:  # keyed by the last level: see `family`
+            last = len(discovery_levels) - 1
+            replication_label = (
+                f"{replication_levels[-1][0]} vs {replication_levels[0][0]}" if replication_levels else "–"
+            )
+            rows.append(("trend", last, f"{discovery_levels[-1][0]} vs {discovery_levels[0][0]}", replication_label))
+        for method, i, label, replication_label in rows:
+            for metric, metric_label in metrics:
+                d, r = discovery.get((method, i, metric)), replication.get((method, i, metric))
+                if d is None and r is None:
+                    continue
+                lines.append(
+                    f"| {ROW_NAMES.get(method, method)} | {label} | {metric_label} | {_cell(d)} | "
+                    f"{replication_label} | {_cell(r)} | {verdict(d, r, investigation)} |"
+                )
         lines.append("")
     log = _stage_log()
     lines += [

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import statistics
 import sys
@@ -25,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 
-from trl_credit.experiments.compare.stats import paired_difference, student_t_quantile, t_interval  # noqa: E402
-from trl_credit.experiments.lab.metrics import gap_fraction, steps_until_solved  # noqa: E402
+from trl_credit.experiments.compare.stats import paired_difference, t_interval  # noqa: E402
+from trl_credit.experiments.lab.metrics import gap_fraction, steps_until_solved, welch_difference  # noqa: E402
 
 OUTPUT = _common.REPO_ROOT / "docs" / "lab_regimes"
 SEEDS = ["--seeds", "0", "1", "2", "3", "4"]
@@ -136,15 +135,8 @@ def _values(stage: str, method: str, metric: str) -> dict[int, float]:
 
 def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
     """Mean of b - a and the half-width of Welch's 95 % interval (None with fewer than 2 values each)."""
-    if len(a) < 2 or len(b) < 2:
-        return None
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    if va + vb == 0:
-        return statistics.fmean(b) - statistics.fmean(a), 0.0
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    return statistics.fmean(b) - statistics.fmean(a), student_t_quantile(0.975, max(1, math.floor(df))) * math.sqrt(
-        va + vb
-    )
+    interval, _ = welch_difference(a, b)
+    return None if interval.half_width is None else (interval.mean, interval.half_width)
 
 
 def aggregate() -> str:

@@ -23,6 +23,7 @@ from trl_credit.experiments.lab.metrics import (
     paired_t_p_value,
     precision,
     steps_until_solved,
+    welch_difference,
     within_step_spread,
 )
 from trl_credit.experiments.lab.tasks import COMPLETION_LENGTH, FORK_POSITION, RARE_TOKEN, TASKS, VOCABULARY, get_task
@@ -318,6 +319,15 @@ def test_paired_t_holm_and_effect_size_by_hand():
     # Holm: sorted 0.01, 0.02, 0.04, 0.3 times 4, 3, 2, 1 -> 0.04, 0.06, 0.08, 0.3, made monotone, in input order.
     assert holm([0.04, 0.3, 0.01, 0.02]) == pytest.approx([0.08, 0.3, 0.04, 0.06])
     assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0]) and holm([]) == []
+
+
+def test_welch_difference_by_hand():
+    # a = 0, 2 and b = 3, 5: difference 3, standard error sqrt(2/2 + 2/2) = sqrt(2), 2 df (Welch-Satterthwaite);
+    # t = 2.1213, and with 2 df the two-sided p is 1 - t / sqrt(t^2 + 2) = 0.16795; t_0.975(2) = 4.3027.
+    interval, p = welch_difference([0.0, 2.0], [3.0, 5.0])
+    assert interval.mean == pytest.approx(3.0) and p == pytest.approx(0.16795, abs=1e-4)
+    assert interval.half_width == pytest.approx(4.3027 * math.sqrt(2), abs=1e-3)
+    assert welch_difference([1.0], [2.0, 3.0])[1] == 1.0 and welch_difference([1.0, 1.0], [2.0, 2.0])[1] == 0.0
 
 
 def test_the_reward_reads_token_positions_as_the_labels_do():

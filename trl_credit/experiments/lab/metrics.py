@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..compare.stats import Interval, student_t_cdf, t_interval
+from ..compare.stats import Interval, student_t_cdf, student_t_quantile, t_interval
 
 SIGNS = ("pos", "neg")
 # A run has collapsed when its final reward or avg@n is within this of the task's floor: at most one success in 20.
@@ -183,3 +183,20 @@ def effect_size(differences: list[float]) -> float:
     if len(differences) < 2 or statistics.stdev(differences) == 0:
         return math.nan
     return statistics.fmean(differences) / statistics.stdev(differences)
+
+
+def welch_difference(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[Interval, float]:
+    """Welch's interval of mean(b) − mean(a) and the two-sided p-value of no difference (degrees of freedom rounded
+    down). With fewer than 2 values on either side: no interval, p = 1."""
+    n_a, n_b = len(a), len(b)
+    mean = statistics.fmean(b) - statistics.fmean(a) if n_a and n_b else math.nan
+    if n_a < 2 or n_b < 2:
+        return Interval(mean, n_a + n_b, None, confidence), 1.0
+    var_a, var_b = statistics.variance(a) / n_a, statistics.variance(b) / n_b
+    if var_a + var_b == 0:
+        return Interval(mean, n_a + n_b, 0.0, confidence), 1.0 if mean == 0 else 0.0
+    df = max(1, math.floor((var_a + var_b) ** 2 / (var_a**2 / (n_a - 1) + var_b**2 / (n_b - 1))))
+    standard_error = math.sqrt(var_a + var_b)
+    half_width = student_t_quantile((1.0 + confidence) / 2.0, df) * standard_error
+    p_value = 2.0 * (1.0 - student_t_cdf(abs(mean) / standard_error, df))
+    return Interval(mean, n_a + n_b, half_width, confidence), p_value
