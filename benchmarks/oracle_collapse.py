@@ -60,6 +60,11 @@ def traced_trainer(trace: dict):
                 # Share of the other positions holding their template filler (FILLERS[p % 8], the prior's 0.9).
                 template = [words[p] == FILLERS[p % len(FILLERS)] for p in others]
                 step.setdefault("template", []).append(statistics.fmean(template) if template else math.nan)
+                # Net credit on the tokens holding their template filler: GRPO's sums to about 0 over a group (its
+                # advantages do), a reweighting that favours some tokens by their entropy need not.
+                step.setdefault("template_credit", []).append(
+                    sum(advantages[row, p].item() for p, is_template in zip(others, template) if is_template)
+                )
                 # Signed push toward fork j's right choice: credit on a right token, minus credit on a wrong one.
                 credit = [
                     advantages[row, p].item() * mask_BT[row, p].item() if p < width else 0.0
@@ -198,6 +203,7 @@ def trace_one(args, seed: int, trace: dict) -> None:
                 "mass_mean": statistics.fmean(s["mass"]),
                 "token_max": max(s["max"]),
                 "template_share": round(statistics.fmean(s.get("template", [math.nan])), 3),
+                "template_credit": round(sum(s.get("template_credit", [])), 3),
                 "fork_tokens": [
                     dict(collections.Counter(fork).most_common(3)) for fork in zip(*s.get("fork_tokens", []))
                 ],
@@ -240,7 +246,7 @@ def trace_one(args, seed: int, trace: dict) -> None:
         for s in steps:
             print(
                 f"{s['step']:3d} r {s['reward']:.2f} right {s['right_per_fork']} mass {s['mass_mean']:.2f} "
-                f"max {s['token_max']:.2f} template {s['template_share']} forks {s['fork_tokens']} push {s['push_toward_right']} L {s['fork_credit_L']} "
+                f"max {s['token_max']:.2f} template {s['template_share']} (credit {s['template_credit']}) forks {s['fork_tokens']} push {s['push_toward_right']} L {s['fork_credit_L']} "
                 f"R {s['fork_credit_R']} {_brief(s['method_metrics'])} grad {s['grad_norm'] or 0:.3f} update {s['update_norm'] or 0:.4f}"
             )
 

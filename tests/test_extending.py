@@ -96,6 +96,26 @@ def test_a_method_registered_outside_the_package_reaches_plots_token_view_and_ca
     assert "Up to `surprise_boost_max` times more credit" in card
 
 
+def test_a_trainer_pinned_to_a_user_method_takes_its_card_metadata_from_the_registration(tmp_path, make_trainer):
+    from trl_credit import CreditGRPOTrainer
+
+    method = get_credit_method(EXAMPLE)  # imports the example module, which registers the method
+
+    class SurpriseBoostTrainer(CreditGRPOTrainer, credit_method="surprise_boost"):
+        pass
+
+    method = get_credit_method("surprise_boost")
+    assert SurpriseBoostTrainer._name == method.display_name == "Surprise boost"
+    assert SurpriseBoostTrainer._paper == method.paper and SurpriseBoostTrainer._tag_names[-1] == "surprise_boost"
+    assert CreditGRPOTrainer._tag_names == ["trl", "grpo", "trl-credit"]  # the base class is left as it was
+    with pytest.raises(ValueError, match="SurpriseBoostTrainer trains with credit_method='surprise_boost'"):
+        make_trainer("taco", trainer_class=SurpriseBoostTrainer, output_dir=tmp_path)
+    with pytest.raises(ValueError, match="unknown credit method 'surprise_bost'"):
+
+        class Misspelt(CreditGRPOTrainer, credit_method="surprise_bost"):
+            pass
+
+
 def test_undeclared_metrics_and_reserved_names_are_refused():
     with pytest.raises(ValueError, match=r"the trainer logs \['mean_weight'\] for every method"):
         register_credit_method("reserved_metric", diagnostics={"mean_weight": "mine"})

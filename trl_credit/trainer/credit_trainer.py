@@ -39,6 +39,7 @@ from ..methods import (
     REFERENCE_DEVIATION,
     CreditBatch,
     CreditResult,
+    get_credit_method,
 )
 from .batch_layout import (
     GROUP_INDEX,
@@ -80,13 +81,24 @@ class CreditGRPOTrainer(GRPOTrainer):
     """
 
     config_class = CreditGRPOConfig
-    _credit_method: str | None = None  # set by the single-method subclasses
+    _credit_method: str | None = None  # set by the single-method subclasses: see `__init_subclass__`
     # The statistics this trainer computes; a subclass that knows more (the credit lab's ground truth) extends it.
     supplied_statistics: tuple[str, ...] = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
     _tag_names = ["trl", "grpo", "trl-credit"]
     # The micro-batch whose loss TRL is computing, and the dtype of the attention mask TRL would build from it, from
     # `_compute_loss` to the scoring forward of that loss (see `_get_per_token_logps_and_entropies`); else None.
     _loss_forward: tuple[dict, torch.dtype] | None = None
+
+    def __init_subclass__(cls, credit_method: str | None = None, **kwargs):
+        """`class TACOTrainer(CreditGRPOTrainer, credit_method="taco")` pins the trainer to one method and takes its
+        display name, paper and Hub tag from the method's registration."""
+        super().__init_subclass__(**kwargs)
+        if credit_method is not None:
+            method = get_credit_method(credit_method)
+            cls._credit_method = credit_method
+            cls._tag_names = [*CreditGRPOTrainer._tag_names, credit_method]
+            cls._name = method.display_name
+            cls._paper = dict(method.paper)
 
     def __init__(self, model, reward_funcs=None, args: CreditGRPOConfig | None = None, *pos_args, **kwargs):
         check_trl_surfaces()

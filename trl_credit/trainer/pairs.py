@@ -1,15 +1,15 @@
 """The public single-method trainer/config pairs: `TACOTrainer`, `EAPOTrainer`, `TIDETrainer`.
 
 Each config declares its method's hyperparameters as fields (`TACOConfig(taco_alpha=0.05)`) and re-declares only
-what the paper's recipe changes; each trainer is `CreditGRPOTrainer` pinned to one method, with the paper's metadata
-(from the method's registration) for model cards and Hub tags.
+what the paper's recipe changes; each trainer is `CreditGRPOTrainer` pinned to one method (`credit_method="taco"` in the class
+statement), which takes the paper's metadata for model cards and Hub tags from the method's registration.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..methods import CREDIT_METHODS, EAPOArguments, TACOArguments, TIDEArguments
+from ..methods import EAPOArguments, TACOArguments, TIDEArguments
 from .config import CreditGRPOConfig
 from .credit_trainer import CreditGRPOTrainer
 
@@ -49,34 +49,22 @@ class TIDEConfig(CreditGRPOConfig, TIDEArguments):
     epsilon_high: float | None = field(default=0.28, metadata={"help": _CLIP_HIGHER_HELP})
 
 
-class TACOTrainer(CreditGRPOTrainer):
+class TACOTrainer(CreditGRPOTrainer, credit_method="taco"):
     """GRPO with TACO: positive credit of implausible tail tokens is shrunk (statistics from the training forward)."""
 
     config_class = TACOConfig
-    _credit_method = "taco"
-    _tag_names = ["trl", "grpo", "trl-credit", "taco"]
-    _name = CREDIT_METHODS["taco"].display_name
-    _paper = dict(CREDIT_METHODS["taco"].paper)
 
 
-class EAPOTrainer(CreditGRPOTrainer):
+class EAPOTrainer(CreditGRPOTrainer, credit_method="eapo"):
     """GRPO with EAPO: credit moves to high-entropy tokens on success and to low-entropy tokens on failure."""
 
     config_class = EAPOConfig
-    _credit_method = "eapo"
-    _tag_names = ["trl", "grpo", "trl-credit", "eapo"]
-    _name = CREDIT_METHODS["eapo"].display_name
-    _paper = dict(CREDIT_METHODS["eapo"].paper)
 
 
-class TIDETrainer(CreditGRPOTrainer):
+class TIDETrainer(CreditGRPOTrainer, credit_method="tide"):
     """GRPO with TIDE: credit follows the entropy-gated Hellinger deviation of the policy from a reference."""
 
     config_class = TIDEConfig
-    _credit_method = "tide"
-    _tag_names = ["trl", "grpo", "trl-credit", "tide"]
-    _name = CREDIT_METHODS["tide"].display_name
-    _paper = dict(CREDIT_METHODS["tide"].paper)
 
 
 # The trainer and config the CLI uses for a method name; any other name or stack trains with CreditGRPOTrainer.
