@@ -142,7 +142,17 @@ def main() -> None:
     )
     parser.add_argument("--output_dir", default="docs/lab_oracle/traces")
     parser.add_argument("--verbose", action="store_true", help="print every step")
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("METHOD", "BASELINE"),
+        help="only summarise the traces in --output_dir: METHOD against BASELINE on the same seeds (net credit on "
+        "template tokens over the traced steps, template share at the last step), then exit",
+    )
     args = parser.parse_args()
+    if args.compare:
+        compare_traces(Path(args.output_dir), *args.compare)
+        return
     torch.set_num_threads(1)
 
     trace = {"steps": {}, "update_norm": [], "grad_norm": [], "method_metrics": []}
@@ -249,6 +259,37 @@ def trace_one(args, seed: int, trace: dict) -> None:
                 f"max {s['token_max']:.2f} template {s['template_share']} (credit {s['template_credit']}) forks {s['fork_tokens']} push {s['push_toward_right']} L {s['fork_credit_L']} "
                 f"R {s['fork_credit_R']} {_brief(s['method_metrics'])} grad {s['grad_norm'] or 0:.3f} update {s['update_norm'] or 0:.4f}"
             )
+
+
+def compare_traces(folder: Path, method: str, baseline: str) -> None:
+    """Paired per seed: the net credit on template tokens summed over the traced steps, and the template share at the
+    last traced step, `method` − `baseline`, with 95 % t intervals."""
+    from trl_credit.experiments.compare.stats import paired_difference
+
+    def summaries(name: str) -> dict[int, tuple[float, float]]:
+        traces = [json.loads(path.read_text()) for path in sorted(folder.glob(f"{name}_*.json"))]
+        return {
+            t["seed"]: (sum(s["template_credit"] for s in t["steps"]), t["steps"][-1]["template_share"])
+            for t in traces
+        }
+
+    ours, theirs = summaries(method), summaries(baseline)
+    seeds = sorted(set(ours) & set(theirs))
+    for seed in seeds:
+        print(
+            f"seed {seed}: template credit {ours[seed][0]:.1f} vs {theirs[seed][0]:.1f}, share {ours[seed][1]:.3f} vs {theirs[seed][1]:.3f}"
+        )
+    for index, label in (
+        (0, "net credit on template tokens, summed over the traced steps"),
+        (1, "template share at the last traced step"),
+    ):
+        method_values = {seed: ours[seed][index] for seed in seeds}
+        baseline_values = {seed: theirs[seed][index] for seed in seeds}
+        lower = sum(method_values[s] < baseline_values[s] for s in seeds)
+        print(
+            f"{label}: {method} − {baseline} {paired_difference(method_values, baseline_values).format()} "
+            f"(95 % t, {len(seeds)} seeds; lower on {lower})"
+        )
 
 
 if __name__ == "__main__":
