@@ -533,3 +533,16 @@ def test_a_trainer_without_the_ground_truth_refuses_the_oracle_at_init(tmp_path)
             train_dataset=tiny_prompt_dataset(),
             processing_class=tokenizer,
         )
+
+
+@pytest.mark.parametrize("script", ["lab_evidence", "lab_regimes"])
+def test_the_committed_lab_reports_are_rendered_from_the_committed_results(script, monkeypatch):
+    """`docs/<script>/report.md` is what `python benchmarks/<script>.py --aggregate` makes of the committed
+    results.json files: no number in it is edited by hand or left behind by a later run."""
+    import importlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    module = importlib.import_module(script)
+    assert module.aggregate() == (module.OUTPUT / "report.md").read_text()
