@@ -144,6 +144,16 @@ def test_eapo_direction_and_ratio_bound():
         assert row.max() / row.min() <= 4 + 1e-5
 
 
+def test_eapo_takes_net_credit_off_the_confident_tokens_a_success_and_a_failure_share():
+    """Worked by hand: one success (A = +1) and one failure (A = -1) with the same two tokens, entropies 0 and 1, so
+    h = 0 and 1. Success: r = 1, 4 (kappa = ln 4), mean 2.5, w = 0.4, 1.6. Failure: r = 1, 1/4, mean 0.625,
+    w = 1.6, 0.4. The net credit on the low-entropy token is 0.4 - 1.6 = -1.2 where GRPO's is 0: the push that moves
+    the lab's template tokens (docs/evidence.md, "Collapses")."""
+    out = eapo(torch.tensor([1.0, -1.0]), torch.tensor([[0.0, 1.0], [0.0, 1.0]]), torch.ones(2, 2, dtype=torch.bool))
+    torch.testing.assert_close(out, torch.tensor([[0.4, 1.6], [-1.6, -0.4]]))
+    torch.testing.assert_close(out.sum(0), torch.tensor([-1.2, 1.2]))
+
+
 def test_edge_cases_single_token_all_masked_ties_and_equal_quantiles():
     adv = torch.tensor([1.0, -2.0, 0.5])
     entropy = torch.ones(3, 4)  # all ties: q_hi == q_lo
