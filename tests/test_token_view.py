@@ -271,29 +271,17 @@ def _expand_steps(listing: str) -> list[int]:
 
 @pytest.mark.parametrize("logging_steps,logging_first_step,max_steps", [(1, False, 3), (2, True, 4)])
 def test_token_credit_steps_are_the_logged_steps_of_a_real_run(
-    tmp_path, capsys, logging_steps, logging_first_step, max_steps
+    tmp_path, capsys, make_trainer, logging_steps, logging_first_step, max_steps
 ):
     """token_credit.jsonl, inspect and trainer_state.json number steps one way: TRL's logged optimizer steps."""
-    from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
-
-    from trl_credit import CreditGRPOTrainer
-
-    tokenizer = make_tiny_tokenizer()
-    args = tiny_config(
+    trainer = make_trainer(
         "taco",
-        tmp_path,
+        output_dir=tmp_path,
         log_token_credit=True,
         max_steps=max_steps,
         logging_steps=logging_steps,
         logging_first_step=logging_first_step,
         token_credit_samples=4,
-    )
-    trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
     )
     trainer.train()
     trainer.save_state()
@@ -308,7 +296,7 @@ def test_token_credit_steps_are_the_logged_steps_of_a_real_run(
     assert one_batch_steps
     for step in one_batch_steps:
         rewards = [record["reward"] for record in records if record["step"] == step]
-        assert len(rewards) == args.per_device_train_batch_size
+        assert len(rewards) == trainer.args.per_device_train_batch_size
         assert sum(rewards) / len(rewards) == pytest.approx(reward_by_step[step], abs=1e-5)
 
     assert inspect_main([str(tmp_path), "--step", str(logged_steps[-1]), "--all"]) == 0

@@ -453,19 +453,11 @@ def test_tide_logs_its_reference_forward_apart(tmp_path):
     assert len(cached_calls) == 2 * 2
 
 
-def test_the_loss_forward_of_a_method_dropping_tokens_scores_the_buffered_micro_batch(monkeypatch, tmp_path):
+def test_the_loss_forward_of_a_method_dropping_tokens_scores_the_buffered_micro_batch(monkeypatch, make_trainer):
     """The float copy of the completion mask that takes the weights changes nothing in TRL's forward: the attention
     mask has the buffered batch's dtype and values, and the log-probs TRL's loss reads are bitwise those of TRL's
     scoring of the buffered micro-batch."""
-    tokenizer = make_tiny_tokenizer()
-    args = tiny_config("stapo", tmp_path / "out", max_steps=2, stapo_prob_threshold=0.05, stapo_entropy_quantile=0.5)
-    trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    trainer = make_trainer("stapo", max_steps=2, stapo_prob_threshold=0.05, stapo_entropy_quantile=0.5)
     original_compute_loss, original_scoring = GRPOTrainer.compute_loss, GRPOTrainer._get_per_token_logps_and_entropies
     buffered, compared = [], []
 
