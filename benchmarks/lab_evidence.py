@@ -245,15 +245,16 @@ def _is_collapsed(run: dict) -> bool:
     return collapsed(run["metrics"]["final_reward"], run["metrics"]["avg@16"])
 
 
+def _by_seed(runs: list[dict], method: str, metric: str) -> dict[int, float]:
+    return {r["seed"]: _metric(r, metric) for r in runs if r["method"] == method}
+
+
 def compare(folder: str, method: str, metric: str) -> dict | None:
     """The paired comparison of `method` with grpo in `folder`, or of grpo with 0 (None when either has no run)."""
     runs = _runs(folder)
     grpo_runs = _runs(BASELINE_FOLDER.get(folder, folder))
-    values = {r["seed"]: _metric(r, metric) for r in runs if r["method"] == method}
-    if method == "grpo":
-        baseline = dict.fromkeys(values, 0.0)
-    else:
-        baseline = {r["seed"]: _metric(r, metric) for r in grpo_runs if r["method"] == "grpo"}
+    values = _by_seed(runs, method, metric)
+    baseline = dict.fromkeys(values, 0.0) if method == "grpo" else _by_seed(grpo_runs, "grpo", metric)
     seeds = sorted(set(values) & set(baseline))
     if not seeds:
         return None
@@ -274,8 +275,7 @@ def trend(first: str, last: str, metric: str) -> dict | None:
     gaps = []
     for folder in (first, last):
         runs = _runs(folder)
-        oracle = {r["seed"]: _metric(r, metric) for r in runs if r["method"] == "oracle"}
-        grpo = {r["seed"]: _metric(r, metric) for r in runs if r["method"] == "grpo"}
+        oracle, grpo = _by_seed(runs, "oracle", metric), _by_seed(runs, "grpo", metric)
         gaps.append([oracle[s] - grpo[s] for s in sorted(set(oracle) & set(grpo))])
     if not all(gaps):
         return None

@@ -133,12 +133,6 @@ def _values(stage: str, method: str, metric: str) -> dict[int, float]:
     return values
 
 
-def _welch(a: list[float], b: list[float]) -> tuple[float, float] | None:
-    """Mean of b - a and the half-width of Welch's 95 % interval (None with fewer than 2 values each)."""
-    interval, _ = welch_difference(a, b)
-    return None if interval.half_width is None else (interval.mean, interval.half_width)
-
-
 def aggregate() -> str:
     lines = [
         "# The credit lab against an oracle: horizon, sparsity, group size",
@@ -167,12 +161,8 @@ def aggregate() -> str:
                 g, o = t_interval(list(grpo.values())), t_interval(list(oracle.values()))
                 star = " *" if difference.n > 1 and difference.excludes_zero() else ""
                 cells.append(f"{difference.format()}{star} (grpo {g.format()}, oracle {o.format()})")
-            welch = _welch(per_level[0], per_level[-1])
-            end = (
-                "–"
-                if welch is None
-                else (f"{welch[0]:.3g} ± {welch[1]:.3g}" + (" *" if abs(welch[0]) > welch[1] else ""))
-            )
+            welch, _ = welch_difference(per_level[0], per_level[-1])
+            end = "–" if welch.half_width is None else welch.format() + (" *" if welch.excludes_zero() else "")
             lines.append(f"| gap in {label} | " + " | ".join(cells) + f" | {end} |")
         lines.append("")
     lines += [
