@@ -127,6 +127,8 @@ def test_runs_seeds_outermost_and_commands(tmp_path):
         "3",
         "--output_dir",
         str(tmp_path / "runs" / "eapo+taco-seed3"),
+        "--epsilon_high",  # the recipe `r.yaml` does not set it: compare's common value
+        "0.28",
         "--max_steps",
         "5",
         "--accelerate_config",
@@ -369,6 +371,18 @@ def test_bad_input_exits_2_before_any_training(tmp_path, capsys, tiny_model_dir)
     _assert_usage_error(capsys, ["--seed", "1", *base], "--seed is set by compare", out)
     _assert_usage_error(capsys, ["--methods", "grpo", "ppo", *base], "the ppo runs would fail: --method 'ppo'", out)
     _assert_usage_error(capsys, ["--bogus_flag", "1", *base], "unknown option --bogus_flag", out)
+    _assert_usage_error(
+        capsys,
+        ["--methods", "grpo", "taco", "--eapo_kappa", "0.5", *base],
+        "--eapo_kappa is an option of eapo, which none of the compared methods (grpo, taco) has",
+        out,
+    )
+    _assert_usage_error(
+        capsys,
+        ["--methods", "grpo", "taco", "--taco_alpha", "2", *base],
+        "the taco runs would fail: --taco_alpha",
+        out,
+    )
     # The training file has one split: evaluating on it would not be held out.
     _assert_usage_error(capsys, base, "no held-out split", out)
     _assert_usage_error(capsys, [*base, "--eval_dataset_name", str(tmp_path / "none.jsonl")], "does not exist", out)
