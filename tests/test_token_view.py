@@ -215,6 +215,30 @@ def test_inspect_missing_run_dir_exits_2(tmp_path, capsys):
     assert len(err) == 2 and "does not exist" in err[0] and "log_token_credit=True" in err[1]
 
 
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--max-completions", "-3"],
+            "argument --max-completions: must be an integer >= 0 (0 shows them all), got '-3'",
+        ),
+        (["--max-completions", "many"], "argument --max-completions: must be an integer >= 0"),
+        (["--png", "--png-completions", "-1"], "argument --png-completions: must be an integer >= 1, got '-1'"),
+        (["--png", "--png-completions", "0"], "argument --png-completions: must be an integer >= 1, got '0'"),
+        (["--png-completions", "2"], "--png-completions sets the PNG's size; add --png to write one"),
+        (["--step", "first"], "argument --step: expected an integer step or 'last', got 'first'"),
+    ],
+)
+def test_inspect_refuses_bad_counts_in_one_line_writing_nothing(tmp_path, capsys, argv, message):
+    token_view.append_token_credit(tmp_path, fake_token_credit_records("eapo", steps=1, per_step=12))
+    page = tmp_path / "page.html"
+    assert inspect_main([str(tmp_path), "--output", str(page), *argv]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1 and err[0].startswith(f"trl-credit inspect: error: {message}")
+    assert not page.exists() and not page.with_suffix(".png").exists()
+
+
 def test_dispatcher_runs_inspect(tmp_path, capsys):
     from trl_credit.cli import main as cli_main
 
