@@ -142,6 +142,20 @@ def test_append_read_and_select_round_trip(tmp_path):
     assert all(0.1 <= w <= 1.0 for r in records for w in r["weights"])
 
 
+def test_drop_after_a_step_keeps_the_earlier_lines_byte_for_byte(tmp_path):
+    token_view.append_token_credit(tmp_path, fake_token_credit_records("taco", steps=3, per_step=2))
+    path = tmp_path / token_view.TOKEN_CREDIT_FILENAME
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2]) + "not a record\n" + "".join(lines[2:]))
+    assert token_view.drop_token_credit_after(tmp_path, 1) == 4  # steps 2 and 3, 2 records each
+    assert path.read_text() == "".join(lines[:2]) + "not a record\n"
+    assert (
+        token_view.drop_token_credit_after(tmp_path, 1) == 0 and token_view.drop_token_credit_after(tmp_path, 0) == 2
+    )
+    assert path.read_text() == "not a record\n"
+    assert token_view.drop_token_credit_after(tmp_path / "no-run", 0) == 0
+
+
 def test_read_reports_the_bad_line(tmp_path):
     good = json.dumps(record_with_weights([1.0]))
     (tmp_path / token_view.TOKEN_CREDIT_FILENAME).write_text(good + "\n" + json.dumps({"step": 1}) + "\n")

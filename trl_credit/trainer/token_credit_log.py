@@ -8,10 +8,6 @@ same folder) are dropped, so that each step's records appear once, those of the 
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import torch
 from transformers import TrainerCallback
 from transformers.utils import logging
@@ -29,39 +25,15 @@ class DropRecordsAfterResumedStep(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:  # the process that writes the records
-            drop_token_credit_after(args.output_dir, state.global_step)
+            from ..reports.token_view import drop_token_credit_after
 
-
-def drop_token_credit_after(output_dir: str | os.PathLike, step: int) -> int:
-    """Remove the records of steps after `step` from `output_dir/token_credit.jsonl`; returns how many there were.
-
-    The other lines are kept byte for byte; a line that is not a record is kept too (`inspect` reports it).
-    """
-    from ..reports.token_view import TOKEN_CREDIT_FILENAME
-
-    path = Path(output_dir) / TOKEN_CREDIT_FILENAME
-    if not path.is_file():
-        return 0
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if not _recorded_after(line, step)]
-    dropped = len(lines) - len(kept)
-    if dropped:
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text("".join(kept), encoding="utf-8")
-        os.replace(partial, path)  # never a half-written log, whatever interrupts this
-        logger.warning(
-            f"{path}: dropped {dropped} records of steps after step {step}, written before this run began (by the "
-            "interrupted run it resumes, or an earlier run in this output_dir); this run records those steps again"
-        )
-    return dropped
-
-
-def _recorded_after(line: str, step: int) -> bool:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        return False
-    return isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
+            dropped = drop_token_credit_after(args.output_dir, state.global_step)
+            if dropped:
+                logger.warning(
+                    f"token_credit.jsonl: dropped {dropped} records of steps after step {state.global_step}, written "
+                    "before this run began (by the interrupted run it resumes, or an earlier run in this output_dir); "
+                    "this run records those steps again"
+                )
 
 
 def log_token_credit(trainer, batch, statistic_BT) -> None:
