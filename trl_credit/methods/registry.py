@@ -266,12 +266,24 @@ def get_credit_method(name: str) -> CreditMethod:
     if ":" in name:
         module_name, name = name.rsplit(":", 1)
         try:
-            import_user_module(module_name)
+            _import_method_module(module_name)
         except (ImportError, OSError) as error:
             raise ValueError(f"cannot import credit-method module {module_name!r}: {error}") from error
     if name not in CREDIT_METHODS:
         raise ValueError(f"unknown credit method {name!r}; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}")
     return CREDIT_METHODS[name]
+
+
+def _import_method_module(module_name: str) -> None:
+    """Import the user's module that registers methods. If the import raises, the methods it registered before
+    failing are forgotten, with the module itself (`import_user_module`): a retry, the file fixed, starts afresh."""
+    registered = dict(CREDIT_METHODS)
+    try:
+        import_user_module(module_name)
+    except BaseException:
+        CREDIT_METHODS.clear()
+        CREDIT_METHODS.update(registered)
+        raise
 
 
 def parse_credit_methods(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
