@@ -6,7 +6,7 @@ credit method in two regimes, with step times, peak memory and same-run ratios t
 
 `--wheels DIR`: where trl, datasets or math-verify cannot be imported (the GPU image has torch, transformers,
 accelerate, peft, pyarrow and pandas but none of those), install the wheels in DIR with
-`python3 -m pip install -q --no-index --no-deps --target /tmp/site DIR/*.whl` and run again with
+`python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site DIR/*.whl` and run again with
 `PYTHONPATH=/tmp/site`. `--fetch-wheels DIR` (on a machine with the package index, in an environment where the check
 runs) downloads those wheels: trl, datasets, math-verify and every dependency of theirs that the image's packages do
 not bring, at the versions installed here, for `--python-version` (the image's 3.12); it prints their sizes and
@@ -127,9 +127,8 @@ def ensure_packages(wheels: str | None, argv: list[str]) -> None:
     if not found:
         sys.exit(f"gpu_check: no wheels in {wheels}")
     start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", SITE, *found], check=True
-    )
+    pip = (sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--upgrade", "--target", SITE)
+    subprocess.run([*pip, *found], check=True)
     print(f"gpu_check: installed {len(found)} wheels into {SITE} in {time.perf_counter() - start:.0f} s", flush=True)
     path = os.pathsep.join([SITE, str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=path, **{INSTALLED_MARK: "1"})
