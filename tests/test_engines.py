@@ -192,6 +192,20 @@ def test_gpu_check_cpu_smoke_run():
     assert report["kernels"]["softcap"]["max_abs_error"]["deviation"] < 1e-5  # float32 on CPU
 
 
+def test_gpu_check_carries_what_the_gpu_image_lacks():
+    """The wheels `--fetch-wheels` downloads (`.ci/floors` fetches and installs them for real): trl, datasets,
+    math-verify and the packages only they need here, never one the image's torch or transformers brings."""
+    from importlib.metadata import version
+
+    carried = _gpu_check().carried_distributions()
+    assert {"trl", "datasets", "math-verify", "latex2sympy2-extended", "dill", "multiprocess", "xxhash"} <= set(
+        carried
+    )
+    assert carried["trl"] == version("trl") and carried["datasets"] == version("datasets")
+    image = {"torch", "transformers", "accelerate", "numpy", "huggingface-hub", "pyarrow", "pandas", "tokenizers"}
+    assert not image & set(carried), image & set(carried)
+
+
 def test_gpu_check_exits_non_zero_when_a_run_fails():
     """A failed run is reported, the others still run, and the exit status says so: one generation per prompt is a
     config TRL refuses, so every run of this call fails for real."""
