@@ -198,9 +198,8 @@ def test_gpu_check_carries_what_the_gpu_image_lacks():
     from importlib.metadata import version
 
     carried = _gpu_check().carried_distributions()
-    assert {"trl", "datasets", "math-verify", "latex2sympy2-extended", "dill", "multiprocess", "xxhash"} <= set(
-        carried
-    )
+    lacking = {"trl", "datasets", "math-verify", "latex2sympy2-extended", "dill", "multiprocess", "xxhash"}
+    assert lacking <= set(carried), lacking - set(carried)
     assert carried["trl"] == version("trl") and carried["datasets"] == version("datasets")
     image = {"torch", "transformers", "accelerate", "numpy", "huggingface-hub", "pyarrow", "pandas", "tokenizers"}
     assert not image & set(carried), image & set(carried)
