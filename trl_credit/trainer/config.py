@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -24,12 +25,12 @@ from .trl_compat import LOSS_TYPES
 
 
 def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _finite(value: Any) -> bool:
     """A real number, not NaN or infinite (YAML and flags accept `nan` and `inf` as floats)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 TRL_FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
@@ -57,7 +58,7 @@ TRL_FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "epsilon_high": (lambda v: v is None or (_finite(v) and v > 0), "a finite number > 0, or unset"),
     "loss_type": (lambda v: v in LOSS_TYPES, f"one of TRL's loss types ({', '.join(LOSS_TYPES)})"),
     "reward_weights": (
-        lambda v: v is None or (isinstance(v, list) and all(_finite(w) for w in v)),
+        lambda v: v is None or (isinstance(v, (list, tuple)) and all(_finite(w) for w in v)),
         "a list of finite numbers, one per reward function, or unset",
     ),
 }
