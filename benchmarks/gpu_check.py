@@ -5,9 +5,12 @@ credit method in two regimes, with step times, peak memory and same-run ratios t
     python benchmarks/gpu_check.py --device cpu --tiny --steps 2 --prompts 2 --max_completion_length 4   # smoke run
 
 `--wheels DIR`: where trl, datasets or math-verify cannot be imported (the GPU image has torch, transformers,
-accelerate and peft but none of those), install the wheels in DIR with
-`python3 -m pip install -q --no-index --no-deps --target /tmp/site DIR/*.whl` and run again with
-`PYTHONPATH=/tmp/site` (docs/benchmarks.md, "GPU check", says which wheels and how to download them).
+accelerate, peft, pyarrow and pandas but none of those), install the wheels in DIR with
+`python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site DIR/*.whl` and run again with
+`PYTHONPATH=/tmp/site`. `--fetch-wheels DIR` (on a machine with the package index, in an environment where the check
+runs) downloads those wheels: trl, datasets, math-verify and every dependency of theirs that the image's packages do
+not bring, at the versions installed here, for `--python-version` (the image's 3.12); it prints their sizes and
+refuses more than the GPU machine's 64 MiB carry limit (docs/benchmarks.md, "GPU check").
 
 `--model DIR`: a local Hugging Face folder. One with a config and a tokenizer but no weights (the carry limit of the
 GPU machine keeps SmolLM2-135M's 269 MB of bf16 weights off it) gets random weights of that architecture, saved to
@@ -31,7 +34,8 @@ Each method trains `--steps` optimizer steps in bf16; the first step (warm-up, k
 the mean. Per method: mean step time, its ratio to `grpo`'s in the same regime, peak allocated and reserved CUDA
 memory over its run, and the mean weight it logged. Runs are skipped, and said so, once `--budget-s` is spent.
 Expected wall time on one H200: about 4-6 minutes with the defaults (not measured: no GPU was lent when this was
-written). Nothing here touches the network.
+written). Nothing here but `--fetch-wheels` touches the network. The exit status is 1 when a kernel's error exceeds
+1e-3 or any run failed, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -57,8 +61,13 @@ import torch  # noqa: E402
 
 BENCHMARKS = Path(__file__).resolve().parent
 REPO_ROOT = BENCHMARKS.parent
-NEEDED = ("trl", "datasets", "math_verify")  # what the GPU image lacks
+NEEDED = ("trl", "datasets", "math_verify")  # what the GPU image lacks (import names)
+CARRIED = ("trl", "datasets", "math-verify")  # their distributions: what `--fetch-wheels` downloads, with their deps
+# What the GPU image has (docs/benchmarks.md): the dependencies these bring are not carried.
+IMAGE_HAS = ("torch", "transformers", "accelerate", "peft", "safetensors", "tokenizers", "pyarrow", "pandas")
+CARRY_LIMIT_MIB = 64  # all files that reach the GPU machine
 SITE = "/tmp/site"
+INSTALLED_MARK = "GPU_CHECK_WHEELS_INSTALLED"  # set for the second run: the wheels are on its path
 CONTROLS = ("grpo_beta", "grpo-again")
 VLLM_METHODS = ("grpo", "grpo_beta", "taco", "eapo", "tide", "grpo-again")
 
@@ -76,6 +85,10 @@ def parse_args(argv=None):
     )
     parser.add_argument("--tiny", action="store_true", help="use the test suite's tiny random model (smoke runs)")
     parser.add_argument("--wheels", help="folder of wheels to install into /tmp/site when trl & co. are missing")
+    parser.add_argument(
+        "--fetch-wheels", metavar="DIR", help="download the wheels --wheels installs into DIR, print their sizes, exit"
+    )
+    parser.add_argument("--python-version", default="3.12", help="the Python the fetched wheels are for (the image's)")
     parser.add_argument(
         "--methods", help="comma-separated methods of the generate regime (default: all, with controls)"
     )
@@ -106,18 +119,80 @@ def ensure_packages(wheels: str | None, argv: list[str]) -> None:
     missing = [name for name in NEEDED if importlib.util.find_spec(name) is None]
     if not missing:
         return
+    if os.environ.get(INSTALLED_MARK):
+        sys.exit(f"gpu_check: {', '.join(missing)} still not importable after installing the wheels of --wheels")
     if wheels is None:
         sys.exit(f"gpu_check: {', '.join(missing)} not importable; pass --wheels DIR (see docs/benchmarks.md)")
     found = sorted(str(p) for p in Path(wheels).glob("*.whl"))
     if not found:
         sys.exit(f"gpu_check: no wheels in {wheels}")
     start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", SITE, *found], check=True
-    )
+    pip = (sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--upgrade", "--target", SITE)
+    subprocess.run([*pip, *found], check=True)
     print(f"gpu_check: installed {len(found)} wheels into {SITE} in {time.perf_counter() - start:.0f} s", flush=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SITE, str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+    path = os.pathsep.join([SITE, str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, **{INSTALLED_MARK: "1"})
     sys.exit(subprocess.run([sys.executable, __file__, *argv], env=env).returncode)
+
+
+def requirement_closure(roots) -> dict[str, str]:
+    """`{distribution: version}` of the installed distributions `roots` need, transitively, with the extras they
+    ask for (`fsspec[http]`) and the markers of this interpreter."""
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found, seen, todo = {}, set(), [Requirement(root) for root in roots]
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        extras = frozenset(requirement.extras)
+        if (name, extras) in seen:
+            continue
+        seen.add((name, extras))
+        try:
+            dist = distribution(name)
+        except PackageNotFoundError:
+            continue  # a requirement whose marker excludes it here is never installed
+        found[name] = dist.version
+        for line in dist.requires or []:
+            nested = Requirement(line)
+            if nested.marker is None or any(nested.marker.evaluate({"extra": e}) for e in ("", *extras)):
+                todo.append(nested)
+    return found
+
+
+def carried_distributions() -> dict[str, str]:
+    """What the GPU image lacks: trl, datasets, math-verify and their dependencies the image's packages do not bring."""
+    image = requirement_closure(IMAGE_HAS)
+    return {name: version for name, version in requirement_closure(CARRIED).items() if name not in image}
+
+
+def fetch_wheels(folder: str, python_version: str) -> None:
+    """Download the carried distributions' wheels (no sdists: nothing is built on the GPU machine) into `folder`."""
+    carried = carried_distributions()
+    missing = [name for name in CARRIED if name not in carried]
+    if missing:
+        sys.exit(f"gpu_check: --fetch-wheels needs {', '.join(missing)} installed here (their versions are carried)")
+    pins = [f"{name}=={version}" for name, version in sorted(carried.items())]
+    print(f"gpu_check: fetching wheels for Python {python_version}: {' '.join(pins)}", flush=True)
+    subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"),
+            *("--python-version", python_version, "--implementation", "cp", "-d", folder),
+            *("--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64"),
+            *pins,
+        ],
+        check=True,
+    )
+    wheels = sorted(Path(folder).glob("*.whl"))
+    total = sum(p.stat().st_size for p in wheels)
+    for wheel in wheels:
+        print(f"  {wheel.stat().st_size / 2**20:6.2f} MiB  {wheel.name}")
+    print(f"gpu_check: {len(wheels)} wheels, {total / 2**20:.1f} MiB in {folder}", flush=True)
+    if total > CARRY_LIMIT_MIB * 2**20:
+        sys.exit(f"gpu_check: the wheels in {folder} exceed the GPU machine's {CARRY_LIMIT_MIB} MiB carry limit")
 
 
 # --------------------------------------------------------------------------------------------------- kernels
@@ -353,6 +428,9 @@ def _fmt(value, spec):
 def main(argv=None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.fetch_wheels:
+        fetch_wheels(args.fetch_wheels, args.python_version)
+        sys.exit(0)
     check_device(args.device)
     ensure_packages(args.wheels, argv)  # the second run finds them importable and goes on
     sys.path[:0] = [str(BENCHMARKS), str(REPO_ROOT)]
@@ -424,5 +502,10 @@ def main(argv=None) -> dict:
     return report
 
 
+def exit_status(report: dict) -> int:
+    """1 when a kernel is off or any run failed: the one call on a lent GPU must not read as a pass."""
+    return 0 if report["kernels"]["ok"] and not report.get("failed") else 1
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status(main()))

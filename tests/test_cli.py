@@ -2,6 +2,8 @@
 
 import importlib.util
 import json
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -18,6 +20,16 @@ def test_top_level_help_and_unknown_command(capsys):
     assert "grpo" in capsys.readouterr().out
     assert cli_main(["fly"]) == 2
     assert "unknown command 'fly'" in capsys.readouterr().err
+
+
+def test_top_level_help_imports_neither_torch_nor_trl():
+    # What the console script runs, in a fresh interpreter: `--help` must not wait seconds for torch to import.
+    code = (
+        "import sys; from trl_credit.cli import main; main(['--help']); "
+        "print(sorted({'torch', 'transformers', 'trl'} & set(sys.modules)))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "commands:" in result.stdout and result.stdout.splitlines()[-1] == "[]"
 
 
 @pytest.mark.parametrize("method", ["taco", "stapo", "eapo+taco", "stare", "otb+stare"])

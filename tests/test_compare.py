@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import length_reward, make_tiny_model, tiny_config, tiny_prompt_dataset
 from headless_chromium import CHROMIUM, needs_chromium, read_png, run_chromium
 
 from trl_credit.cli import main as cli_main
+from trl_credit.cli.grpo_arguments import parse_arguments
 from trl_credit.experiments.compare.plan import (
     CompareConfig,
     CompareUsageError,
@@ -20,6 +22,10 @@ from trl_credit.experiments.compare.plan import (
     build_runs,
     check_passthrough,
     check_recorded_arguments,
+    check_same_settings,
+    estimate_disk,
+    latest_checkpoint,
+    parameter_count,
     run_name,
     run_state,
 )
@@ -31,6 +37,7 @@ from trl_credit.experiments.compare.report import (
     paired_table,
     write_report,
 )
+from trl_credit.experiments.compare.runner import remove_checkpoints
 from trl_credit.experiments.compare.stats import paired_difference, student_t_cdf, student_t_quantile, t_interval
 
 # Two-sided 95 % critical values t_{0.975, df} from a printed t table.
@@ -120,6 +127,8 @@ def test_runs_seeds_outermost_and_commands(tmp_path):
         "3",
         "--output_dir",
         str(tmp_path / "runs" / "eapo+taco-seed3"),
+        "--epsilon_high",  # the recipe `r.yaml` does not set it: compare's common value
+        "0.28",
         "--max_steps",
         "5",
         "--accelerate_config",
@@ -152,6 +161,144 @@ def test_flags_owned_by_compare_are_refused(flag):
         check_passthrough(["--eval_nn", "3"])
 
 
+def _parsed_runs(config: CompareConfig, passthrough: list[str]) -> dict[str, tuple]:
+    """Each method's first run, parsed by `trl-credit grpo`'s own parser as the run will parse it."""
+    return {
+        spec.method: parse_arguments(spec.grpo_argv())
+        for spec in build_runs(config, passthrough)[: len(config.methods)]
+    }
+
+
+def test_every_run_gets_the_same_clipping(tmp_path):
+    """`trl-credit grpo --method grpo` clips at 0.2 / 0.2 and the single-method recipes at 0.2 / 0.28: in a comparison
+    every run gets one upper bound, the user's when given (as a flag or in the recipe), else compare's 0.28."""
+    methods = ["grpo", "taco", "eapo", "eapo+taco"]
+    config = CompareConfig(methods=methods, seeds=[0], output_dir=str(tmp_path))
+    parsed = _parsed_runs(config, ["--max_steps", "3"])
+    assert {method: args[1].epsilon_high for method, args in parsed.items()} == dict.fromkeys(methods, 0.28)
+    assert {args[1].epsilon for args in parsed.values()} == {0.2}
+    check_same_settings(parsed)
+
+    parsed = _parsed_runs(config, ["--epsilon_high", "0.25", "--epsilon=0.15"])
+    assert {(args[1].epsilon, args[1].epsilon_high) for args in parsed.values()} == {(0.15, 0.25)}
+    assert all(
+        spec.grpo_argv().count("--epsilon_high") == 1 for spec in build_runs(config, ["--epsilon_high", "0.25"])
+    )
+
+    recipe = tmp_path / "recipe.yaml"
+    settings = {"model_name_or_path": "smollm2-135m-instruct", "use_cpu": True, "bf16": False, "epsilon_high": 0.3}
+    recipe.write_text(yaml.safe_dump(settings))
+    config = CompareConfig(methods=methods, seeds=[0], output_dir=str(tmp_path), config=str(recipe))
+    assert {args[1].epsilon_high for args in _parsed_runs(config, []).values()} == {0.3}
+
+
+def test_runs_that_would_differ_in_more_than_the_method_are_refused(tmp_path):
+    config = CompareConfig(methods=["grpo", "taco"], seeds=[0], output_dir=str(tmp_path))
+    parsed = _parsed_runs(config, [])
+    parsed["taco"] = parse_arguments([*build_runs(config, [])[1].grpo_argv(), "--temperature", "0.7"])
+    with pytest.raises(CompareUsageError, match=r"the grpo and taco runs would differ in temperature \(1.0 and 0.7\)"):
+        check_same_settings(parsed)
+
+
+def test_method_settings_go_to_their_methods_runs_only(tmp_path):
+    config = CompareConfig(methods=["grpo", "taco", "eapo+taco"], seeds=[0], output_dir=str(tmp_path))
+    parsed = _parsed_runs(config, ["--taco-alpha", "0.05", "--max_steps", "3"])
+    assert parsed["taco"][1].taco_alpha == 0.05
+    assert parsed["eapo+taco"][1].credit_kwargs["taco_alpha"] == 0.05
+    assert parsed["grpo"][1].credit_kwargs in (None, {}) and "taco_alpha" not in str(parsed["grpo"][3])
+    assert {args[1].max_steps for args in parsed.values()} == {3}
+
+    parsed = _parsed_runs(config, ["--credit_kwargs", json.dumps({"taco_alpha": 0.03, "eapo_kappa": 0.5})])
+    assert parsed["taco"][1].method_hyperparameters(parsed["taco"][1].credit_methods[0]) == {
+        "taco_alpha": 0.03,
+        "taco_lambda": 0.9,
+    }
+    assert {k: parsed["eapo+taco"][1].credit_kwargs[k] for k in ("taco_alpha", "eapo_kappa")} == {
+        "taco_alpha": 0.03,
+        "eapo_kappa": 0.5,
+    }
+    assert parsed["grpo"][1].credit_kwargs in (None, {})
+
+    # A stack's boolean option, negated: `--no_x` goes where x does.
+    config = CompareConfig(methods=["grpo", "otb"], seeds=[0], output_dir=str(tmp_path))
+    runs = build_runs(config, ["--no_otb_handle_zero_tail"])
+    assert (
+        "--no_otb_handle_zero_tail" in runs[1].grpo_argv() and "--no_otb_handle_zero_tail" not in runs[0].grpo_argv()
+    )
+
+
+@pytest.mark.parametrize(
+    "passthrough,message",
+    [
+        (
+            ["--eapo_kappa", "0.5"],
+            "--eapo_kappa is an option of eapo, which none of the compared methods (grpo, taco) has",
+        ),
+        (
+            ["--credit_kwargs", '{"eapo_kappa": 0.5}'],
+            "--credit_kwargs: 'eapo_kappa' is not a hyperparameter of the compared methods (grpo, taco)",
+        ),
+        (["--credit_kwargs", '{"taco_alpha": 5}'], "--credit_kwargs: taco_alpha must be in (0, 1], got 5"),
+        (["--credit_kwargs", "[1]"], "--credit_kwargs: credit_kwargs must be a mapping"),
+    ],
+)
+def test_method_settings_no_compared_method_owns_are_refused(tmp_path, passthrough, message):
+    config = CompareConfig(methods=["grpo", "taco"], seeds=[0], output_dir=str(tmp_path))
+    with pytest.raises(CompareUsageError) as error:
+        build_runs(config, passthrough)
+    assert message in str(error.value)
+
+
+def test_disk_estimate_against_a_real_checkpoint(tmp_path, tiny_tokenizer):
+    """The plan's figures against what a trainer writes: the parameters counted without loading the weights, the
+    model file, and a checkpoint of weights and AdamW state (three times the model)."""
+    from trl_credit import CreditGRPOTrainer
+
+    model = make_tiny_model(tiny_tokenizer, hidden_size=64)
+    model_dir = tmp_path / "model"
+    model.save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    count, _ = parameter_count(str(model_dir))
+    assert count == sum(p.numel() for p in model.parameters())
+
+    args = tiny_config("grpo", tmp_path / "run", max_steps=1, save_strategy="steps", save_steps=1)
+    trainer = CreditGRPOTrainer(
+        model=str(model_dir),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tiny_tokenizer,
+    )
+    trainer.train()
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    weights = (checkpoint / "model.safetensors").stat().st_size
+    optimizer = (checkpoint / "optimizer.pt").stat().st_size
+    assert weights == pytest.approx(4 * count, rel=0.02)
+    assert weights + optimizer == pytest.approx(3 * 4 * count, rel=0.05)
+
+    _, training_args, model_args, _ = parse_arguments(
+        ["--model_name_or_path", str(model_dir), "--use_cpu", "true", "--bf16", "false", "--save_strategy", "steps"]
+    )
+    runs = build_runs(CompareConfig(methods=["grpo", "taco"], seeds=[0, 1], output_dir=str(tmp_path)), [])
+    line = estimate_disk(runs, training_args, model_args)
+    found = re.fullmatch(
+        r"disk: (.+) for the 4 final models \(([\d,]+) parameters x 4 bytes = (.+) each\); while a run trains, its "
+        r"checkpoint \(weights and AdamW state: (.+) each\), deleted once the run is done: at most about (.+) at once",
+        line,
+    )
+    assert found is not None, line
+    assert int(found[2].replace(",", "")) == count
+    # No --save_total_limit, and 30 steps with a checkpoint every 500: one checkpoint per run exists at once.
+    expected = [4 * 4 * count, 4 * count, 3 * 4 * count, 3 * 4 * count + 3 * 4 * count]
+    shown = [_bytes(found[i]) for i in (1, 3, 4, 5)]
+    assert shown == pytest.approx(expected, rel=0.01)
+
+
+def _bytes(size: str) -> float:
+    number, unit = size.split()
+    return float(number) * {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
+
+
 def test_run_state_done_resume_fresh(tmp_path):
     spec = RunSpec("taco", 0, tmp_path / "taco-seed0", None, ("--max_steps", "20"))
     assert run_state(spec.output_dir) == ("fresh", None)
@@ -163,6 +310,19 @@ def test_run_state_done_resume_fresh(tmp_path):
     assert spec.command(checkpoint)[-2:] == ["--resume_from_checkpoint", str(spec.output_dir / "checkpoint-10")]
     (spec.output_dir / ".done").write_text("{}")
     assert run_state(spec.output_dir) == ("done", None)
+
+
+def test_checkpoints_are_removed_only_once_the_final_model_is_saved(tmp_path):
+    run_dir = tmp_path / "taco-seed0"
+    for name in ("checkpoint-5", "checkpoint-10"):
+        (run_dir / name).mkdir(parents=True)
+        (run_dir / name / "optimizer.pt").write_text("state")
+    (run_dir / "trainer_state.json").write_text("{}")
+    assert remove_checkpoints(run_dir) == []  # no final model: the checkpoints may still resume the run
+    assert latest_checkpoint(run_dir).name == "checkpoint-10"
+    (run_dir / "config.json").write_text("{}")
+    assert remove_checkpoints(run_dir) == ["checkpoint-10", "checkpoint-5"]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.json", "trainer_state.json"]
 
 
 def test_run_started_with_other_arguments_is_not_resumed(tmp_path):
@@ -211,6 +371,18 @@ def test_bad_input_exits_2_before_any_training(tmp_path, capsys, tiny_model_dir)
     _assert_usage_error(capsys, ["--seed", "1", *base], "--seed is set by compare", out)
     _assert_usage_error(capsys, ["--methods", "grpo", "ppo", *base], "the ppo runs would fail: --method 'ppo'", out)
     _assert_usage_error(capsys, ["--bogus_flag", "1", *base], "unknown option --bogus_flag", out)
+    _assert_usage_error(
+        capsys,
+        ["--methods", "grpo", "taco", "--eapo_kappa", "0.5", *base],
+        "--eapo_kappa is an option of eapo, which none of the compared methods (grpo, taco) has",
+        out,
+    )
+    _assert_usage_error(
+        capsys,
+        ["--methods", "grpo", "taco", "--taco_alpha", "2", *base],
+        "the taco runs would fail: --taco_alpha",
+        out,
+    )
     # The training file has one split: evaluating on it would not be held out.
     _assert_usage_error(capsys, base, "no held-out split", out)
     _assert_usage_error(capsys, [*base, "--eval_dataset_name", str(tmp_path / "none.jsonl")], "does not exist", out)
@@ -272,6 +444,10 @@ def test_dry_run_prints_plan_and_measured_cost(tmp_path, capsys, tiny_model_dir)
         "warning: --save_strategy no: runs save no checkpoint, so an interrupted run restarts from scratch" in out_text
     )
     assert "no learning curves" not in out_text  # `trl-credit grpo` saves trainer_state.json at the end anyway
+    assert re.search(
+        r"disk: \S+ \S+ for the 4 final models \([\d,]+ parameters x 4 bytes = \S+ \S+ each\); no checkpoints",
+        out_text,
+    )
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["grpo-seed0"]  # nothing was trained
 
 
@@ -457,8 +633,13 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
         "2",
         "--eval_max_new_tokens",
         "4",
+        "--taco_alpha",
+        "0.05",
     ]
     assert cli_main(argv) == 0
+    plan = capsys.readouterr().out
+    assert "Clipping: epsilon 0.2, epsilon_high 0.28 in every run (epsilon_high 0.28 is compare's common value" in plan
+    assert "taco runs only: --taco_alpha 0.05" in plan
     runs = out / "runs"
     for name in ("grpo-seed0", "taco-seed0", "grpo-seed1", "taco-seed1"):
         done = json.loads((runs / name / ".done").read_text())
@@ -471,6 +652,11 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
         metrics = {m["type"]: m["value"] for result in index["results"] for m in result["metrics"]}
         assert metrics == {key: summary[key] for key in summary if key.startswith(("avg@", "pass@"))}
         assert json.loads((runs / name / "trainer_state.json").read_text())["global_step"] == 2
+        # The run is done: its checkpoint-2 (saved at step 2, with optimizer state) is gone, its final model stays.
+        assert not list((runs / name).glob("checkpoint-*")) and (runs / name / "model.safetensors").is_file()
+        setup = (runs / name / "README.md").read_text().split("### Training set-up")[1]
+        assert "| `epsilon` | `0.2` |" in setup and "| `epsilon_high` | `0.28` |" in setup
+        assert ("| `taco_alpha` | `0.05` |" in (runs / name / "README.md").read_text()) == name.startswith("taco")
     # Same seed, same prompts in the same order, whatever the method; another seed, another order.
     assert _token_credit_prompts(runs / "grpo-seed0") == _token_credit_prompts(runs / "taco-seed0")
     assert _token_credit_prompts(runs / "grpo-seed1") == _token_credit_prompts(runs / "taco-seed1")
@@ -478,6 +664,8 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
 
     markdown = (out / "report.md").read_text()
     assert "4 of 4 runs finished" in markdown and "| taco − grpo | 2 |" in markdown
+    assert "Clipping: epsilon 0.2, epsilon_high 0.28 in every run" in markdown
+    assert "taco runs only: --taco_alpha 0.05" in markdown
     assert re.search(r"\| grpo \| 0, 1 \| [0-9.]+ ± [0-9.]+ \|", markdown)
     page = (out / "report.html").read_text()
     assert page.count("<svg") >= 4 and 'data-metric="taco/tail_fraction"' in page

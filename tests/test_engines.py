@@ -192,6 +192,34 @@ def test_gpu_check_cpu_smoke_run():
     assert report["kernels"]["softcap"]["max_abs_error"]["deviation"] < 1e-5  # float32 on CPU
 
 
+def test_gpu_check_carries_what_the_gpu_image_lacks():
+    """The wheels `--fetch-wheels` downloads (`.ci/floors` fetches and installs them for real): trl, datasets,
+    math-verify and the packages only they need here, never one the image's torch or transformers brings."""
+    from importlib.metadata import version
+
+    carried = _gpu_check().carried_distributions()
+    lacking = {"trl", "datasets", "math-verify", "latex2sympy2-extended", "dill", "multiprocess", "xxhash"}
+    assert lacking <= set(carried), lacking - set(carried)
+    assert carried["trl"] == version("trl") and carried["datasets"] == version("datasets")
+    image = {"torch", "transformers", "accelerate", "numpy", "huggingface-hub", "pyarrow", "pandas", "tokenizers"}
+    assert not image & set(carried), image & set(carried)
+
+
+def test_gpu_check_exits_non_zero_when_a_run_fails():
+    """A failed run is reported, the others still run, and the exit status says so: one generation per prompt is a
+    config TRL refuses, so every run of this call fails for real."""
+    import os
+    import subprocess
+
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu", "--tiny"]
+    command += ["--steps", "1", "--prompts", "2", "--generations", "1", "--max_completion_length", "2"]
+    command += ["--regimes", "generate", "--methods", "grpo,taco", "--kernel-tokens", "16"]
+    done = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "[generate] grpo: FAILED" in done.stdout and "[generate] taco: FAILED" in done.stdout
+    assert "kernels ok; 2 failed runs" in done.stdout
+
+
 # ------------------------------------------------------------------------------------------ multi-node SLURM
 
 

@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import sys
 
 import pytest
 import torch
@@ -190,3 +191,46 @@ def test_a_method_module_in_the_current_folder_is_found_and_names_a_safe_output_
     _, args, _, _ = parse_arguments(["--method", "eapo+mymethods:cwd_boost", "--cwd-boost-max", "2"])
     assert args.credit_hyperparameters()["cwd_boost_max"] == 2.0
     assert args.output_dir == "outputs/smollm2-135m-instruct-eapo+cwd_boost"
+
+
+def _scaling_method_source(name: str, factor: float) -> str:
+    """A user method module registering `name`: every token's advantage times `factor`."""
+    return (
+        "from trl_credit import register_credit_method\n\n\n"
+        f"@register_credit_method({name!r})\n"
+        f"def {name}(batch):\n"
+        f"    return batch.advantages_BT * {factor}\n"
+    )
+
+
+# Ways a user's method module fails to import. After registering: its method must not stay behind.
+BROKEN_MODULES = {
+    "raises_first": lambda source: "raise RuntimeError('not yet')\n" + source,
+    "raises_after_registering": lambda source: source + "\nraise RuntimeError('not yet')\n",
+    "syntax_error": lambda source: source + "\ndef unfinished(:\n",
+}
+
+
+@pytest.mark.parametrize("form", ["file", "package"])
+@pytest.mark.parametrize("breakage", list(BROKEN_MODULES))
+def test_a_failed_user_module_import_can_be_retried_once_the_file_is_fixed(tmp_path, monkeypatch, form, breakage):
+    name = f"retry_{breakage}_{form}"  # names of its own: the modules of a passing case stay imported
+    if form == "file":
+        module_file, spec = tmp_path / f"{name}.py", f"{tmp_path / name}.py:{name}"
+        module_name = f"trl_credit_user_{name}"
+    else:
+        package = tmp_path / f"{name}_package"
+        package.mkdir()
+        (package / "__init__.py").write_text("")
+        module_file, module_name = package / "methods.py", f"{name}_package.methods"
+        spec = f"{module_name}:{name}"
+        monkeypatch.syspath_prepend(str(tmp_path))
+    module_file.write_text(BROKEN_MODULES[breakage](_scaling_method_source(name, 3.0)))
+    with pytest.raises(Exception):  # noqa: B017 - how the failure is reported is not this test's subject
+        get_credit_method(spec)
+    assert name not in CREDIT_METHODS and module_name not in sys.modules
+
+    module_file.write_text(_scaling_method_source(name, 2.0))  # fixed, in the same Python session
+    advantages_B, mask_BT = torch.tensor([0.5, -1.0]), torch.ones(2, 3, dtype=torch.bool)
+    result = get_credit_method(spec).on_tensors(advantages_B, mask_BT)
+    torch.testing.assert_close(result.advantages_BT, 2.0 * advantages_B.unsqueeze(1).expand(2, 3))

@@ -42,3 +42,13 @@ def test_default_output_folders_are_ignored():
         probe = f"{folder}/run/model.safetensors"
         result = subprocess.run(["git", "check-ignore", "-q", probe], cwd=ROOT, check=False)
         assert result.returncode == 0, f"{probe} (written by `trl-credit {command}`) is not ignored by .gitignore"
+
+
+@pytest.mark.skipif(
+    shutil.which("git") is None or not (ROOT / ".git").exists(),
+    reason="needs git and a git checkout of the repository: git clone, and apt-get install git",
+)
+def test_a_virtual_environment_in_the_checkout_is_ignored():
+    # `python -m venv .venv` in the clone, as a new user does before `pip install -e ".[test]"`.
+    result = subprocess.run(["git", "check-ignore", "-q", ".venv/bin/python"], cwd=ROOT, check=False)
+    assert result.returncode == 0, ".venv/ (a virtual environment) is not ignored by .gitignore"

@@ -546,3 +546,21 @@ def test_the_committed_lab_reports_are_rendered_from_the_committed_results(scrip
     monkeypatch.syspath_prepend(str(root / "benchmarks"))
     module = importlib.import_module(script)
     assert module.aggregate() == (module.OUTPUT / "report.md").read_text()
+
+
+def test_lab_trains_without_deepspeed_announcing_its_accelerator_guess(tmp_path):
+    """DeepSpeed (a test dependency) is imported by accelerate whenever installed; on a CPU-only machine it would log
+    'Setting accelerator to CPU...' once per process, although the lab never uses it and always trains on the CPU."""
+    import os
+    import subprocess
+    import sys
+
+    argv = ["lab", "--methods", "grpo", "--tasks", "mdp", "--horizon", "16", "--decisive", "2", "--seeds", "0"]
+    argv += ["--max_steps", "1", "--warm_up_steps", "2", "--eval_samples", "2", "--pass_k", "1"]
+    argv += ["--output_dir", str(tmp_path)]
+    code = "import sys; from trl_credit.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}  # as a user's shell has it
+    result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "results.json").is_file()
+    assert "Setting accelerator to CPU" not in result.stdout + result.stderr

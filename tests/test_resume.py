@@ -11,12 +11,16 @@ the trainer saves it next to them, and this test fails without that.
 
 import math
 import os
+from collections import Counter
 
 import pytest
 import torch
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from transformers import TrainerCallback
 
 from trl_credit import CreditGRPOTrainer
+from trl_credit.cli.inspect import main as inspect_main
+from trl_credit.reports import token_view
 from trl_credit.trainer.reference import PREVIOUS_POLICY_FILE as TIDE_OLD_REFERENCE_NAME
 
 TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
@@ -100,3 +104,39 @@ def test_tide_old_checkpoint_without_reference_falls_back_to_resumed_policy(tmp_
     assert TIDE_OLD_REFERENCE_NAME in caplog.text
     (entry,) = [e for e in resumed.state.log_history if e.get("step") == 3 and "loss" in e]
     assert entry["tide/mean_deviation"] == pytest.approx(0.0, abs=1e-6)  # reference = the resumed policy itself
+
+
+class _InterruptAtStep(TrainerCallback):
+    """Ctrl-C during `step`, after its batch was generated and its token credit written, before its checkpoint."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise KeyboardInterrupt
+
+
+def test_resume_after_an_interrupt_records_each_step_token_credit_once(tmp_path, capsys):
+    run = tmp_path / "run"
+    settings = dict(max_steps=3, save_steps=1, log_token_credit=True, token_credit_samples=4)
+    interrupted = _trainer("taco", run, **settings)
+    interrupted.add_callback(_InterruptAtStep(2))
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1"]
+    assert Counter(r["step"] for r in token_view.read_token_credit(run)) == {1: 4, 2: 4}  # step 2 was logged
+
+    resumed = _trainer("taco", run, **settings)  # a new process would build the same trainer
+    resumed.train(resume_from_checkpoint=str(run / "checkpoint-1"))
+    records = token_view.read_token_credit(run)
+    assert Counter(r["step"] for r in records) == {1: 4, 2: 4, 3: 4}
+    # Each step's records are the batch that step trained on: all 4 completions, so their mean is the logged reward.
+    for step in (1, 2, 3):
+        logged = next(e["reward"] for e in resumed.state.log_history if e.get("step") == step and "reward" in e)
+        step_rewards = [r["reward"] for r in records if r["step"] == step]
+        assert sum(step_rewards) / len(step_rewards) == pytest.approx(logged), step
+
+    capsys.readouterr()
+    assert inspect_main([str(run), "--step", "2", "--all"]) == 0
+    assert "showing all 4 completions" in capsys.readouterr().out

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import pickle
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -127,6 +132,22 @@ def test_timeout_inside_a_worker_process():
         statuses, correct = pool.map(_score_in_child, [0])[0]
     assert statuses == ["timeout", "ok"] and correct
     assert check_answers(["2"], ["2"])[0].correct  # the parent's worker still answers
+
+
+def test_the_math_verify_worker_outlives_ctrl_c_and_ends_quietly_when_its_input_ends():
+    # Started as the parent starts it. A Ctrl-C, or a Jupyter kernel's shutdown, signals the whole process group.
+    worker = Path(rewards.__file__).with_name("verify_worker.py")
+    process = subprocess.Popen(
+        [sys.executable, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert json.loads(process.stdout.readline()) == {"ready": True}
+    process.send_signal(signal.SIGINT)
+    process.stdin.write(json.dumps({"gold": "1/2", "pred": "0.5"}) + "\n")
+    process.stdin.flush()
+    assert json.loads(process.stdout.readline()) == {"status": "ok", "correct": True}
+    process.stdin.close()  # as when the parent closes it, or exits
+    assert process.wait(timeout=30) == 0
+    assert process.stderr.read() == ""
 
 
 def test_normal_checks_are_cheap():

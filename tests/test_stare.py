@@ -122,6 +122,20 @@ def test_gate_is_strictly_below_the_target():
         torch.testing.assert_close(stare(advantages, logps, mask, entropy), torch.ones(1, 2))
 
 
+def test_gate_compares_the_batch_entropy_with_the_target_as_python_floats():
+    # The official `STAREController.update` compares two Python floats: the batch entropy (a float32 mean, `.item()`)
+    # and the target. float32(0.7) = 0.69999999 lies below 0.7, so the official gate is on; comparing the float32
+    # tensor with the target would round the target to float32 too and find them equal (gate off).
+    advantages, mask = torch.tensor([1.0, -1.0]), torch.ones(2, 3, dtype=torch.bool)
+    logps = torch.tensor([[-0.1, -2.0, -0.5], [-0.3, -1.0, -0.2]])
+    entropy = float(torch.tensor(0.7, dtype=torch.float32))
+    assert entropy < 0.7
+    got = stare(advantages, logps, mask, 0.7, stare_top_p_ratio=0.5, stare_target_entropy=0.7)
+    want = stare_loop(advantages, logps, mask, entropy, "O1", 0.5, 1.1, 0.9, 0.7)
+    torch.testing.assert_close(want, torch.tensor([[1.0, 1.1, 1.1], [-1.0, -1.0, -1.0]], dtype=torch.float64))
+    torch.testing.assert_close(got.double(), want)
+
+
 def test_edge_cases():
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]], dtype=torch.bool)
     logps = torch.tensor([[-1.0, -2.0, float("nan")], [float("nan")] * 3, [-0.5, float("inf"), 0.0]])

@@ -142,6 +142,20 @@ def test_append_read_and_select_round_trip(tmp_path):
     assert all(0.1 <= w <= 1.0 for r in records for w in r["weights"])
 
 
+def test_drop_after_a_step_keeps_the_earlier_lines_byte_for_byte(tmp_path):
+    token_view.append_token_credit(tmp_path, fake_token_credit_records("taco", steps=3, per_step=2))
+    path = tmp_path / token_view.TOKEN_CREDIT_FILENAME
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:2]) + "not a record\n" + "".join(lines[2:]))
+    assert token_view.drop_token_credit_after(tmp_path, 1) == 4  # steps 2 and 3, 2 records each
+    assert path.read_text() == "".join(lines[:2]) + "not a record\n"
+    assert (
+        token_view.drop_token_credit_after(tmp_path, 1) == 0 and token_view.drop_token_credit_after(tmp_path, 0) == 2
+    )
+    assert path.read_text() == "not a record\n"
+    assert token_view.drop_token_credit_after(tmp_path / "no-run", 0) == 0
+
+
 def test_read_reports_the_bad_line(tmp_path):
     good = json.dumps(record_with_weights([1.0]))
     (tmp_path / token_view.TOKEN_CREDIT_FILENAME).write_text(good + "\n" + json.dumps({"step": 1}) + "\n")
@@ -213,6 +227,30 @@ def test_inspect_missing_run_dir_exits_2(tmp_path, capsys):
     assert inspect_main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "does not exist" in err[0] and "log_token_credit=True" in err[1]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--max-completions", "-3"],
+            "argument --max-completions: must be an integer >= 0 (0 shows them all), got '-3'",
+        ),
+        (["--max-completions", "many"], "argument --max-completions: must be an integer >= 0"),
+        (["--png", "--png-completions", "-1"], "argument --png-completions: must be an integer >= 1, got '-1'"),
+        (["--png", "--png-completions", "0"], "argument --png-completions: must be an integer >= 1, got '0'"),
+        (["--png-completions", "2"], "--png-completions sets the PNG's size; add --png to write one"),
+        (["--step", "first"], "argument --step: expected an integer step or 'last', got 'first'"),
+    ],
+)
+def test_inspect_refuses_bad_counts_in_one_line_writing_nothing(tmp_path, capsys, argv, message):
+    token_view.append_token_credit(tmp_path, fake_token_credit_records("eapo", steps=1, per_step=12))
+    page = tmp_path / "page.html"
+    assert inspect_main([str(tmp_path), "--output", str(page), *argv]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert captured.out == "" and len(err) == 1 and err[0].startswith(f"trl-credit inspect: error: {message}")
+    assert not page.exists() and not page.with_suffix(".png").exists()
 
 
 def test_dispatcher_runs_inspect(tmp_path, capsys):

@@ -187,6 +187,33 @@ def test_single_method_trainers_use_their_configs_and_paper_metadata(tmp_path):
             )
 
 
+@pytest.mark.parametrize(
+    "settings, expected",
+    [
+        ({}, True),  # TRL's default
+        ({"activation_checkpointing": False}, False),
+        ({"gradient_checkpointing": False}, False),
+        ({"activation_checkpointing": True, "gradient_checkpointing": True}, True),
+    ],
+)
+def test_activation_checkpointing_is_one_setting_on_every_transformers_release(tmp_path, settings, expected):
+    # transformers < 5.23 has only `gradient_checkpointing`; the config takes the current name on every release and
+    # both names end up holding what trains.
+    args = CreditGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **settings)
+    assert (args.activation_checkpointing, args.gradient_checkpointing) == (expected, expected)
+
+
+def test_activation_checkpointing_and_its_old_name_disagreeing_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="activation_checkpointing is True but gradient_checkpointing"):
+        CreditGRPOConfig(
+            output_dir=str(tmp_path),
+            use_cpu=True,
+            bf16=False,
+            activation_checkpointing=True,
+            gradient_checkpointing=False,
+        )
+
+
 def test_plain_grpo_config_is_refused(tmp_path):
     from trl import GRPOConfig
 

@@ -12,25 +12,26 @@ The library is two folders; everything else is tooling around it, grouped by rol
 - `experiments/`: evaluation (avg@k, pass@k), comparisons over methods and seeds, and the credit lab;
 - `cli/`: the `trl-credit` command and its sub-commands.
 
-The method functions load with the package; the trainers (which import TRL) load on first access.
+Everything loads on first access (the methods with torch, the trainers with TRL), so that `trl-credit --help`
+answers without importing torch.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from .methods import (
-    CREDIT_METHODS,
-    CreditBatch,
-    CreditResult,
-    apply_credit_method,
-    eapo_advantages,
-    register_credit_method,
-    taco_advantages,
-    tide_advantages,
-)
-
 __version__ = "0.1.0"
+
+_METHOD_EXPORTS = (
+    "CREDIT_METHODS",
+    "CreditBatch",
+    "CreditResult",
+    "apply_credit_method",
+    "eapo_advantages",
+    "register_credit_method",
+    "taco_advantages",
+    "tide_advantages",
+)
 
 _TRAINER_EXPORTS = (
     "METHODS",
@@ -44,20 +45,12 @@ _TRAINER_EXPORTS = (
     "TIDETrainer",
 )
 
-__all__ = [
-    "CREDIT_METHODS",
-    "CreditBatch",
-    "CreditResult",
-    "apply_credit_method",
-    "eapo_advantages",
-    "register_credit_method",
-    "taco_advantages",
-    "tide_advantages",
-    *_TRAINER_EXPORTS,
-]
+__all__ = [*_METHOD_EXPORTS, *_TRAINER_EXPORTS]
 
 
 def __getattr__(name: str):
+    if name in _METHOD_EXPORTS:
+        return getattr(importlib.import_module(".methods", __name__), name)
     if name in _TRAINER_EXPORTS:
         return getattr(importlib.import_module(".trainer", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

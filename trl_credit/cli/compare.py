@@ -4,9 +4,11 @@
     trl-credit compare --methods grpo taco --seeds 0 1 --config configs/taco_qwen3_1.7b_base.yaml \
         --accelerate_config zero3 --eval_dataset_name math500 --eval_num_problems 200
 
-Every flag that is not one of compare's own (`trl-credit compare --help`) is passed to each `trl-credit grpo` run.
-Each run's arguments are checked by `trl-credit grpo`'s own parser, and the evaluation data is loaded, before any
-training: bad input exits with status 2 and one line. Runs that finished are skipped and interrupted runs resume
+Every flag that is not one of compare's own (`trl-credit compare --help`) is passed to each `trl-credit grpo` run,
+except a method's hyperparameters (`--taco_alpha 0.05`, `--credit_kwargs JSON`), which go to that method's runs only.
+The runs differ in nothing else: settings that single-method recipes change (the clip-higher bound `epsilon_high`)
+get one value for every run unless set. Each run's arguments are checked by `trl-credit grpo`'s own parser, and the
+evaluation data is loaded, before any training: bad input exits with status 2 and one line. Runs that finished are skipped and interrupted runs resume
 from their latest checkpoint, so the same command can be repeated after an interruption.
 """
 
@@ -23,8 +25,11 @@ from ..experiments.compare.plan import (
     build_runs,
     check_passthrough,
     check_recorded_arguments,
+    check_same_settings,
     estimate_cost,
+    estimate_disk,
     run_state,
+    settings_lines,
 )
 from . import one_line
 
@@ -51,17 +56,18 @@ def parse(argv: list[str]) -> tuple[CompareConfig, list[str]]:
 
 
 def validate_runs(config: CompareConfig, passthrough: list[str]):
-    """Parse each method's run with `trl-credit grpo`'s parser; return the first method's parsed arguments."""
+    """Parse each method's run with `trl-credit grpo`'s parser, check that the runs differ only in the method, and
+    return the first method's parsed arguments."""
     from .grpo import UsageError, parse_arguments
 
-    parsed = None
+    parsed = {}
     for spec in build_runs(config, passthrough)[: len(config.methods)]:  # the first seed's runs: one per method
         try:
-            arguments = parse_arguments(spec.grpo_argv())
+            parsed[spec.method] = parse_arguments(spec.grpo_argv())
         except UsageError as error:
             raise CompareUsageError(f"the {spec.method} runs would fail: {one_line(error)}") from error
-        parsed = parsed or arguments
-    return parsed
+    check_same_settings(parsed)
+    return parsed[config.methods[0]]
 
 
 def evaluation_settings(config: CompareConfig, script_args, training_args) -> dict:
@@ -140,16 +146,22 @@ def main(argv: list[str] | None = None) -> int:
         state, checkpoint = states[spec.name]
         label = {"done": "done, skipped", "fresh": "train"}.get(state) or f"resume from {checkpoint.name}"
         print(f"  {spec.name:<24} {label:<28} {shlex.join(spec.command(checkpoint))}")
+    settings = settings_lines(config, passthrough, runs, training_args)
+    for line in settings:
+        print(f"  {line}")
     for line in estimate_cost(runs, states, training_args, model_args.model_name_or_path, num_eval_samples):
         print(f"  {line}")
+    print(f"  {estimate_disk(runs, training_args, model_args)}")
     if training_args.save_strategy == "no":
         print("  warning: --save_strategy no: runs save no checkpoint, so an interrupted run restarts from scratch")
     if config.dry_run:
         return 0
-    return execute(config, runs, eval_settings, script_args, command)
+    return execute(config, runs, eval_settings, script_args, command, settings)
 
 
-def execute(config: CompareConfig, runs, eval_settings: dict | None, script_args, command: str) -> int:
+def execute(
+    config: CompareConfig, runs, eval_settings: dict | None, script_args, command: str, settings: list[str]
+) -> int:
     from ..experiments.compare.report import write_report
     from ..experiments.compare.runner import RunFailed, evaluate_run, execute_run
     from .grpo import training_dataset
@@ -172,7 +184,7 @@ def execute(config: CompareConfig, runs, eval_settings: dict | None, script_args
         metrics = {k: round(v, 4) for k, v in summary.items() if k.startswith(("avg@", "pass@"))}
         print(f"{PROG}: {spec.name}: evaluation {metrics}", flush=True)
 
-    notes = []
+    notes = list(settings)
     if eval_settings is not None:
         notes.append(
             f"Evaluation: {eval_settings['dataset_name']} (split {eval_settings['dataset_split'] or 'the file'}), "

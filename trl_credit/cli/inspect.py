@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+PNG_COMPLETIONS = 4  # completions in the PNG unless --png-completions says otherwise
+
 
 def _step(value: str) -> int | str:
     if value == "last":
@@ -21,8 +23,32 @@ def _step(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer step or 'last', got {value!r}") from None
 
 
+def _count(minimum: int, allowed: str):
+    """An argparse type: an integer of at least `minimum`; `allowed` says which, in words, for the error."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = None
+        if number is None or number < minimum:
+            raise argparse.ArgumentTypeError(f"must be {allowed}, got {value!r}")
+        return number
+
+    return parse
+
+
+class _UsageError(Exception):
+    """A command-line problem, reported as one line."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print the whole usage block, then exit
+        raise _UsageError(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="trl-credit inspect",
         description=(
             "Render RUN_DIR/token_credit.jsonl (written with log_token_credit=True) as a self-contained HTML "
@@ -42,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="show every recorded completion (default: those where the method changed some token's credit)",
     )
     parser.add_argument(
-        "--max-completions", type=int, default=64, help="show at most this many completions (default: 64; 0 = all)"
+        "--max-completions",
+        type=_count(0, "an integer >= 0 (0 shows them all)"),
+        default=64,
+        help="show at most this many completions (default: 64; 0 = all)",
     )
     parser.add_argument("--output", default=None, help="HTML path (default: RUN_DIR/token_credit.html)")
     parser.add_argument(
@@ -53,7 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="also write a PNG of the first completions (default path: next to the HTML page, .png)",
     )
-    parser.add_argument("--png-completions", type=int, default=4, help="completions in the PNG (default: 4)")
+    parser.add_argument(
+        "--png-completions",
+        type=_count(1, "an integer >= 1"),
+        default=None,
+        help=f"completions in the PNG, with --png (default: {PNG_COMPLETIONS})",
+    )
     return parser
 
 
@@ -72,7 +106,18 @@ def _completions_to_show(records: list[dict], *, show_all: bool) -> tuple[list[d
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except _UsageError as error:
+        print(f"trl-credit inspect: error: {error}", file=sys.stderr)
+        return 2
+    except SystemExit as exit_:  # --help
+        return int(exit_.code or 0)
+    if args.png_completions is not None and args.png is None:
+        print(
+            "trl-credit inspect: error: --png-completions sets the PNG's size; add --png to write one", file=sys.stderr
+        )
+        return 2
     from trl_credit.reports import token_view
 
     try:
@@ -98,7 +143,7 @@ def main(argv: list[str]) -> int:
     print(f"wrote {html_path} ({len(selected)} completions)")
     if args.png is not None:
         png_path = Path(args.png) if args.png else html_path.with_suffix(".png")
-        token_view.render_token_credit_png(selected[: args.png_completions], png_path)
+        token_view.render_token_credit_png(selected[: args.png_completions or PNG_COMPLETIONS], png_path)
         print(f"wrote {png_path}")
     return 0
 

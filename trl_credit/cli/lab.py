@@ -16,6 +16,7 @@ interval over seeds, and the paired difference to `grpo`). Finished runs in `res
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
@@ -51,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {' '.join(str(error).split())}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)  # a ~20k-parameter model: more threads only add synchronisation
+    # The lab trains on the CPU; DeepSpeed, which accelerate imports whenever it is installed, would guess so aloud.
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
     command = shlex.join(["trl-credit", "lab", *argv])
     run_lab(config, command=command)
     print(f"{PROG}: results in {config.output_dir}/results.json, report in {config.output_dir}/report.md")

@@ -114,7 +114,7 @@ def check_vllm_installed(option: str, alternative: str = "") -> None:
     if importlib.util.find_spec("vllm") is None:
         raise ValueError(
             f"{option} needs vLLM, which is not installed: pip install 'trl-credit[vllm]' (a GPU machine; "
-            f"vLLM 0.22-0.31 with transformers 5.17){alternative}"
+            f"vLLM 0.22-0.31, which TRL 1.16 supports; vLLM 0.31 needs transformers 5.17.x){alternative}"
         )
 
 

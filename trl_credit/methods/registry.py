@@ -266,13 +266,25 @@ def get_credit_method(name: str) -> CreditMethod:
     if ":" in name:
         module_name, name = name.rsplit(":", 1)
         try:
-            import_user_module(module_name)
+            _import_method_module(module_name)
         except Exception as error:  # noqa: BLE001 - a user module may fail at import in any way: name it in one line
             reason = " ".join(f"{type(error).__name__}: {error}".split())
             raise ValueError(f"cannot import credit-method module {module_name!r}: {reason}") from error
     if name not in CREDIT_METHODS:
         raise ValueError(f"unknown credit method {name!r}; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}")
     return CREDIT_METHODS[name]
+
+
+def _import_method_module(module_name: str) -> None:
+    """Import the user's module that registers methods. If the import raises, the methods it registered before
+    failing are forgotten, with the module itself (`import_user_module`): a retry, the file fixed, starts afresh."""
+    registered = dict(CREDIT_METHODS)
+    try:
+        import_user_module(module_name)
+    except BaseException:
+        CREDIT_METHODS.clear()
+        CREDIT_METHODS.update(registered)
+        raise
 
 
 def parse_credit_methods(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:

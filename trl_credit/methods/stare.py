@@ -136,7 +136,9 @@ def stare(
     # The same value at every valid position of the generation batch; a micro-batch without one reweights nothing.
     has_valid = bool(mask_BT.any())
     batch_entropy = batch[ROLLOUT_MEAN_ENTROPY][mask_BT][0] if has_valid else mask_BT.new_zeros((), dtype=torch.float)
-    gate_on = has_valid and bool(batch_entropy < stare_target_entropy)
+    # Two Python floats, as the official controller compares them: a tensor comparison would round the target to
+    # the entropy's float32.
+    gate_on = has_valid and float(batch_entropy) < float(stare_target_entropy)
     surprisal_BT = -batch[POLICY_LOGPS]
     # L+ and L- are selected whether or not the gate is on: the official code logs them either way.
     l_plus_BT = _highest(surprisal_BT, mask_BT & (advantages_BT > 0), stare_top_p_ratio)

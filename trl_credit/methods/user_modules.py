@@ -13,7 +13,8 @@ def import_user_module(module: str) -> None:
     """Import a dotted module name, or a `.py` file by path (e.g. `examples/custom_credit_method.py`).
 
     A dotted name that is not importable is also looked for in the current folder (`mymethods` ->
-    `./mymethods.py`), as `python -m` would find it: console scripts do not put that folder on `sys.path`.
+    `./mymethods.py`), as `python -m` would find it: console scripts do not put that folder on `sys.path`. A module
+    whose import raised is left out of `sys.modules` (as `import` leaves it), so importing it again runs it again.
     """
     if not module.endswith(".py"):
         try:
@@ -31,5 +32,11 @@ def import_user_module(module: str) -> None:
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or not path.is_file():
         raise ImportError(f"no such file: {module}")
-    sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sys.modules[name])
+    module_object = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module_object
+    try:
+        spec.loader.exec_module(module_object)
+    except BaseException:
+        # As `import` does: a module that failed is not imported, so that the next attempt (the file fixed) runs it.
+        del sys.modules[name]
+        raise

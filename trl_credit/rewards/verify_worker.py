@@ -4,7 +4,9 @@ Run by path (`python verify_worker.py`), never imported: running it by path keep
 (and torch) out of the worker, so it starts in well under a second. The parent (`answer_checks.py`)
 enforces the time limit by killing this process, which works from any thread and inside worker
 processes, where Math-Verify's own `signal.alarm` timeout cannot run; Math-Verify's timeouts are therefore
-turned off here.
+turned off here. The parent owns the worker's lifetime: the worker ignores Ctrl-C (a terminal's, or a Jupyter kernel's
+at shutdown, reaches the whole process group; the parent handles it) and ends quietly at the end of its input, when
+the parent closes it or exits.
 
 Protocol (one JSON object per line):
     -> {"gold": str}                   <- {"status": "ok" | "gold_unparseable"}
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -33,6 +36,7 @@ def _exit_when_orphaned(parent_pid: int) -> None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the parent's to handle, not a crash of a check
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     logging.disable(logging.WARNING)  # Math-Verify warns that its timeouts are disabled: the parent handles them
     from math_verify import parse, verify

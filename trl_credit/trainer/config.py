@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from transformers import TrainingArguments
 from trl import GRPOConfig
 
 from ..methods import (
@@ -67,6 +68,11 @@ with the values it allows, `{field: (allowed, allowed values in words)}`, as a c
 `CreditGRPOConfig.validate_trl_fields` when a config is built, before any model loads. What depends on more than the
 config (the number of reward functions against `reward_weights`, the model's context against `max_completion_length`)
 is checked by `trl-credit grpo`, which knows both."""
+
+# transformers 5.23 renamed `gradient_checkpointing` to `activation_checkpointing` (the old name stays an alias).
+_TRANSFORMERS_NAMES_ACTIVATION_CHECKPOINTING = "activation_checkpointing" in {
+    f.name for f in dataclasses.fields(TrainingArguments)
+}
 
 
 @dataclass
@@ -135,6 +141,13 @@ class CreditGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Deprecated name of `activation_checkpointing`, which is on unless either is set false."},
     )
+    if not _TRANSFORMERS_NAMES_ACTIVATION_CHECKPOINTING:
+        # transformers < 5.23 (the releases vLLM 0.31/0.32 need) knows only `gradient_checkpointing`: the current
+        # name is declared here so that one spelling works in Python, YAML and flags on every supported release.
+        activation_checkpointing: bool | None = field(
+            default=None,
+            metadata={"help": "Recompute activations in the backward pass to save memory (TRL's default: on)."},
+        )
     log_token_credit: bool = field(
         default=False,
         metadata={
@@ -154,6 +167,18 @@ class CreditGRPOConfig(GRPOConfig):
         self.validate_trl_fields()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True  # TRL's default
+        if None not in (self.activation_checkpointing, self.gradient_checkpointing) and (
+            self.activation_checkpointing != self.gradient_checkpointing
+        ):  # transformers would silently train with the new name's value
+            raise SettingError(
+                "activation_checkpointing",
+                f"is {self.activation_checkpointing!r} but gradient_checkpointing, its older name, is "
+                f"{self.gradient_checkpointing!r}: set one of them",
+            )
+        if not _TRANSFORMERS_NAMES_ACTIVATION_CHECKPOINTING:
+            if self.activation_checkpointing is None:
+                self.activation_checkpointing = self.gradient_checkpointing
+            self.gradient_checkpointing = self.activation_checkpointing  # the name these releases read
         super().__post_init__()
 
     @property

@@ -63,7 +63,7 @@ from .sources import (
     policy_logit_gap,
     policy_logps_and_entropy,
 )
-from .token_credit_log import log_token_credit
+from .token_credit_log import DropRecordsAfterResumedStep, log_token_credit
 from .trl_compat import (
     NORMALISER_AT_GENERATION,
     check_trainer_attributes,
@@ -159,6 +159,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             self.forward_counts[EXTRA_REFERENCE_FORWARDS] = 0
         if args.log_token_credit:
             self.forward_counts[TOKEN_CREDIT_LOG_FORWARDS] = 0
+            self.add_callback(DropRecordsAfterResumedStep())
 
     # ------------------------------------------------------------------------------------- generation batch
 

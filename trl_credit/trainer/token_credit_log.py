@@ -1,14 +1,39 @@
 """The token-credit log: per-token credit of a few completions of a training batch, appended to
-`output_dir/token_credit.jsonl` for `trl-credit inspect` (`log_token_credit=True`)."""
+`output_dir/token_credit.jsonl` for `trl-credit inspect` (`log_token_credit=True`).
+
+A run resumed from `checkpoint-N` trains steps N + 1, ... again, and logs them again: when training begins, the
+records of steps after the state's global step (written by the run that was interrupted, or by an earlier run in the
+same folder) are dropped, so that each step's records appear once, those of the run that trained it.
+"""
 
 from __future__ import annotations
 
 import torch
+from transformers import TrainerCallback
+from transformers.utils import logging
 
 from .batch_layout import SEQUENCE_ADVANTAGES, valid_mask
 from .recorders import recorded_final_hidden
 from .sources import TOKEN_CREDIT_LOG_FORWARDS, policy_logps_and_entropy
 from .trl_compat import MULTIMODAL_KEYS
+
+logger = logging.get_logger(__name__)
+
+
+class DropRecordsAfterResumedStep(TrainerCallback):
+    """When training begins (from scratch or from a checkpoint), drop the token-credit records of later steps."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:  # the process that writes the records
+            from ..reports.token_view import drop_token_credit_after
+
+            dropped = drop_token_credit_after(args.output_dir, state.global_step)
+            if dropped:
+                logger.warning(
+                    f"token_credit.jsonl: dropped {dropped} records of steps after step {state.global_step}, written "
+                    "before this run began (by the interrupted run it resumes, or an earlier run in this output_dir); "
+                    "this run records those steps again"
+                )
 
 
 def log_token_credit(trainer, batch, statistic_BT) -> None:

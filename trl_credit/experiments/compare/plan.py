@@ -1,12 +1,16 @@
 """The plan of `trl-credit compare`: its configuration, one training run per (method, seed), and each run's state.
 
-A run is `python -m trl_credit.cli.grpo [--config RECIPE] --method M --seed S --output_dir OUT/runs/M-seedS [flags]`,
-the same flags for every run. TRL seeds the prompt sampler (`RepeatSampler(seed=args.seed)`) and `trl-credit grpo`
-seeds its data subsample from `--seed`, so every method sees the same prompts in the same order for the same seed.
+A run is `python -m trl_credit.cli.grpo [--config RECIPE] --method M --seed S --output_dir OUT/runs/M-seedS [flags]`.
+Every run gets the same flags, except a method's own hyperparameters (`--taco_alpha 0.05`, or the entries of
+`--credit_kwargs`), which go to the runs whose method stack has that method only (`route_method_settings`). The
+settings that the single-method recipes change (`COMMON_SETTINGS`: TRL's clip-higher bound `epsilon_high`) are passed
+to every run with one value unless the user sets them, so that the method is the only difference between runs.
+TRL seeds the prompt sampler (`RepeatSampler(seed=args.seed)`) and `trl-credit grpo` seeds its data subsample from
+`--seed`, so every method sees the same prompts in the same order for the same seed.
 
 A run folder is in one of three states (`run_state`): `done` (`.done` exists, written by compare after a
-successful exit), `resume` (a `checkpoint-*` folder exists: the run restarts with `--resume_from_checkpoint` on the
-latest) or `fresh`. `run.json` records the arguments a run was started with; a run is never resumed with others.
+successful exit, when the run's checkpoints are deleted: its final model is in the run folder), `resume` (a
+`checkpoint-*` folder exists: the run restarts with `--resume_from_checkpoint` on the latest) or `fresh`. `run.json` records the arguments a run was started with; a run is never resumed with others.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+import yaml
 
 from ...methods import DEFAULT_COMPARISON
 
@@ -155,16 +161,117 @@ class RunSpec:
 
 # The quick start saves the final model only; without a recipe of its own, a comparison keeps a resume point per run.
 RESUMABLE = ("--save_strategy", "steps", "--save_steps", "10", "--save_total_limit", "1")
+# Settings whose default differs between the configs `trl-credit grpo --method NAME` trains with (a method's
+# single-method config may carry its paper's recipe), passed to every run with one value unless the flags or the
+# recipe set them. `epsilon_high`: the method configs with a paper recipe use DAPO's clip-higher bound 0.28, the plain
+# config TRL's default (unset: the upper bound is `epsilon`, 0.2). 0.28 keeps each method's own recipe and gives the
+# baseline the same clipping; `check_same_settings` refuses any other setting that would differ between methods.
+COMMON_SETTINGS = {"epsilon_high": "0.28"}
+
+
+def _option_name(arg: str) -> str:
+    """`--taco-alpha=0.05` -> `taco_alpha`."""
+    return arg[2:].split("=", 1)[0].replace("-", "_")
+
+
+def _option_groups(argv: list[str]) -> list[list[str]]:
+    """`["--a", "1", "--b", "x", "y", "--c"]` -> `[["--a", "1"], ["--b", "x", "y"], ["--c"]]`: each option with the
+    values that follow it (as argparse reads them: up to the next `--` option)."""
+    groups: list[list[str]] = []
+    for arg in argv:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return groups
+
+
+def _method_stack(method: str):
+    from ...methods import get_credit_method, parse_credit_methods
+
+    try:
+        return [get_credit_method(name) for name in parse_credit_methods(method)]
+    except ValueError as error:  # an unknown name: the same words as `trl-credit grpo --method` would print
+        raise CompareUsageError(f"the {method} runs would fail: --method {method!r}: {error}") from error
+
+
+def route_method_settings(methods: list[str], passthrough: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """Split the flags passed through into the ones every run gets and each method's own.
+
+    A flag naming a method's hyperparameter (`--taco_alpha 0.05`) goes to the runs whose stack has that method only,
+    and `--credit_kwargs JSON` gives each run the entries its stack owns (as `trl-credit lab` does). A name that no
+    compared method owns is refused: it would be an error in every run, or silently read by none.
+    """
+    from ...methods import CREDIT_METHODS
+    from ...trainer.config import parse_credit_kwargs
+    from ..lab.run import method_credit_kwargs
+
+    stacks = {method: _method_stack(method) for method in methods}
+    shared: list[str] = []
+    own: dict[str, list[str]] = {method: [] for method in methods}
+    for group in _option_groups(passthrough):
+        name = _option_name(group[0]) if group[0].startswith("--") else ""
+        if name == "credit_kwargs":
+            raw = group[0].split("=", 1)[1] if "=" in group[0] else " ".join(group[1:])
+            try:
+                credit_kwargs = parse_credit_kwargs(raw) or {}
+                routed = {method: method_credit_kwargs(method, credit_kwargs) for method in methods}
+            except ValueError as error:
+                raise CompareUsageError(f"--credit_kwargs: {error}") from error
+            orphans = [key for key in credit_kwargs if not any(key in entries for entries in routed.values())]
+            if orphans:
+                raise CompareUsageError(
+                    f"--credit_kwargs: {orphans[0]!r} is not a hyperparameter of the compared methods "
+                    f"({', '.join(methods)})"
+                )
+            for method, entries in routed.items():
+                if entries:
+                    own[method] += ["--credit_kwargs", json.dumps(entries)]
+            continue
+        owners = {h: m.name for m in CREDIT_METHODS.values() for h in m.argument_names}
+        hyperparameter = name[3:] if name not in owners and name.startswith("no_") else name  # `--no_x`: x false
+        owner = owners.get(hyperparameter)
+        if owner is None:
+            shared += group
+            continue
+        receivers = [m for m in methods if any(hyperparameter in part.argument_names for part in stacks[m])]
+        if not receivers:
+            raise CompareUsageError(
+                f"--{name} is an option of {owner}, which none of the compared methods ({', '.join(methods)}) has"
+            )
+        for method in receivers:
+            own[method] += group
+    return shared, own
+
+
+def _recipe_keys(recipe: str | None) -> set[str]:
+    """The keys of the YAML recipe, or none when it cannot be read (`trl-credit grpo` then reports why)."""
+    if recipe is None:
+        return set()
+    try:
+        with open(recipe) as handle:
+            content = yaml.safe_load(handle)
+    except (OSError, yaml.YAMLError):
+        return set()
+    return set(content) if isinstance(content, dict) else set()
+
+
+def common_settings(config: CompareConfig, shared: list[str]) -> dict[str, str]:
+    """The `COMMON_SETTINGS` that neither the flags passed through nor the recipe set: compare passes these."""
+    given = {_option_name(arg) for arg in shared if arg.startswith("--")} | _recipe_keys(config.config)
+    return {name: value for name, value in COMMON_SETTINGS.items() if name not in given}
 
 
 def build_runs(config: CompareConfig, passthrough: list[str]) -> list[RunSpec]:
     """One `RunSpec` per (method, seed), seeds outermost so that early results already pair every method."""
     runs_dir = Path(config.output_dir) / "runs"
-    sets_saving = any(arg.replace("-", "_").startswith("__save_strategy") for arg in passthrough)
+    shared, own = route_method_settings(config.methods, passthrough)
+    sets_saving = "save_strategy" in {_option_name(arg) for arg in shared if arg.startswith("--")}
     if config.config is None and not sets_saving:
-        passthrough = [*RESUMABLE, *passthrough]
+        shared = [*RESUMABLE, *shared]
+    pinned = [arg for name, value in common_settings(config, shared).items() for arg in (f"--{name}", value)]
     return [
-        RunSpec(method, seed, runs_dir / run_name(method, seed), config.config, tuple(passthrough))
+        RunSpec(method, seed, runs_dir / run_name(method, seed), config.config, (*pinned, *shared, *own[method]))
         for seed in config.seeds
         for method in config.methods
     ]
@@ -217,9 +324,126 @@ def check_recorded_arguments(spec: RunSpec) -> None:
         )
 
 
+# Names that differ between the runs of a comparison by design: the method, its own hyperparameters, the run folder.
+_PER_RUN = {"method", "credit_method", "credit_kwargs", "output_dir", "logging_dir", "run_name"}
+
+
+def _settings(script_args, training_args, model_args) -> dict:
+    from dataclasses import asdict
+
+    from ...methods import CREDIT_METHODS
+
+    per_run = _PER_RUN | {name for m in CREDIT_METHODS.values() for name in m.argument_names}
+    settings = {**asdict(script_args), **training_args.to_dict(), **asdict(model_args)}
+    return {name: value for name, value in settings.items() if name not in per_run}
+
+
+def check_same_settings(parsed: dict[str, tuple]) -> None:
+    """Refuse a comparison whose runs would differ in anything but the method: `parsed` maps each method to its run's
+    `(script_args, training_args, model_args)` as `trl-credit grpo` parses them."""
+    (first, first_args), *others = ((method, _settings(*args[:3])) for method, args in parsed.items())
+    for method, args in others:
+        for name in sorted(set(first_args) | set(args)):
+            if first_args.get(name) != args.get(name):
+                raise CompareUsageError(
+                    f"the {first} and {method} runs would differ in {name} ({first_args.get(name)!r} and "
+                    f"{args.get(name)!r}): pass --{name} to set it for every run"
+                )
+
+
+def settings_lines(config: CompareConfig, passthrough: list[str], runs: list[RunSpec], training_args) -> list[str]:
+    """What the runs share and what is a method's own, for the plan and the report."""
+    shared, own = route_method_settings(config.methods, passthrough)
+    pinned = common_settings(config, shared)
+    upper = training_args.epsilon_high if training_args.epsilon_high is not None else training_args.epsilon
+    if "epsilon_high" in pinned:
+        origin = f"epsilon_high {pinned['epsilon_high']} is compare's common value; --epsilon_high sets another"
+    elif "epsilon_high" in {_option_name(arg) for arg in shared if arg.startswith("--")}:
+        origin = "as --epsilon_high sets it"
+    else:
+        origin = f"as the recipe {config.config} sets it"
+    lines = [
+        f"Clipping: epsilon {training_args.epsilon:g}, epsilon_high {upper:g} in every run ({origin}).",
+        "Every other setting is the same in every run, checked on each method's parsed arguments: the runs of a seed "
+        "differ only in the method" + (" and its own hyperparameters:" if any(own.values()) else "."),
+    ]
+    lines += [f"{method} runs only: {shlex.join(flags)}" for method, flags in own.items() if flags]
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Cost
 # ---------------------------------------------------------------------------------------------------------------
+
+
+def parameter_count(model_name_or_path: str) -> tuple[int, object] | None:
+    """`(parameters, config)` of a model, counted on the meta device (no weight is read), or `None` when its config
+    is not on this machine (a Hub id not in the cache, the offline SmolLM2 before its first conversion)."""
+    from ...data import models
+
+    if model_name_or_path.lower() == models.SMOLLM2_ALIAS:
+        model_name_or_path = str(models.cache_root() / models._FOLDER_NAME)
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        model_config = AutoConfig.from_pretrained(model_name_or_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(model_config)
+    except (OSError, ValueError):
+        return None
+    return sum(p.numel() for p in model.parameters()), model_config  # a tied embedding counts once, as it is saved
+
+
+def _dtype_bytes(dtype_name: str | None, model_config) -> int:
+    import torch
+
+    if dtype_name in (None, "auto"):
+        dtype = getattr(model_config, "dtype", None) or torch.float32
+    else:
+        dtype = getattr(torch, dtype_name)
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _size(num_bytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.2f} {unit}"
+    return f"{num_bytes:.0f} B"
+
+
+def estimate_disk(runs: list[RunSpec], training_args, model_args) -> str:
+    """The plan's disk line: the final models, which stay, and a checkpoint per run, which stays only while the run
+    can still resume (weights and AdamW's two moments in the weights' dtype: three times the model)."""
+    if model_args.use_peft:
+        return "disk: not estimated with --use_peft (the final models and checkpoints hold the adapters only)"
+    counted = parameter_count(model_args.model_name_or_path)
+    if counted is None:
+        return f"disk: not estimated ({model_args.model_name_or_path}'s config is not on this machine yet)"
+    count, model_config = counted
+    per_parameter = _dtype_bytes(model_args.dtype, model_config)
+    model_bytes = count * per_parameter
+    line = (
+        f"disk: {_size(len(runs) * model_bytes)} for the {len(runs)} final models ({count:,} parameters x "
+        f"{per_parameter} bytes = {_size(model_bytes)} each)"
+    )
+    if training_args.save_strategy == "no":
+        return line + "; no checkpoints"
+    checkpoint_bytes = 3 * model_bytes
+    limit = training_args.save_total_limit
+    if limit:
+        kept = "its latest checkpoint" if limit == 1 else f"its last {limit} checkpoints"
+        at_once = limit + 1  # the Trainer writes a new checkpoint before it deletes the oldest
+    elif training_args.save_strategy == "steps" and training_args.max_steps > 0 and training_args.save_steps >= 1:
+        at_once = max(1, training_args.max_steps // int(training_args.save_steps))
+        kept = "its checkpoint" if at_once == 1 else f"all {at_once} of its checkpoints (no --save_total_limit)"
+    else:
+        return f"{line}; a run's checkpoints ({_size(checkpoint_bytes)} each) are kept until it is done"
+    peak = (len(runs) - 1) * model_bytes + at_once * checkpoint_bytes
+    return (
+        f"{line}; while a run trains, {kept} (weights and AdamW state: {_size(checkpoint_bytes)} each), deleted "
+        f"once the run is done: at most about {_size(peak)} at once"
+    )
 
 
 def measured_step_seconds(runs_dir: Path) -> tuple[float | None, int]:

@@ -3,7 +3,9 @@
 Each run is a `trl-credit grpo` subprocess whose output is copied to `RUN/train.log` (and the console). Its peak
 memory is the `ru_maxrss` that `os.wait4` reports for it: the peak resident set size (CPU memory) of the largest
 single process of the run (with `accelerate launch`, of the largest worker), not a sum over processes, and not GPU
-memory. After a successful exit compare writes `RUN/.done` with the wall time and that peak.
+memory. After a successful exit compare writes `RUN/.done` with the wall time and that peak, and deletes the run's
+`checkpoint-*` folders (weights and optimizer state, three times the model): a done run is never resumed, and its
+final model, `trainer_state.json` and model card are in the run folder.
 
 The evaluation calls `trl_credit.experiments.evaluation.run_evaluation`, the code behind `trl-credit eval`, in this process:
 completions and `summary.json` go to `RUN/eval/`, and the summary is copied to `RUN/eval.json`, where model cards
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import trl_credit
 
-from .plan import DONE_MARKER, EVAL_SUMMARY, RUN_RECORD, RunSpec, run_state
+from .plan import DONE_MARKER, EVAL_SUMMARY, RUN_RECORD, RunSpec, latest_checkpoint, run_state
 
 
 class RunFailed(Exception):
@@ -50,6 +53,7 @@ def execute_run(spec: RunSpec, echo: bool = True) -> dict:
     """
     state, checkpoint = run_state(spec.output_dir)
     if state == "done":
+        remove_checkpoints(spec.output_dir)  # left by a compare that stopped between `.done` and the deletion
         return json.loads((spec.output_dir / DONE_MARKER).read_text())
     spec.output_dir.mkdir(parents=True, exist_ok=True)
     record_path = spec.output_dir / RUN_RECORD
@@ -100,7 +104,22 @@ def execute_run(spec: RunSpec, echo: bool = True) -> dict:
         "attempts": len(record["attempts"]),
     }
     (spec.output_dir / DONE_MARKER).write_text(json.dumps(done, indent=1) + "\n")
+    remove_checkpoints(spec.output_dir)
     return done
+
+
+def remove_checkpoints(run_dir: Path) -> list[str]:
+    """Delete the `checkpoint-*` folders of a done run whose final model is saved in `run_dir`; return their names."""
+    saved = (run_dir / "trainer_state.json").is_file() and any(
+        (run_dir / name).is_file() for name in ("config.json", "adapter_config.json")
+    )
+    if not saved:  # not a run `trl-credit grpo` finished: keep what could still resume it
+        return []
+    removed = []
+    while (checkpoint := latest_checkpoint(run_dir)) is not None:
+        shutil.rmtree(checkpoint)
+        removed.append(checkpoint.name)
+    return removed
 
 
 def evaluation_config(spec: RunSpec, settings: dict):

@@ -3,8 +3,9 @@
 The card follows TRL's own (`trl.trainer.utils.generate_model_card`): the same sections in the same order (quick
 start, training procedure, framework versions, citations). It adds what trained: the base model (a Hub id, a local
 folder's name, or the offline SmolLM2 de-quantised from a GGUF), a one-line result (the mean training reward at the
-first and last logged steps, and the evaluation results), the training set-up (learning rate, steps, batch,
-generation and loss settings), each method of the stack with its own hyperparameters, the method papers next to
+first and last logged steps, labelled with the reward functions whose weighted sum it is, and the evaluation
+results), the training set-up (reward functions and weights, number of training prompts, learning rate, steps,
+batch, generation, loss and clipping settings), each method of the stack with its own hyperparameters, the method papers next to
 GRPO's and TRL's citations, the training data, the training curves and, when `trl-credit eval` summaries are given,
 an evaluation table and the same numbers as `model-index` metadata, which the Hub renders as evaluation results. The
 quick-start snippet prompts the model with the first training prompt when one is given.

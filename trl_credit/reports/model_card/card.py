@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from .run_facts import (
     read_reward_curve,
     read_training_setup,
     result_line,
+    reward_functions,
     scrub_secrets,
     stack_sections,
     trl_grpo_paper,
@@ -297,10 +298,11 @@ def trainer_model_card(
 ) -> CreditModelCard:
     """The card of a trl-credit trainer's run, read from the trainer after training; `CreditModelCard.save` it.
 
-    Reads the base model from the policy's config, the set-up from `trainer.args` and the number of processes, the
-    methods of the stack and their hyperparameters from `trainer.args`, the reward curve from
-    `trainer.state.log_history`, and any `trl-credit eval` summaries from `output_dir`. Writes the training plots
-    to `output_dir/plots/` (see `trl_credit.reports.plots.save_training_plots`).
+    Reads the base model from the policy's config, the set-up from `trainer.args` (clipping included), the number of
+    processes, the reward functions with their weights and the number of training prompts, the methods of the stack
+    and their hyperparameters from `trainer.args`, the reward curve from `trainer.state.log_history`, and any
+    `trl-credit eval` summaries from `output_dir`. Writes the training plots to `output_dir/plots/` (see
+    `trl_credit.reports.plots.save_training_plots`).
 
     Args:
         trainer: A `CreditGRPOTrainer` (or one of its method trainers).
@@ -314,6 +316,7 @@ def trainer_model_card(
     from ..plots import save_training_plots
 
     args, state = trainer.args, trainer.state
+    rewards = reward_functions(trainer.reward_func_names, args.reward_weights)
     policy = trainer.accelerator.unwrap_model(trainer.model)
     base_model, base_model_description = base_model_reference(get_config_model_id(policy.config))
     methods = args.credit_methods
@@ -330,8 +333,14 @@ def trainer_model_card(
         dataset_name=dataset_name,
         method=args.credit_method,
         hyperparameters=args.credit_hyperparameters(),
-        training_setup=read_training_setup(args, trainer.accelerator.num_processes, state.global_step),
-        reward_curve=read_reward_curve(state.log_history),
+        training_setup=read_training_setup(
+            args,
+            trainer.accelerator.num_processes,
+            state.global_step,
+            reward_funcs=rewards,
+            num_train_prompts=len(trainer.train_dataset) if isinstance(trainer.train_dataset, Sized) else None,
+        ),
+        reward_curve=read_reward_curve(state.log_history, rewards),
         tags=list(dict.fromkeys([*trainer._tag_names, *(m.name for m in methods), *(tags or [])])),
         plots=save_training_plots(state.log_history, args.output_dir) if state.log_history else [],
         eval_summary=load_eval_summaries(args.output_dir) or None,

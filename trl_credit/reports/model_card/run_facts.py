@@ -150,22 +150,46 @@ def base_model_reference(name_or_path: str | None) -> tuple[str | None, str | No
     return None, _converted_offline_model(folder) or f"the local model `{folder.name}`"
 
 
-def read_training_setup(args, num_processes: int, steps_trained: int) -> dict[str, Any]:
-    """The training set-up of a run for its card: `GRPOConfig` fields under their names, and three derived values.
+def reward_functions(names: Sequence[str], weights: Sequence[float] | None) -> list[tuple[str, float]]:
+    """`(name, weight)` of each reward function, as TRL sums them into `reward` (weights default to 1)."""
+    weights = [1.0] * len(names) if weights is None else [float(w) for w in weights]
+    return list(zip(names, weights))
+
+
+def _reward_functions_text(functions: Sequence[Sequence[Any]]) -> str:
+    return ", ".join(f"{name} (weight {weight:g})" for name, weight in functions)
+
+
+def read_training_setup(
+    args,
+    num_processes: int,
+    steps_trained: int,
+    reward_funcs: Sequence[tuple[str, float]] = (),
+    num_train_prompts: int | None = None,
+) -> dict[str, Any]:
+    """The training set-up of a run for its card: `GRPOConfig` fields under their names, and derived values.
 
     Args:
         args: The run's `GRPOConfig` (or `CreditGRPOConfig`).
         num_processes: Processes that trained (`trainer.accelerator.num_processes`).
         steps_trained: Optimizer steps taken (`trainer.state.global_step`).
+        reward_funcs: `(name, weight)` of each reward function (`reward_functions`); none: not listed.
+        num_train_prompts: Rows of the training data set; `None`: not listed.
 
     Returns:
-        `learning_rate`, `max_steps` (`num_train_epochs` for a run bounded by epochs), `steps_trained`,
-        `num_generations`, `per_device_train_batch_size`, `gradient_accumulation_steps`, `num_processes`,
-        `global_batch_size` (completions per optimizer step: the per-device batch times gradient accumulation times
-        processes), `max_completion_length`, `temperature`, `loss_type`, `beta` and `seed`, in this order.
+        `reward_funcs` (names and weights), `num_train_prompts`, `learning_rate`, `max_steps` (`num_train_epochs` for
+        a run bounded by epochs), `steps_trained`, `num_generations`, `per_device_train_batch_size`,
+        `gradient_accumulation_steps`, `num_processes`, `global_batch_size` (completions per optimizer step: the
+        per-device batch times gradient accumulation times processes), `max_completion_length`, `temperature`,
+        `loss_type`, `beta`, `epsilon`, `epsilon_high` (the upper clipping bound TRL applies: `epsilon` when unset)
+        and `seed`, in this order.
     """
     schedule = {"max_steps": args.max_steps} if args.max_steps > 0 else {"num_train_epochs": args.num_train_epochs}
+    data = {"reward_funcs": _reward_functions_text(reward_funcs)} if reward_funcs else {}
+    if num_train_prompts is not None:
+        data["num_train_prompts"] = num_train_prompts
     return {
+        **data,
         "learning_rate": args.learning_rate,
         **schedule,
         "steps_trained": steps_trained,
@@ -174,16 +198,21 @@ def read_training_setup(args, num_processes: int, steps_trained: int) -> dict[st
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "num_processes": num_processes,
         "global_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * num_processes,
-        **{
-            name: getattr(args, name) for name in ("max_completion_length", "temperature", "loss_type", "beta", "seed")
-        },
+        **{name: getattr(args, name) for name in ("max_completion_length", "temperature", "loss_type", "beta")},
+        "epsilon": args.epsilon,
+        "epsilon_high": args.epsilon_high if args.epsilon_high is not None else args.epsilon,
+        "seed": args.seed,
     }
 
 
-def read_reward_curve(log_history: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+def read_reward_curve(
+    log_history: Sequence[Mapping[str, Any]], reward_funcs: Sequence[tuple[str, float]] = ()
+) -> dict[str, Any] | None:
     """The mean training reward at the first and the last logged step (`trainer.state.log_history`).
 
-    Returns `{"first_step", "first_reward", "last_step", "last_reward"}`, or `None` when no step logged a reward.
+    Returns `{"first_step", "first_reward", "last_step", "last_reward", "reward_funcs"}` (`reward_funcs`: the
+    `(name, weight)` pairs whose weighted sum TRL logs as `reward`, to label it), or `None` when no step logged a
+    reward.
     """
     logged = [entry for entry in log_history if "reward" in entry]
     if not logged:
@@ -194,17 +223,28 @@ def read_reward_curve(log_history: Sequence[Mapping[str, Any]]) -> dict[str, Any
         "first_reward": first["reward"],
         "last_step": last["step"],
         "last_reward": last["reward"],
+        "reward_funcs": [[name, weight] for name, weight in reward_funcs],
     }
 
 
+def _reward_label(functions: Sequence[Sequence[Any]]) -> str:
+    """What `reward` is: one function, or the weighted sum TRL takes of several."""
+    if not functions:
+        return "mean training reward"
+    if len(functions) == 1:
+        return f"mean training reward ({functions[0][0]})"
+    terms = " + ".join(f"{name}" if weight == 1 else f"{weight:g} × {name}" for name, weight in functions)
+    return f"mean training reward (the weighted sum {terms})"
+
+
 def result_line(reward_curve: Mapping[str, Any] | None, summaries: Sequence[Mapping[str, Any]]) -> str | None:
-    """The card's one-line result: the training reward's first and last logged values, then each evaluation's
-    avg@ and largest-k pass@ (`None` when there is neither)."""
+    """The card's one-line result: the training reward's first and last logged values, labelled with the reward
+    functions it sums, then each evaluation's avg@ and largest-k pass@ (`None` when there is neither)."""
     parts = []
     if reward_curve:
         parts.append(
-            f"mean training reward {reward_curve['first_reward']:.4g} at step {reward_curve['first_step']} → "
-            f"{reward_curve['last_reward']:.4g} at step {reward_curve['last_step']}"
+            f"{_reward_label(reward_curve.get('reward_funcs') or [])} {reward_curve['first_reward']:.4g} at step "
+            f"{reward_curve['first_step']} → {reward_curve['last_reward']:.4g} at step {reward_curve['last_step']}"
         )
     for summary in summaries:
         metrics = eval_metrics(summary)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -236,6 +237,32 @@ def append_token_credit(output_dir: str | Path, records: Iterable[dict[str, Any]
             # allow_nan=False: a NaN slipping past token_credit_record must fail here, not in the browser.
             handle.write(json.dumps(validate_record(record), ensure_ascii=False, allow_nan=False) + "\n")
     return path
+
+
+def drop_token_credit_after(output_dir: str | Path, step: int) -> int:
+    """Remove the records of steps after `step` from `{output_dir}/token_credit.jsonl`; returns how many there were.
+
+    The trainer calls it when training begins, so that a run resumed from `checkpoint-{step}` records the steps it
+    trains again once. The other lines are kept byte for byte, a line that is no record too (reading reports it).
+    """
+    path = Path(output_dir) / TOKEN_CREDIT_FILENAME
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if not _recorded_after(line, step)]
+    if len(kept) < len(lines):
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text("".join(kept), encoding="utf-8")
+        os.replace(partial, path)  # the log is never left half-written, whatever interrupts this
+    return len(lines) - len(kept)
+
+
+def _recorded_after(line: str, step: int) -> bool:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] > step
 
 
 def find_token_credit_file(run: str | Path) -> Path:
