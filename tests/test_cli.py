@@ -107,11 +107,11 @@ BAD_INPUT = [
     (["--method", "taco", "--config", "{yaml}"], {"learning_rat": 1e-5}, "did you mean --learning_rate?"),
     (["--method", "eapo", "--config", "configs/taco_qwen3_1.7b_base.yaml"], {}, "given with a config for method taco"),
     # Sizes and step counts TRL would fail on, or silently reinterpret.
-    (["--max_completion_length", "0"], {}, "--max_completion_length must be >= 1, got 0"),
-    (["--per_device_train_batch_size", "0"], {}, "--per_device_train_batch_size must be >= 1, got 0"),
-    (["--max_steps", "-5"], {}, "--max_steps must be >= 1, or -1 to train for num_train_epochs, got -5"),
-    (["--max_steps", "0"], {}, "--max_steps must be >= 1, or -1 to train for num_train_epochs, got 0"),
-    (["--num_generations", "1"], {}, "--num_generations must be >= 2"),
+    (["--max_completion_length", "0"], {}, "--max_completion_length must be an integer >= 1, got 0"),
+    (["--per_device_train_batch_size", "0"], {}, "--per_device_train_batch_size must be an integer >= 1, got 0"),
+    (["--max_steps", "-5"], {}, "--max_steps must be an integer >= 1, or -1 to train for num_train_epochs, got -5"),
+    (["--max_steps", "0"], {}, "--max_steps must be an integer >= 1, or -1 to train for num_train_epochs, got 0"),
+    (["--num_generations", "1"], {}, "--num_generations must be an integer >= 2"),
     # Models, data and back ends that cannot be reached.
     (["--model_name_or_path", "/no/such/model"], {}, "--model_name_or_path: model path /no/such/model does not exist"),
     (
@@ -125,6 +125,59 @@ BAD_INPUT = [
     (["--reward_funcs", "telepathy"], {}, "unknown reward 'telepathy'"),
     (["--config", "/nonexistent.yaml"], {}, "cannot read --config"),
     (["--accelerate_config", "no-such-config"], {}, "neither a file nor a packaged config"),
+    # The method, by either name, from a flag or the YAML, named as given.
+    (["--method", ""], {}, "--method '': credit_method must name one method or a '+'-separated stack, got ''"),
+    (["--config", "{yaml}"], {"method": ""}, "error: method (in "),
+    (["--config", "{yaml}"], {"method": 5}, "must be a method name, a '+'-separated stack or a list of names, got 5"),
+    (["--credit_method", "eapo", "--method", "taco"], {}, "--method 'taco' and --credit_method 'eapo' differ"),
+    (
+        ["--credit-method", "eapo", "--config", "configs/taco_qwen3_1.7b_base.yaml"],
+        {},
+        "--credit_method eapo was given with a config for method taco",
+    ),
+    (
+        ["--method", "{tmp}/syntax_error_method.py:m"],
+        {},
+        "SyntaxError: invalid syntax (syntax_error_method.py, line 1)",
+    ),
+    (["--method", "{tmp}/raising_method.py:m"], {}, "RuntimeError: refused at import"),
+    # TRL's own fields with a domain, which TRL checks only after the model has loaded, or never.
+    (["--loss_type", "foo"], {}, "--loss_type must be one of TRL's loss types (grpo, dr_grpo, dapo, "),
+    (["--temperature", "-1"], {}, "--temperature must be a finite number > 0, got -1.0"),
+    (["--learning_rate", "nan"], {}, "--learning_rate must be a finite number >= 0, got nan"),
+    (["--learning_rate", "inf"], {}, "--learning_rate must be a finite number >= 0, got inf"),
+    (["--config", "{yaml}"], {"learning_rate": None}, "learning_rate (in "),
+    (["--config", "{yaml}"], {"learning_rate": [1e-5, 2e-5]}, "must be a finite number >= 0, got [1e-05, 2e-05]"),
+    (["--config", "{yaml}"], {"max_steps": 3.7}, "-1 to train for num_train_epochs, got 3.7"),
+    (["--config", "{yaml}"], {"max_completion_length": [48, 64]}, "must be an integer >= 1, got [48, 64]"),
+    (["--beta", "-1"], {}, "--beta must be a finite number >= 0, got -1.0"),
+    (["--epsilon", "-0.2"], {}, "--epsilon must be a finite number > 0, got -0.2"),
+    (["--epsilon_high", "-0.2"], {}, "--epsilon_high must be a finite number > 0, or unset, got -0.2"),
+    (["--num_iterations", "0"], {}, "--num_iterations must be an integer >= 1, got 0"),
+    (["--top_p", "0"], {}, "--top_p must be a number in (0, 1], got 0.0"),
+    (["--top_k", "-1"], {}, "--top_k must be an integer >= 0 (0 turns top-k filtering off), got -1"),
+    (["--min_p", "1.5"], {}, "--min_p must be a number in [0, 1], or unset, got 1.5"),
+    (["--seed", "-1"], {}, "--seed must be an integer in [0, 2**32 - 1], got -1"),
+    (["--config", "{yaml}"], {"seed": None}, "must be an integer in [0, 2**32 - 1], got None"),
+    # What depends on the rest of the run: the reward functions, the model's context, the folders.
+    (["--reward_weights", "1", "2"], {}, "--reward_weights gives 2 weights for 1 reward functions (accuracy)"),
+    (
+        ["--model_name_or_path", "{tmp}/context-2048", "--max_completion_length", "1000000"],
+        {},
+        "--max_completion_length 1000000 leaves no room for the prompt in the model's context of 2048 positions",
+    ),
+    (["--output_dir", "{tmp}/a-file"], {}, "a-file is a file, not a folder"),
+    (["--output_dir", "{tmp}/a-file/run"], {}, "a-file is a file, not a folder"),
+    (["--output_dir", "/sys/trl-credit-run"], {}, "--output_dir /sys/trl-credit-run: cannot write in /sys"),
+    (["--resume_from_checkpoint", "/no/such"], {}, "--resume_from_checkpoint /no/such: no such checkpoint folder"),
+    (["--model_name_or_path", "{tmp}/no-model-type"], {}, "config.json has no model_type"),
+    # Script arguments from YAML, and data, named as given.
+    (["--config", "{yaml}"], {"dataset_name": None}, "dataset_name (in "),
+    (["--config", "{yaml}"], {"reward_funcs": 7}, "reward_funcs (in "),
+    (["--max_train_samples", "-3"], {}, "--max_train_samples must be a positive integer, got -3"),
+    (["--max_train_samples", "100000000"], {}, "--max_train_samples must be at most 100,000 for chain_sum"),
+    (["--dataset_name", "{tmp}/malformed.jsonl"], {}, "malformed.jsonl line 3: not valid JSON"),
+    (["--dataset_name", "{tmp}/empty.jsonl"], {}, "empty.jsonl has no rows"),
 ]
 if importlib.util.find_spec("vllm") is None:
     BAD_INPUT.append(
@@ -136,18 +189,123 @@ if importlib.util.find_spec("vllm") is None:
     )
 
 
+def _bad_input_files(tmp_path) -> None:
+    """The files `{tmp}` in BAD_INPUT names: models that are only a config.json, data, user method modules."""
+    (tmp_path / "context-2048").mkdir()
+    (tmp_path / "context-2048" / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 2048}')
+    (tmp_path / "no-model-type").mkdir()
+    (tmp_path / "no-model-type" / "config.json").write_text("{}")
+    (tmp_path / "a-file").write_text("")
+    rows = [json.dumps({"question": "1 + 1?", "answer": "2"}), "", '{"question": "2 + 2?" "answer": "4"}']
+    (tmp_path / "malformed.jsonl").write_text("\n".join(rows) + "\n")  # line 2 is blank: line 3 is the bad one
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "syntax_error_method.py").write_text("def m(:\n")
+    (tmp_path / "raising_method.py").write_text("raise RuntimeError('refused at import')\n")
+
+
+def _refused_before_any_model(capsys, monkeypatch, argv: list[str], message: str) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as CI runs: no Hub
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"trl-credit {argv[0]}: error:")
+    assert message in err[0]
+
+
 @pytest.mark.parametrize("argv,yaml_values,message", BAD_INPUT)
 def test_bad_input_exits_2_with_one_line_before_any_model(
     capsys, monkeypatch, tmp_path, no_model_loading, argv, yaml_values, message
 ):
-    import huggingface_hub.constants
+    _bad_input_files(tmp_path)
+    recipe = _yaml(tmp_path, **yaml_values)
+    argv = [arg.replace("{yaml}", recipe).replace("{tmp}", str(tmp_path)) for arg in argv]
+    _refused_before_any_model(capsys, monkeypatch, ["grpo", *argv], message)
 
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as CI runs: no Hub
-    argv = [arg.replace("{yaml}", _yaml(tmp_path, **yaml_values)) for arg in argv]
-    assert cli_main(["grpo", *argv]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("trl-credit grpo: error:")
-    assert message in err[0]
+
+def test_a_bad_omp_num_threads_is_refused_before_any_model(capsys, monkeypatch, no_model_loading):
+    monkeypatch.setenv("OMP_NUM_THREADS", "abc")
+    _refused_before_any_model(capsys, monkeypatch, ["grpo"], "OMP_NUM_THREADS='abc' must be a positive integer")
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--temperature", "nan"], "temperature must be a finite number >= 0, got nan"),
+        (["--model_name_or_path", "{tmp}/no-model-type"], "config.json has no model_type"),
+    ],
+)
+def test_eval_bad_input_exits_2_with_one_line_before_any_model(
+    capsys, monkeypatch, tmp_path, no_model_loading, argv, message
+):
+    _bad_input_files(tmp_path)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    base = ["--model_name_or_path", str(tmp_path / "context-2048"), "--dataset_name", "chain_sum"]
+    _refused_before_any_model(capsys, monkeypatch, ["eval", *base, *argv], message)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--credit_method", "eapo"],
+        ["--credit-method", "eapo"],
+        ["--credit_method=eapo"],
+        ["--method", "eapo", "--credit_method", "eapo"],
+        ["--config", "{yaml}"],  # `credit_method: eapo` in the YAML
+    ],
+)
+def test_credit_method_is_another_name_for_method(tmp_path, argv):
+    argv = [arg.replace("{yaml}", _yaml(tmp_path, credit_method="eapo")) for arg in argv]
+    script_args, training_args, _, _ = parse_arguments(argv)
+    assert script_args.method == training_args.credit_method == "eapo"
+    assert [m.name for m in training_args.credit_methods] == ["eapo"]
+    assert "eapo_kappa" in training_args.credit_hyperparameters()
+
+
+def test_grpo_help_says_what_credit_method_is(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["grpo", "--method", "eapo", "--help"])
+    flat = "".join(capsys.readouterr().out.split("options:", 1)[1].split())  # argparse wraps, also at hyphens
+    shown = flat.split("--credit-methodCREDIT_METHOD", 1)[1]
+    assert shown.startswith("Anothernamefor--method(theconfigfielditsets);givingbothwithdifferentvaluesisanerror.")
+    assert shown.split("(default:", 1)[1].startswith("eapo)")
+
+
+@pytest.mark.parametrize("given", [["--output_dir", "trainer_output"], ["--config", "{yaml}"]])
+def test_an_output_dir_given_is_obeyed_even_when_it_is_trls_default(tmp_path, given):
+    argv = [arg.replace("{yaml}", _yaml(tmp_path, output_dir="trainer_output")) for arg in given]
+    assert parse_arguments(argv)[1].output_dir == "trainer_output"
+    assert parse_arguments([])[1].output_dir == "outputs/smollm2-135m-instruct-grpo"  # not given: one per run
+
+
+def test_reward_funcs_as_one_yaml_string_is_that_one_function(tmp_path):
+    script_args, _, _, _ = parse_arguments(["--config", _yaml(tmp_path, reward_funcs="format")])
+    assert script_args.reward_funcs == ["format"]
+
+
+def test_loss_types_are_those_trl_documents():
+    """`LOSS_TYPES` is the list in the installed TRL's own help for `loss_type` (its one statement of them)."""
+    import dataclasses
+    import re
+
+    from trl import GRPOConfig
+
+    from trl_credit.trainer.trl_compat import LOSS_TYPES
+
+    [loss_type] = [f for f in dataclasses.fields(GRPOConfig) if f.name == "loss_type"]
+    supported = loss_type.metadata["help"].split("Supported values are ", 1)[1].split(". ", 1)[0]
+    assert tuple(re.findall(r"'(\w+)'", supported)) == LOSS_TYPES
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("loss_type", "foo"), ("temperature", 0.0), ("learning_rate", float("nan")), ("beta", -1.0), ("top_k", -1)],
+)
+def test_trl_field_checks_apply_to_python_configs(field, value):
+    from trl_credit import CreditGRPOConfig
+
+    with pytest.raises(ValueError, match=rf"^{field} must be "):
+        CreditGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none", **{field: value})
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)

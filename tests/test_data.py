@@ -253,8 +253,42 @@ def test_errors_are_clear(tmp_path):
         load_math_dataset(str(path), "test", prompt_column="text", answer_column="label")
     with pytest.raises(ValueError, match="task_options only apply"):
         load_math_dataset("gsm8k", task_options={"min_terms": 3})
-    with pytest.raises(ValueError, match="num_samples must be positive"):
+    with pytest.raises(ValueError, match="num_samples must be a positive integer, got 0"):
         load_math_dataset("chain_sum", num_samples=0)
+
+
+def test_file_errors_name_the_file_and_line(tmp_path):
+    lines = [json.dumps({"question": "1 + 1?", "answer": "2"}), "", '{"question": "2 + 2?" "answer": "4"}']
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(lines) + "\n")  # the third line of the file is the bad one (the second is blank)
+    # Column 23 is the `"` of `"answer"`, where the missing comma was expected.
+    with pytest.raises(ValueError, match=r"rows.jsonl line 3: not valid JSON \(Expecting ',' delimiter, column 23\)"):
+        load_math_dataset(str(path))
+    path.write_text(lines[0] + "\n[1, 2]\n")
+    with pytest.raises(ValueError, match=r"rows.jsonl line 2: expected a JSON object, got \[1, 2\]"):
+        load_math_dataset(str(path))
+    array = tmp_path / "rows.json"
+    array.write_text('[\n  {"question": "1 + 1?", "answer": "2"},\n  {"question": "2 + 2?" "answer": "4"}\n]')
+    with pytest.raises(ValueError, match="rows.json line 3: not valid JSON"):
+        load_math_dataset(str(array))
+    for empty, text in (("empty.jsonl", "\n\n"), ("empty.json", "[]")):
+        (tmp_path / empty).write_text(text)
+        with pytest.raises(ValueError, match=f"{empty} has no rows"):
+            load_math_dataset(str(tmp_path / empty))
+
+
+def test_chain_sum_refuses_more_rows_than_it_generates_before_generating_any(monkeypatch):
+    from trl_credit.data import math_datasets
+
+    def generate(*args):
+        raise AssertionError("rows were generated before the size was refused")
+
+    monkeypatch.setattr(math_datasets, "_chain_sum_rows", generate)
+    with pytest.raises(ValueError, match=r"num_samples must be at most 100,000 for chain_sum.*got 100,001"):
+        load_math_dataset("chain_sum", num_samples=sources.PROCEDURAL_MAX_ROWS + 1)
+    for bad in (-3, 2.5, True):
+        with pytest.raises(ValueError, match="num_samples must be a positive integer"):
+            load_math_dataset("chain_sum", num_samples=bad)
 
 
 def test_hub_dataset_id_for_model_cards():

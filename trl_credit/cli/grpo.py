@@ -34,6 +34,16 @@ def check_before_loading(training_args, model_args) -> None:
             check_vllm_installed("--use_vllm true")
         except ValueError as error:
             raise UsageError(str(error)) from error
+    if training_args.use_cpu:
+        cpu_threads()
+
+
+def cpu_threads() -> int:
+    """The threads a CPU run uses: `OMP_NUM_THREADS`, else every core (torch reads the variable only at start-up)."""
+    value = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)
+    if not value.isdigit() or int(value) < 1:
+        raise UsageError(f"OMP_NUM_THREADS={value!r} must be a positive integer (threads of a CPU run)")
+    return int(value)
 
 
 def launch_with_accelerate(accelerate_config: str, argv: list[str]) -> int:
@@ -133,8 +143,8 @@ def train(script_args, training_args, model_args) -> None:
         )
     except ValueError as error:
         raise UsageError(str(error)) from error
-    if training_args.use_cpu:  # every core, unless OMP_NUM_THREADS says otherwise (torch reads it only at start-up)
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
+    if training_args.use_cpu:
+        torch.set_num_threads(cpu_threads())
 
     model_path = resolve_model_path(model_args.model_name_or_path)
     training_args.model_init_kwargs = {

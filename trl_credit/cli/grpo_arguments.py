@@ -13,6 +13,7 @@ import argparse
 import difflib
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 
 import yaml
@@ -58,6 +59,27 @@ class CreditScriptArguments:
         },
     )
 
+    def __post_init__(self):
+        # YAML values reach here unconverted (`dataset_name: null`, `reward_funcs: accuracy`): refuse what no flag
+        # could give, naming the argument (`parse_arguments` says whether it was a flag or a YAML key).
+        from ..data import check_num_samples
+        from ..methods import SettingError
+
+        if isinstance(self.reward_funcs, str):  # `reward_funcs: accuracy`: the one reward function
+            self.reward_funcs = [self.reward_funcs]
+        if not isinstance(self.dataset_name, str) or not self.dataset_name:
+            raise SettingError("dataset_name", f"must name a data set, got {self.dataset_name!r}")
+        for name in ("dataset_train_split", "prompt_column", "answer_column", "system_prompt", "accelerate_config"):
+            if not isinstance(getattr(self, name), (str, type(None))):
+                raise SettingError(name, f"must be a string, got {getattr(self, name)!r}")
+        if not (self.reward_funcs and isinstance(self.reward_funcs, list) and all(map(_is_name, self.reward_funcs))):
+            raise SettingError("reward_funcs", f"must be a list of reward function names, got {self.reward_funcs!r}")
+        check_num_samples(self.dataset_name, self.max_train_samples, "max_train_samples")
+
+
+def _is_name(value) -> bool:
+    return isinstance(value, str) and bool(value)
+
 
 def _peek_option(argv: list[str], name: str) -> str | None:
     for i, arg in enumerate(argv):
@@ -101,27 +123,45 @@ def _read_yaml(path: str) -> dict:
     return config
 
 
-def _resolve_method(argv: list[str], config: dict) -> str:
+def _resolve_method(argv: list[str], config: dict, config_path: str) -> str:
+    """The method stack to train: `--method`, or its other name `--credit_method` (the config field it sets), else the
+    config's `method`/`credit_method`, else grpo; each source named as given when it is bad or they disagree."""
     from ..methods import get_credit_method, parse_credit_methods
 
-    flag = _peek_option(argv, "--method")
-    in_config = {_method_spec(config[k]) for k in ("method", "credit_method") if config.get(k) is not None}
-    if len(in_config) > 1:
-        raise UsageError(f"the config sets method and credit_method to different values: {sorted(in_config)}")
-    method = flag or next(iter(in_config), "grpo")
-    if flag and in_config and flag not in in_config:
-        raise UsageError(f"--method {flag} was given with a config for method {next(iter(in_config))}")
+    flags = {
+        f"--{name}": value
+        for name in ("method", "credit_method")
+        if (value := _peek_option(argv, f"--{name}")) is not None
+    }
+    in_config = {
+        f"{key} (in {config_path})": _method_spec(config[key], f"{key} (in {config_path})")
+        for key in ("method", "credit_method")
+        if config.get(key) is not None
+    }
+    for given in (flags, in_config):
+        if len(set(given.values())) > 1:
+            raise UsageError(" and ".join(f"{k} {v!r}" for k, v in given.items()) + " differ: give the method once")
+    if flags:
+        origin, method = next(iter(flags.items()))
+        if in_config and method not in in_config.values():
+            raise UsageError(f"{origin} {method} was given with a config for method {next(iter(in_config.values()))}")
+    else:
+        origin, method = next(iter(in_config.items()), ("--method", "grpo"))
     try:
         for name in parse_credit_methods(method):
             get_credit_method(name)  # imports `package.module:name` modules, which register their methods
     except ValueError as error:
-        raise UsageError(f"--method {method!r}: {error}") from error
+        raise UsageError(f"{origin} {method!r}: {error}") from error
     return method
 
 
-def _method_spec(value) -> str:
+def _method_spec(value, origin: str) -> str:
     """A method from YAML: a name, a '+'-separated stack, or a list of names."""
-    return value if isinstance(value, str) else "+".join(str(v) for v in value)
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise UsageError(f"{origin} must be a method name, a '+'-separated stack or a list of names, got {value!r}")
+    return "+".join(str(v) for v in value)
 
 
 def _stack(method: str):
@@ -154,6 +194,12 @@ def build_parser(method: str):
         epilog=_methods_epilog(),
         formatter_class=_HelpFormatter,
         allow_abbrev=False,  # `--taco_alph` is a typo, not `--taco_alpha`
+    )
+    # The config field `--method` sets: accepted as its other name (`_resolve_method`), with the resolved default.
+    credit_method = parser._option_string_actions["--credit_method"]
+    credit_method.default = method
+    credit_method.help = (
+        "Another name for --method (the config field it sets); giving both with different values is an error."
     )
     # TrlParser reads `--config` itself; declared here only so that `--help` lists it.
     parser.add_argument(
@@ -269,7 +315,7 @@ def parse_arguments(argv: list[str]):
         config_path = str(packaged_dir("configs") / "quickstart.yaml")
         argv = ["--config", config_path, *argv]
     config = _read_yaml(config_path)
-    method = _resolve_method(argv, config)
+    method = _resolve_method(argv, config, config_path)
     parser = build_parser(method)
     sources = _Sources(argv, config, config_path)
 
@@ -291,7 +337,48 @@ def parse_arguments(argv: list[str]):
         raise UsageError(str(error).splitlines()[0]) from error
     if model_args.model_name_or_path is None:
         raise UsageError("--model_name_or_path is required (a Hub id, a local folder, or smollm2-135m-instruct)")
-    if training_args.output_dir in (None, "trainer_output"):
+    if not sources.given("output_dir"):  # TRL's default, `trainer_output`, is one folder for every run
         model_name = model_args.model_name_or_path.rstrip("/").split("/")[-1]
         training_args.output_dir = os.path.join("outputs", f"{model_name}-{_safe_method_name(method)}")
+    _check_against_the_run(script_args, training_args, model_args, sources)
     return script_args, training_args, model_args, argv
+
+
+def _check_against_the_run(script_args, training_args, model_args, sources: _Sources) -> None:
+    """What the config alone cannot check: the reward weights against the reward functions, the completion length
+    against the model's context (read from its config.json, when it is on disk), and the folders the run writes to
+    and resumes from."""
+    from ..data.models import model_context_length
+
+    weights = training_args.reward_weights
+    if weights is not None and len(weights) != len(script_args.reward_funcs):
+        raise UsageError(
+            f"{sources.describe('reward_weights')} gives {len(weights)} weights for {len(script_args.reward_funcs)} "
+            f"reward functions ({', '.join(script_args.reward_funcs)}): give one weight per function"
+        )
+    context = model_context_length(model_args.model_name_or_path, model_args.model_revision)
+    if context is not None and training_args.max_completion_length >= context[0]:
+        raise UsageError(
+            f"{sources.describe('max_completion_length')} {training_args.max_completion_length} leaves no room for "
+            f"the prompt in the model's context of {context[0]} positions (max_position_embeddings in {context[1]})"
+        )
+    _check_writable(training_args.output_dir, sources.describe("output_dir"))
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is not None and not os.path.isdir(checkpoint):
+        raise UsageError(f"{sources.describe('resume_from_checkpoint')} {checkpoint}: no such checkpoint folder")
+
+
+def _check_writable(folder: str, shown: str) -> None:
+    """Refuse an output folder that is a file, or that cannot be created or written in (tried with a temporary file in
+    the folder, or in its closest existing parent, since permissions alone do not say what root or a read-only file
+    system allows)."""
+    existing = os.path.abspath(folder)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"{shown} {folder}: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise UsageError(f"{shown} {folder}: cannot write in {existing} ({error.strerror})") from None

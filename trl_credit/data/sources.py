@@ -21,6 +21,7 @@ AnswerFormat = Literal["plain", "gsm8k", "boxed", "auto"]
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 CHAIN_SUM_DEFAULTS = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 CHAIN_SUM_SIZE = 1000  # rows generated when `num_samples` is not given
+PROCEDURAL_MAX_ROWS = 100_000  # rows a procedural source generates at most (about a minute on 2 cores)
 CHAIN_SUM_TEST_SEED_OFFSET = 1_000_003  # the test split is drawn from a different seed than the train split
 
 # The DAPO-Math-17k prompts wrap each problem in an "Answer:" instruction that contradicts ours: strip it.

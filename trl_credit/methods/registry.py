@@ -267,8 +267,9 @@ def get_credit_method(name: str) -> CreditMethod:
         module_name, name = name.rsplit(":", 1)
         try:
             _import_method_module(module_name)
-        except (ImportError, OSError) as error:
-            raise ValueError(f"cannot import credit-method module {module_name!r}: {error}") from error
+        except Exception as error:  # noqa: BLE001 - a user module may fail at import in any way: name it in one line
+            reason = " ".join(f"{type(error).__name__}: {error}".split())
+            raise ValueError(f"cannot import credit-method module {module_name!r}: {reason}") from error
     if name not in CREDIT_METHODS:
         raise ValueError(f"unknown credit method {name!r}; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}")
     return CREDIT_METHODS[name]

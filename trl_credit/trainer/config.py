@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -19,6 +22,52 @@ from ..methods import (
     parse_credit_methods,
     stack_hyperparameters,
 )
+from .trl_compat import LOSS_TYPES
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> bool:
+    """A real number, not NaN or infinite (YAML and flags accept `nan` and `inf` as floats)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+TRL_FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "learning_rate": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "max_steps": (
+        lambda v: _integer(v) and (v >= 1 or v == -1),
+        "an integer >= 1, or -1 to train for num_train_epochs",
+    ),
+    "num_train_epochs": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "per_device_train_batch_size": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "gradient_accumulation_steps": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "seed": (lambda v: _integer(v) and 0 <= v < 2**32, "an integer in [0, 2**32 - 1]"),
+    "num_generations": (
+        lambda v: v is None or (_integer(v) and v >= 2),
+        "an integer >= 2 (GRPO normalises within groups)",
+    ),
+    "max_completion_length": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "num_iterations": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
+    "temperature": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "top_p": (lambda v: _finite(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "top_k": (lambda v: _integer(v) and v >= 0, "an integer >= 0 (0 turns top-k filtering off)"),
+    "min_p": (lambda v: v is None or (_finite(v) and 0 <= v <= 1), "a number in [0, 1], or unset"),
+    "beta": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
+    "epsilon": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
+    "epsilon_high": (lambda v: v is None or (_finite(v) and v > 0), "a finite number > 0, or unset"),
+    "loss_type": (lambda v: v in LOSS_TYPES, f"one of TRL's loss types ({', '.join(LOSS_TYPES)})"),
+    "reward_weights": (
+        lambda v: v is None or (isinstance(v, (list, tuple)) and all(_finite(w) for w in v)),
+        "a list of finite numbers, one per reward function, or unset",
+    ),
+}
+"""The numbers (and the loss type) of TRL's `GRPOConfig` and `TrainingArguments` that TRL checks late or never, each
+with the values it allows, `{field: (allowed, allowed values in words)}`, as a credit method's `checks`: checked by
+`CreditGRPOConfig.validate_trl_fields` when a config is built, before any model loads. What depends on more than the
+config (the number of reward functions against `reward_weights`, the model's context against `max_completion_length`)
+is checked by `trl-credit grpo`, which knows both."""
 
 # transformers 5.23 renamed `gradient_checkpointing` to `activation_checkpointing` (the old name stays an alias).
 _TRANSFORMERS_NAMES_ACTIVATION_CHECKPOINTING = "activation_checkpointing" in {
@@ -115,7 +164,7 @@ class CreditGRPOConfig(GRPOConfig):
             self.credit_method = "+".join(str(name) for name in self.credit_method)
         self.credit_kwargs = parse_credit_kwargs(self.credit_kwargs)
         self.validate_credit_fields()
-        self.validate_run_sizes()
+        self.validate_trl_fields()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True  # TRL's default
         if None not in (self.activation_checkpointing, self.gradient_checkpointing) and (
@@ -210,24 +259,15 @@ class CreditGRPOConfig(GRPOConfig):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
 
-    def validate_run_sizes(self) -> None:
-        """Refuse sizes and step counts that TRL would fail on later, or silently reinterpret (`max_steps=-5`
-        trains for `num_train_epochs`, `max_steps=0` trains one step at learning rate 0)."""
-        for name in ("per_device_train_batch_size", "gradient_accumulation_steps", "max_completion_length"):
-            if getattr(self, name) < 1:
-                raise SettingError(name, f"must be >= 1, got {getattr(self, name)!r}")
-        if self.num_generations is not None and self.num_generations < 2:
-            raise SettingError(
-                "num_generations", f"must be >= 2 (GRPO normalises within groups), got {self.num_generations!r}"
-            )
-        if self.max_steps == 0 or self.max_steps < -1:
-            raise SettingError(
-                "max_steps", f"must be >= 1, or -1 to train for num_train_epochs, got {self.max_steps!r}"
-            )
+    def validate_trl_fields(self) -> None:
+        """Refuse values of TRL's own fields that TRL would fail on only once training runs (after the model has
+        loaded), or silently reinterpret (`max_steps=-5` trains for `num_train_epochs`, `max_steps=0` trains one step
+        at learning rate 0): each field of `TRL_FIELD_CHECKS`, then the step count. `SettingError` names the field."""
+        for name, (allowed, words) in TRL_FIELD_CHECKS.items():
+            if not allowed(getattr(self, name)):
+                raise SettingError(name, f"must be {words}, got {getattr(self, name)!r}")
         if self.max_steps == -1 and not self.num_train_epochs > 0:
             raise SettingError("num_train_epochs", f"must be > 0 when max_steps is -1, got {self.num_train_epochs!r}")
-        if self.learning_rate < 0:
-            raise SettingError("learning_rate", f"must be >= 0, got {self.learning_rate!r}")
 
     def credit_hyperparameters(self) -> dict:
         """The method stack and every method's hyperparameters, e.g. for model cards and run names."""

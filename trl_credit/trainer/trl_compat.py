@@ -21,6 +21,8 @@ on both supported releases.
   `model_parts.logit_transform` reads the same way (tested against TRL's head, one key at a time).
 * Trainer attributes read to know how TRL generates and scores: `GENERATION_ATTRIBUTES`.
 * `NORMALISER_AT_GENERATION`: the loss types whose normaliser TRL counts when the batch is generated.
+* `LOSS_TYPES`: the values of `GRPOConfig.loss_type` that `_compute_loss` implements (TRL checks the name only when
+  the first loss is computed, after the model has loaded and generated).
 * When `_generate_and_score_completions` runs its old-log-prob forward (`runs_scoring_forward`, tested against
   whether TRL's batch has `old_per_token_logps`): its log-probs and the entropies its fused head computes alongside
   give the rollout statistics, with no second policy forward.
@@ -75,6 +77,7 @@ LOGIT_TRANSFORM_KEYS = (
 )
 GENERATION_ATTRIBUTES = ("use_vllm", "use_transformers_continuous_batching", "rollout_func", "tools", "_is_vlm")
 NORMALISER_AT_GENERATION = ("cispo", "dapo", "vespo")  # normalised by `num_items_in_batch`
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # the same in TRL 1.15 and 1.16
 _OVERRIDDEN = (
     "_generate_and_score_completions",
     "_compute_loss",

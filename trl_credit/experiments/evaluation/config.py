@@ -4,6 +4,7 @@ of a data source.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,8 +126,8 @@ class EvalConfig:
         bad = [k for k in self.k if not 1 <= k <= self.n]
         if bad:
             raise ValueError(f"every k must be between 1 and n={self.n}; got k={bad[0]}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # also NaN
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.verify_timeout <= 0:
