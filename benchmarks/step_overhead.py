@@ -123,6 +123,10 @@ def build_trainer(args, method: str, total_steps: int, callback):
     regime = dict(activation_checkpointing=True, optim="sgd") if vllm else dict(activation_checkpointing=False)
     generation_kwargs = {"min_new_tokens": args.completion_length}
     if args.regime == "real-vllm":
+        # TRL's colocate set-up exports RANK, LOCAL_RANK and WORLD_SIZE for vLLM; transformers' TrainingArguments would
+        # read LOCAL_RANK and wrap every later trainer of this process in DDP. Each starts as a fresh process would.
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+            os.environ.pop(name, None)
         regime = dict(
             activation_checkpointing=False,
             optim="sgd",

@@ -81,6 +81,14 @@ def vllm_model_dir(tmp_path_factory):
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def single_process_environment(monkeypatch):
+    """Each test starts as a fresh single process would: TRL's colocate set-up exports RANK, LOCAL_RANK and WORLD_SIZE
+    for vLLM, and transformers' `TrainingArguments` would read LOCAL_RANK and wrap the next trainer's model in DDP."""
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def colocated_engines():
     """Trainers whose colocated engine stays alive until the session ends: a vLLM engine shut down mid-session tears
