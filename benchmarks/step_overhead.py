@@ -4,6 +4,7 @@
     python benchmarks/step_overhead.py --model smollm2           # SmolLM2-135M-Instruct (or --model /path/to/hf/folder)
     python benchmarks/step_overhead.py --model smollm2 --device cuda
     python benchmarks/step_overhead.py --model smollm2 --regime vllm   # a GPU step's shape, on CPU (below)
+    python benchmarks/step_overhead.py --model smollm2 --regime real-vllm  # real vLLM (colocate), in the vLLM env
 
 Timing: one process builds a trainer per method (`grpo` and every registered method -- `taco`, `eapo`, `tide` and the
 papers' baselines -- or those given with `--methods`, and for the tiny model a second `grpo`, the control) from the
@@ -23,6 +24,13 @@ correction; gradient checkpointing is on. Two controls: `grpo-control` (a second
 `beta=0.04`: TRL's reference forward, the floor for TIDE, which needs a reference forward too). The optimizer is
 plain SGD in this regime: the update is the same for every method, and a stateless one keeps a dozen trainers of
 the model in one process's memory. Memory is not measured (`--memory` to measure it).
+
+`--regime real-vllm` runs real vLLM (`use_vllm=True, vllm_mode="colocate"`: TRL's own sampling and weight sync), in
+the environment `.ci/vllm` builds (vLLM's CPU build there; on a GPU, any vLLM TRL supports), round-robin as above.
+The trainers share one colocated engine (`share_one_engine`: each syncs its weights into it before generating); on
+CPU the shims of `tests/real_vllm/cpu_shims.py` apply. Completions are exactly `--completion-length` tokens (vLLM's
+`min_tokens`); TRL's importance-sampling correction is on (its default), so its old-log-prob forward runs; plain SGD
+(as in `--regime vllm`), no gradient checkpointing. `grpo-control` is the noise floor. Memory is not measured.
 
 Reported per method, as ratios to `grpo`:
 
@@ -63,6 +71,7 @@ METHODS = ["grpo", *sorted(CREDIT_METHODS)]
 CONTROL = "grpo-control"  # a second, identical grpo worker: its ratio to grpo is the run's noise floor
 BETA_CONTROL = "grpo_beta"  # grpo with TRL's KL term (beta = 0.04): its reference forward is TIDE's floor
 BETA = 0.04
+REAL_VLLM_METHODS = ["grpo", "taco", "eapo", "tide", "stare", "otb"]  # the real-vLLM regime's default
 
 
 def resolve_model(name: str) -> str:
@@ -112,6 +121,20 @@ def build_trainer(args, method: str, total_steps: int, callback):
     prompts = tiny_prompt_dataset(n_prompts=num_prompts(args, total_steps))
     vllm = args.regime == "vllm"
     regime = dict(activation_checkpointing=True, optim="sgd") if vllm else dict(activation_checkpointing=False)
+    generation_kwargs = {"min_new_tokens": args.completion_length}
+    if args.regime == "real-vllm":
+        # TRL's colocate set-up exports RANK, LOCAL_RANK and WORLD_SIZE for vLLM; transformers' TrainingArguments would
+        # read LOCAL_RANK and wrap every later trainer of this process in DDP. Each starts as a fresh process would.
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+            os.environ.pop(name, None)
+        regime = dict(
+            activation_checkpointing=False,
+            optim="sgd",
+            use_vllm=True,
+            vllm_mode="colocate",
+            vllm_gpu_memory_utilization=0.3,
+        )
+        generation_kwargs = {"min_tokens": args.completion_length}  # vLLM's name for it
     config = CreditGRPOConfig(
         output_dir=f"/tmp/trl-credit-bench-{method}-{os.getpid()}",
         credit_method="grpo" if method in (CONTROL, BETA_CONTROL) else method,
@@ -123,7 +146,7 @@ def build_trainer(args, method: str, total_steps: int, callback):
         per_device_train_batch_size=args.batch,
         num_generations=args.generations,
         max_completion_length=args.completion_length,
-        generation_kwargs={"min_new_tokens": args.completion_length},
+        generation_kwargs=generation_kwargs,
         max_steps=total_steps,
         logging_steps=1,
         report_to="none",
@@ -193,6 +216,8 @@ def timing_worker(args) -> dict:
     import threading
 
     setup_worker(args)
+    if args.regime == "real-vllm":
+        share_one_engine(args)
     pacers, threads = {}, {}
     parts = instrument_parts(pacers)
     total_steps = 1 + args.steps * args.repeats
@@ -291,7 +316,29 @@ def memory_worker(args) -> dict:
     return result
 
 
-# ------------------------------------------------------------------------------------- vLLM regime
+# ------------------------------------------------------------------------------------- vLLM regimes
+
+
+def share_one_engine(args) -> None:
+    """Real vLLM: every trainer of this process generates with one colocated engine (a dozen engines of a real model
+    do not fit in memory). Each trainer syncs its own weights into the engine before it generates (TRL syncs at every
+    new step) and the trainers take turns, so each generates with its own weights. On CPU, the shims of
+    `tests/real_vllm/cpu_shims.py` first (live-weight linear layers, float32, eager)."""
+    import trl.generation.vllm_generation as trl_vllm
+
+    if args.device == "cpu":
+        from real_vllm.cpu_shims import apply_colocate_shims
+
+        apply_colocate_shims()
+    engine_class, engines = trl_vllm.LLM, {}
+
+    def shared_engine(*engine_args, **engine_kwargs):
+        model = engine_kwargs["model"]
+        if model not in engines:
+            engines[model] = engine_class(*engine_args, **engine_kwargs)
+        return engines[model]
+
+    trl_vllm.LLM = shared_engine
 
 
 class _NoEngine:
@@ -390,6 +437,8 @@ def write_rollouts(args, path: str) -> None:
 def run_worker(args, role: str, parallel: list | None = None):
     cmd = [sys.executable, __file__, *sys.argv[1:], "--resolved-model", args.model, "--worker", role]
     env = dict(os.environ)
+    if args.regime == "real-vllm":
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's CPU build asks for most of the memory otherwise
     if role == "timing":
         # One thread per method: glibc gives each its own malloc arena, which keeps its peak of freed activations;
         # a dozen trainers of a real model then outgrow a shared machine's memory. Two arenas serve them all.
@@ -490,8 +539,8 @@ def main():
     parser.add_argument(
         "--regime",
         default="generate",
-        choices=["generate", "vllm"],
-        help="generate: TRL's plain `generate` path; vllm: a GPU step's shape (see the docstring)",
+        choices=["generate", "vllm", "real-vllm"],
+        help="generate: TRL's plain `generate` path; vllm: a GPU step's shape; real-vllm: colocated vLLM (docstring)",
     )
     parser.add_argument(
         "--methods",
@@ -526,12 +575,18 @@ def main():
     args = parser.parse_args()
     tiny = args.model == "tiny"
     vllm = args.regime == "vllm"
+    real_vllm = args.regime == "real-vllm"
+    if real_vllm and tiny:
+        sys.exit("--regime real-vllm: pass --model smollm2 or a model folder (vLLM loads the model from disk)")
+    if real_vllm and args.memory:
+        sys.exit("--regime real-vllm does not measure memory: drop --memory")
     args.steps = args.steps or (5 if tiny else 2)
     args.repeats = args.repeats or (10 if tiny else 3)
     args.completion_length = args.completion_length or (64 if tiny else 32)
-    args.memory = not vllm if args.memory is None else args.memory
-    args.methods = args.methods or [*METHODS, *([BETA_CONTROL] if vllm else [])]
-    control = args.control if args.control is not None else (tiny or vllm)
+    args.memory = not (vllm or real_vllm) if args.memory is None else args.memory
+    default_methods = REAL_VLLM_METHODS if real_vllm else [*METHODS, *([BETA_CONTROL] if vllm else [])]
+    args.methods = args.methods or default_methods
+    control = args.control if args.control is not None else (tiny or vllm or real_vllm)
     if args.worker:
         args.model = args.resolved_model
         args.methods = [*args.methods, *([CONTROL] if control else [])]
@@ -567,15 +622,19 @@ def main():
         if tiny
         else f"`{label}` ({args.model})"
     )
-    command = " ".join(
-        ["python benchmarks/step_overhead.py", *sys.argv[1 : sys.argv.index("--rollouts")]]
-        if vllm
-        else ["python benchmarks/step_overhead.py", f"--model {label} --device {args.device}"]
+    if vllm:
+        command = " ".join(["python benchmarks/step_overhead.py", *sys.argv[1 : sys.argv.index("--rollouts")]])
+    elif real_vllm:
+        command = " ".join(["python benchmarks/step_overhead.py", *sys.argv[1:]])
+    else:
+        command = f"python benchmarks/step_overhead.py --model {label} --device {args.device}"
+    schedule = (
+        f"{args.repeats} round-robin rounds of {args.steps} optimizer steps per method (after 1 warm-up step), "
+        f"median over the {args.repeats * args.steps} timed steps of each"
     )
     body = f"""`{command}`: {model_desc}; {args.batch} completions per
 step (G = {args.generations}), exactly {args.completion_length} completion tokens each, {args.device.upper()}, {_common.machine_note(args.threads)}.
-{args.repeats} round-robin rounds of {args.steps} optimizer steps per method (after 1 warm-up step), median over the
-{args.repeats * args.steps} timed steps of each; whole run {elapsed / 60:.1f} min. What each column measures: see the docstring
+{schedule}; whole run {elapsed / 60:.1f} min. What each column measures: see the docstring
 of `benchmarks/step_overhead.py` (peak memory on CPU = peak resident set of a process that trains only that method).
 
 {table}
@@ -593,18 +652,30 @@ step-time ratios. The "own hooks" column is timed inside each step: the method's
 
 Regime: TRL's vLLM branch with a `rollout_func` of pre-sampled completions (generation costs almost nothing), TRL's
 old-log-prob forward and importance-sampling correction, gradient checkpointing on, SGD (see the docstring)."""
+    if real_vllm:
+        import trl
+        import vllm as vllm_module
+
+        body += f"""
+
+Regime: real vLLM {vllm_module.__version__} in colocate mode (TRL {trl.__version__}'s engine, sampling and weight
+sync at every step, one engine shared by the trainers), TRL's importance-sampling correction on (its old-log-prob
+forward runs), SGD, no gradient checkpointing; on CPU with the shims of `tests/real_vllm/cpu_shims.py` (live-weight
+linear layers, float32, eager)."""
     if BETA_CONTROL in args.methods and "tide" in args.methods:
         tide_step = statistics.median(results["tide"]["steps"])
         body += f"""
 `tide` / `{BETA_CONTROL}` step time: {tide_step / statistics.median(results[BETA_CONTROL]["steps"]):.3f}x (`{BETA_CONTROL}`
 is `grpo` with `beta={BETA}`: TRL's reference forward)."""
-    regime = "vllm" if vllm else ("tiny" if tiny else "model")
+    regime = "real_vllm" if real_vllm else "vllm" if vllm else ("tiny" if tiny else "model")
     section = (
         "step_overhead_" + regime + ("_tiny" if vllm and tiny else "") + ("_cuda" if args.device == "cuda" else "")
     )
     title = f"Step overhead vs GRPO: {'tiny model' if tiny else label}, {args.device.upper()}"
     if vllm:
         title += ", vLLM-shaped step (rollout_func, TRL's scoring forward, gradient checkpointing)"
+    if real_vllm:
+        title += ", real vLLM (colocate)"
     _common.write_section(section, title, body)
 
 

@@ -124,3 +124,36 @@ def otb_batch(seed, groups=3, size=4, cols=10, vocab=30):
     rewards = torch.randint(0, 2, (rows,), generator=g).float() if seed % 2 else torch.randn(rows, generator=g)
     group_index = torch.arange(groups).repeat_interleave(size)[torch.randperm(rows, generator=g)]  # any row order
     return rewards, group_index, logps, sum_sq, mask
+
+
+def stare_loop(advantages_B, logps_BT, mask_BT, batch_entropy, variant, ratio, w, m, target):
+    """The official rule, token by token, in float64 (distinct surprisals: no ties to break)."""
+    advantages_BT = [[float(advantages_B[i])] * mask_BT.size(1) for i in range(mask_BT.size(0))]
+    return stare_token_loop(advantages_BT, logps_BT, mask_BT, batch_entropy, variant, ratio, w, m, target)
+
+
+def stare_token_loop(advantages_BT, logps_BT, mask_BT, batch_entropy, variant, ratio, w, m, target):
+    """The same on token advantages (the official loss reads its `advantages` tensor, per token)."""
+    rows, cols = mask_BT.shape
+    out = [[0.0] * cols for _ in range(rows)]
+    gate_on = batch_entropy < target
+    weight = {}
+    for sign, factor in ((1, w), (-1, m)):
+        if sign < 0 and variant != "C2":
+            continue
+        candidates = [
+            (-float(logps_BT[i, t]), i, t)
+            for i in range(rows)
+            for t in range(cols)
+            if mask_BT[i, t] and (float(advantages_BT[i][t]) > 0 if sign > 0 else float(advantages_BT[i][t]) < 0)
+        ]
+        if not candidates or ratio <= 0:
+            continue
+        k = min(max(1, int(len(candidates) * ratio + 0.999999)), len(candidates))
+        for _, i, t in sorted(candidates, reverse=True)[:k]:
+            weight[i, t] = factor
+    for i in range(rows):
+        for t in range(cols):
+            if mask_BT[i, t]:
+                out[i][t] = float(advantages_BT[i][t]) * (weight.get((i, t), 1.0) if gate_on else 1.0)
+    return torch.tensor(out, dtype=torch.float64)

@@ -13,46 +13,13 @@ import math
 import pytest
 import torch
 from conftest import naive_logprobs, sampled, train_changing_every_parameter
-from reference_formulas import otb_batch, otb_loop
+from reference_formulas import otb_batch, otb_loop, stare_loop, stare_token_loop
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
 from trl_credit.methods import CREDIT_METHODS, SettingError, apply_credit_method, stare_advantages
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
-
-
-def stare_loop(advantages_B, logps_BT, mask_BT, batch_entropy, variant, ratio, w, m, target):
-    """The official rule, token by token, in float64 (distinct surprisals: no ties to break)."""
-    advantages_BT = [[float(advantages_B[i])] * mask_BT.size(1) for i in range(mask_BT.size(0))]
-    return stare_token_loop(advantages_BT, logps_BT, mask_BT, batch_entropy, variant, ratio, w, m, target)
-
-
-def stare_token_loop(advantages_BT, logps_BT, mask_BT, batch_entropy, variant, ratio, w, m, target):
-    """The same on token advantages (the official loss reads its `advantages` tensor, per token)."""
-    rows, cols = mask_BT.shape
-    out = [[0.0] * cols for _ in range(rows)]
-    gate_on = batch_entropy < target
-    weight = {}
-    for sign, factor in ((1, w), (-1, m)):
-        if sign < 0 and variant != "C2":
-            continue
-        candidates = [
-            (-float(logps_BT[i, t]), i, t)
-            for i in range(rows)
-            for t in range(cols)
-            if mask_BT[i, t] and (float(advantages_BT[i][t]) > 0 if sign > 0 else float(advantages_BT[i][t]) < 0)
-        ]
-        if not candidates or ratio <= 0:
-            continue
-        k = min(max(1, int(len(candidates) * ratio + 0.999999)), len(candidates))
-        for _, i, t in sorted(candidates, reverse=True)[:k]:
-            weight[i, t] = factor
-    for i in range(rows):
-        for t in range(cols):
-            if mask_BT[i, t]:
-                out[i][t] = float(advantages_BT[i][t]) * (weight.get((i, t), 1.0) if gate_on else 1.0)
-    return torch.tensor(out, dtype=torch.float64)
 
 
 def stare(advantages_B, logps_BT, mask_BT, batch_entropy, **hyperparameters):

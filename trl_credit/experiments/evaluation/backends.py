@@ -132,13 +132,16 @@ class VLLMBackend:
         from vllm import LLM, SamplingParams
 
         self.llm = LLM(model=model_name_or_path, seed=seed, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization)
+        self.greedy = temperature == 0
         self._sampling = lambda n: SamplingParams(  # noqa: E731 - n varies per call
             n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed
         )
 
     def generate(self, prompts: Sequence[list[dict]], n: int) -> list[list[Completion]]:
-        outputs = self.llm.chat([list(p) for p in prompts], self._sampling(n), use_tqdm=False)
-        return [[Completion(o.text, len(o.token_ids)) for o in out.outputs] for out in outputs]
+        # vLLM refuses n > 1 with greedy decoding: the one greedy completion stands for all n, as in transformers.
+        outputs = self.llm.chat([list(p) for p in prompts], self._sampling(1 if self.greedy else n), use_tqdm=False)
+        groups = [[Completion(o.text, len(o.token_ids)) for o in out.outputs] for out in outputs]
+        return [group * n if self.greedy else group for group in groups]
 
 
 def build_backend(config: EvalConfig, model_path: str) -> GenerationBackend:
