@@ -15,6 +15,7 @@ from headless_chromium import CHROMIUM, needs_chromium, read_png, run_chromium
 
 from trl_credit.cli import main as cli_main
 from trl_credit.cli.grpo_arguments import parse_arguments
+from trl_credit.experiments.compare.cost import estimate_disk, parameter_count
 from trl_credit.experiments.compare.plan import (
     CompareConfig,
     CompareUsageError,
@@ -23,9 +24,7 @@ from trl_credit.experiments.compare.plan import (
     check_passthrough,
     check_recorded_arguments,
     check_same_settings,
-    estimate_disk,
     latest_checkpoint,
-    parameter_count,
     run_name,
     run_state,
 )

@@ -179,6 +179,10 @@ def test_the_readme_quick_start_trains_offline(tmp_path, monkeypatch):
     trainer = namespace["trainer"]
     assert trainer.state.global_step == 1 and trainer.credit_method == "taco"
     assert any("taco/tail_fraction" in entry for entry in trainer.state.log_history)
+    # The run's final checkpoint is its model, without the optimizer state (twice the model's size again).
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    saved = {path.name for path in checkpoint.iterdir()}
+    assert "model.safetensors" in saved and "optimizer.pt" not in saved, saved
 
 
 def test_the_readme_first_command_trains_offline(tmp_path):

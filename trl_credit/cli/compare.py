@@ -19,6 +19,7 @@ import sys
 
 from transformers import HfArgumentParser
 
+from ..experiments.compare.cost import estimate_cost, estimate_disk
 from ..experiments.compare.plan import (
     CompareConfig,
     CompareUsageError,
@@ -26,8 +27,6 @@ from ..experiments.compare.plan import (
     check_passthrough,
     check_recorded_arguments,
     check_same_settings,
-    estimate_cost,
-    estimate_disk,
     run_state,
     settings_lines,
 )
