@@ -28,6 +28,8 @@ from .batch import (
 from .clip_cov import ClipCovArguments, clip_cov_advantages
 from .eapo import EAPOArguments, eapo_advantages, eapo_kappa_schedule, eapo_normalized_entropy, quantile_linear
 from .entropy_adv import EntropyAdvArguments, entropy_adv_advantages
+from .gtpo import GTPOArguments, gtpo_advantages, gtpo_conflict_runs
+from .hicra import HICRA_PAPER_GRAMS, HICRAArguments, hicra_advantages, hicra_planning_mask
 from .high_entropy import HighEntropyArguments, high_entropy_advantages
 from .minp_support import MinPSupportArguments, minp_support_advantages
 from .otb import OTBArguments, otb_advantages, otb_baselines, otb_path_variance
@@ -62,6 +64,7 @@ __all__ = [
     "GENERATION_STATISTICS",
     "GRPO_DISPLAY_NAME",
     "GRPO_SUMMARY",
+    "HICRA_PAPER_GRAMS",
     "LOSS_FORWARD_STATISTICS",
     "POLICY_ENTROPY",
     "POLICY_LOGIT_GAP",
@@ -82,6 +85,8 @@ __all__ = [
     "ClipCovArguments",
     "EAPOArguments",
     "EntropyAdvArguments",
+    "GTPOArguments",
+    "HICRAArguments",
     "HighEntropyArguments",
     "MinPSupportArguments",
     "OTBArguments",
@@ -99,6 +104,10 @@ __all__ = [
     "eapo_normalized_entropy",
     "entropy_adv_advantages",
     "get_credit_method",
+    "gtpo_advantages",
+    "gtpo_conflict_runs",
+    "hicra_advantages",
+    "hicra_planning_mask",
     "high_entropy_advantages",
     "minp_support_advantages",
     "otb_advantages",

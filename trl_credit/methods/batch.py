@@ -81,6 +81,11 @@ class CreditBatch:
             one prompt (a group may span processes), for advantage estimators; None outside a trainer unless given.
         rewards_B: the raw reward of each row (TRL's weighted sum over reward functions, before any normalisation),
             for advantage estimators; None outside a trainer unless given.
+        completion_ids_BT: long, the sampled completion token ids, `pad_token_id` at padding (GTPO's conflict tokens,
+            HICRA's planning tokens); None outside a trainer unless given.
+        pad_token_id: the tokenizer's padding id, which fills `completion_ids_BT` past each completion's end.
+        token_texts: maps a list of token ids to the decoded text of each token, in order (HICRA matches its grams in
+            their concatenation); None outside a trainer unless given.
     """
 
     advantages_BT: torch.Tensor
@@ -94,6 +99,9 @@ class CreditBatch:
     loss_weights_BT: torch.Tensor | None = None
     group_index_B: torch.Tensor | None = None
     rewards_B: torch.Tensor | None = None
+    completion_ids_BT: torch.Tensor | None = None
+    pad_token_id: int | None = None
+    token_texts: Callable[[list[int]], list[str]] | None = None
 
     def __post_init__(self):
         if self.loss_weights_BT is None:

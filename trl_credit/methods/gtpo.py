@@ -1,0 +1,236 @@
+"""GTPO: Group-relative Trajectory-based Policy Optimization.
+
+"GTPO: Trajectory-Based Policy Optimization in Large Language Models", https://huggingface.co/papers/2508.03772.
+Rule and defaults as in the official code (https://github.com/winstonsmith1897/GTPO, `gtpo/gtpo_training.py`, last
+changed in commit df35bd3 and the file the README of commit 5d33811 runs: `build_conflict_mask` and
+`UnslothEfficientGTPO.forward`), per prompt group:
+
+    s_i    = sign(A_i)                                  completions with A_i = 0 take no part in the conflicts
+    x_i(k) = the k-th valid token of completion i (k = 0, 1, ...), the pad id past its end
+    c_i(k) = some completion with s = +1 and some with s = -1 have the token x_i(k) at rank k
+    F_i(k) = c_i(0) and ... and c_i(k), and x_i(k) != pad id       conflict run from the start
+    R_i(k) = the same with ranks counted from the last valid token   conflict run from the end
+    d_i(k) = prod over the runs holding the token of (W if s_i > 0 else 0), 1 outside both runs
+    n_i    = max(1, number of tokens in either run)
+    H_i    = mean entropy over completion i's valid tokens
+    Â_i(k) = d_i(k) * (A_i(k) - gamma * H_i) / n_i   if H_i <= tau,   else 0
+
+A conflict token's negative update is skipped (`d = 0`) and its positive one multiplied by `W` (`W^2` for a token in
+both runs, as the official product of the two masks gives). The official loss divides each completion's token mean by
+`n_i`; that factor rides on the advantage here, so under TRL's `grpo` loss (token mean per completion, then mean over
+completions) the gradient is the official one divided by the number of completions in the micro-batch (the official
+loss sums over them, a constant factor). The other loss types normalise the lengths as they do for GRPO. The entropy
+shaping applies to every completion under the threshold, `A_i = 0` included (`Â = -gamma H_i / n_i`), and may change
+an advantage's sign, as officially.
+
+`A_i(k)` is the incoming token advantage; the sign `s_i` is that of GRPO's sequence advantage (what the official code
+reads). The official recipe uses unscaled group advantages (`r - mean`): TRL's `scale_rewards="none"`.
+
+Statistics: the rollout policy's entropy, once per generation batch, where the conflicts need the whole group (all
+processes). The official code takes the entropy from its training forward at temperature 1; in its recipe (one
+optimizer step per generation) that is the same policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .batch import ROLLOUT_ENTROPY, CreditBatch, CreditResult
+from .registry import get_credit_method, paper, register_credit_method
+from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE
+
+GTPO_PAPER = paper(
+    "GTPO: Trajectory-Based Policy Optimization in Large Language Models",
+    "2508.03772",
+    "simoni2025gtpo",
+    "Simoni, Marco and Fontana, Aleksandar and Rossolini, Giulio and Saracino, Andrea",
+    year=2025,
+)
+
+# Token ids travel through the float32 gather: exact below 2**24.
+_MAX_EXACT_ID = 2**24
+
+
+@dataclass
+class GTPOArguments:
+    """GTPO's hyperparameters (the official code's defaults)."""
+
+    gtpo_conflict_weight: float = field(
+        default=2.0,
+        metadata={
+            "help": "GTPO weight W of the conflict tokens of positive-advantage completions (official W_RAW). > 0."
+        },
+    )
+    gtpo_entropy_threshold: float = field(
+        default=0.7,
+        metadata={
+            "help": "GTPO entropy threshold tau (nats): a completion whose mean entropy exceeds it gets no update "
+            "(official ENT_THRESHOLD). >= 0; inf filters nothing."
+        },
+    )
+    gtpo_entropy_scale: float = field(
+        default=0.1,
+        metadata={
+            "help": "GTPO entropy shaping gamma: the advantage becomes A - gamma * mean entropy (official ENT_SCALE). "
+            "Finite and >= 0."
+        },
+    )
+    gtpo_conflict_normalization: bool = field(
+        default=True,
+        metadata={"help": "GTPO: divide each completion's advantages by its number of conflict tokens (at least 1)."},
+    )
+    gtpo_pad_id: int | None = field(
+        default=None,
+        metadata={
+            "help": "GTPO: token id that never counts as a conflict and fills ranks past a completion's end (official "
+            "PAD_ID); default: the tokenizer's pad token id."
+        },
+    )
+
+
+def _compact(ids_BT: torch.Tensor, valid_BT: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's valid token ids in order, left-aligned and pad-filled (`(B, T)`), and each valid token's rank."""
+    rank_BT = valid_BT.long().cumsum(dim=1) - 1
+    compact_BT = torch.full_like(ids_BT, pad_id)
+    rows_N, _ = valid_BT.nonzero(as_tuple=True)
+    compact_BT[rows_N, rank_BT[valid_BT]] = ids_BT[valid_BT]
+    return compact_BT, rank_BT
+
+
+def _conflict_table(ids_N, lengths_R, groups_R, signs_R, pad_id, reverse: bool):
+    """Sorted keys `(group, rank, id)` of every active row (pad-filled to the longest row) and whether each key occurs
+    in both a positive and a negative completion; plus the strides of the key."""
+    num_rows = lengths_R.numel()
+    width = max(int(lengths_R.max().item()) if num_rows else 0, 1)
+    rank_RW = torch.arange(width, device=ids_N.device).expand(num_rows, -1)
+    valid_RW = rank_RW < lengths_R.view(-1, 1)
+    compact_RW = torch.full((num_rows, width), pad_id, dtype=torch.long, device=ids_N.device)
+    compact_RW[valid_RW] = ids_N
+    if reverse:  # rank k holds the k-th token from the end, pad past the start
+        source_RW = (lengths_R.view(-1, 1) - 1 - rank_RW).clamp(min=0)
+        compact_RW = torch.where(valid_RW, compact_RW.gather(1, source_RW), pad_id)
+    vocab = max(int(compact_RW.max().item()), pad_id) + 1
+    keys_RW = (groups_R.view(-1, 1) * width + rank_RW) * vocab + compact_RW
+    active_R = signs_R != 0
+    keys_N, slot_N = torch.unique(keys_RW[active_R].flatten(), return_inverse=True)
+    sign_N = signs_R[active_R].view(-1, 1).expand(-1, width).reshape(-1)
+    positive = torch.zeros(keys_N.numel(), device=ids_N.device).index_add_(0, slot_N, (sign_N > 0).float())
+    negative = torch.zeros(keys_N.numel(), device=ids_N.device).index_add_(0, slot_N, (sign_N < 0).float())
+    return keys_N, (positive > 0) & (negative > 0), width, vocab
+
+
+def gtpo_conflict_runs(
+    ids_BT: torch.Tensor,
+    valid_BT: torch.Tensor,
+    group_index_B: torch.Tensor,
+    signs_B: torch.Tensor,
+    pad_id: int,
+    gather=None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GTPO's conflict runs from the start and from the end of this process's rows, `(B, T)` bool each.
+
+    `gather` concatenates every process's values (a collective): a group's conflicts are taken over all its rows,
+    wherever they are. Without it, the rows passed in are the whole batch.
+    """
+    gather = gather or (lambda values_N: values_N)
+    valid_BT = valid_BT.bool()
+    lengths_B = valid_BT.sum(dim=1)
+    local_ids_N = ids_BT[valid_BT].long()
+    if local_ids_N.numel() and int(local_ids_N.max()) >= _MAX_EXACT_ID:
+        raise ValueError(f"GTPO: token ids must be below {_MAX_EXACT_ID}, got {int(local_ids_N.max())}")
+    all_ids_N = gather(local_ids_N.float()).round().long()
+    all_lengths_R = gather(lengths_B.float()).round().long()
+    all_groups_R = gather(group_index_B.float()).round().long()
+    all_signs_R = gather(signs_B.float()).round().long()
+    _, rank_BT = _compact(ids_BT.long(), valid_BT, pad_id)
+    active_BT = valid_BT & (signs_B != 0).view(-1, 1)
+    runs = []
+    for reverse in (False, True):
+        keys_N, conflicted_N, width, vocab = _conflict_table(
+            all_ids_N, all_lengths_R, all_groups_R, all_signs_R, pad_id, reverse
+        )
+        rank = (lengths_B.view(-1, 1) - 1 - rank_BT) if reverse else rank_BT
+        local_keys_BT = (group_index_B.long().view(-1, 1) * width + rank.clamp(min=0)) * vocab + ids_BT.long()
+        slot_BT = torch.searchsorted(keys_N, local_keys_BT).clamp(max=max(keys_N.numel() - 1, 0))
+        found_BT = (keys_N[slot_BT] == local_keys_BT) if keys_N.numel() else torch.zeros_like(active_BT)
+        raw_BT = active_BT & found_BT & conflicted_N[slot_BT] if keys_N.numel() else found_BT
+        step_BT = torch.where(valid_BT, raw_BT, True).long()  # the run skips the positions that are not tokens
+        run_BT = step_BT.flip(1).cumprod(1).flip(1) if reverse else step_BT.cumprod(1)
+        runs.append(run_BT.bool() & active_BT & (ids_BT != pad_id))
+    return runs[0], runs[1]
+
+
+def _pad_id(batch: CreditBatch, gtpo_pad_id: int | None) -> int:
+    pad_id = gtpo_pad_id if gtpo_pad_id is not None else batch.pad_token_id
+    if pad_id is None:
+        raise ValueError("credit method 'gtpo' needs a pad token id: give the tokenizer one, or set gtpo_pad_id")
+    return int(pad_id)
+
+
+@register_credit_method(
+    "gtpo",
+    statistics=(ROLLOUT_ENTROPY,),
+    arguments=GTPOArguments,
+    checks={
+        "gtpo_conflict_weight": FINITE_POSITIVE,
+        "gtpo_entropy_threshold": (lambda value: value >= 0.0, ">= 0 (inf filters no completion)"),
+        "gtpo_entropy_scale": FINITE_NON_NEGATIVE,
+        "gtpo_pad_id": (lambda value: value is None or value >= 0, "None (the tokenizer's pad id) or an id >= 0"),
+    },
+    paper=GTPO_PAPER,
+    display_name="GTPO",
+    summary="Skips the negative and amplifies the positive update of tokens shared at the start or end of a group's "
+    "positive and negative completions; drops completions above an entropy threshold, shapes A - gamma * H.",
+    diagnostics={
+        "conflict_fraction": "fraction of valid tokens in a conflict run (from the start or from the end)",
+        "skipped_fraction": "fraction of valid tokens whose negative update is skipped (conflicts of A < 0 completions)",
+        "amplified_fraction": "fraction of valid tokens whose positive update is amplified (conflicts of A > 0)",
+        "filtered_fraction": "fraction of valid tokens in completions above the entropy threshold (no update)",
+        "mean_entropy": "mean over valid tokens of their completion's mean entropy H_i",
+    },
+    token_statistic=("conflict_weight", "d: the conflict factor, W or W^2 on a positive, 0 on a negative conflict"),
+)
+def gtpo(
+    batch: CreditBatch,
+    gtpo_conflict_weight: float,
+    gtpo_entropy_threshold: float,
+    gtpo_entropy_scale: float,
+    gtpo_conflict_normalization: bool,
+    gtpo_pad_id: int | None,
+) -> CreditResult:
+    if batch.completion_ids_BT is None or batch.group_index_B is None:
+        raise ValueError("credit method 'gtpo' reads the completion ids and the prompt groups; the batch has none")
+    mask_BT = batch.mask_BT
+    signs_B = torch.sign(batch.sequence_advantages_B)
+    forward_BT, reverse_BT = gtpo_conflict_runs(
+        batch.completion_ids_BT, mask_BT, batch.group_index_B, signs_B, _pad_id(batch, gtpo_pad_id), batch.gather
+    )
+    positive_B = (signs_B > 0).view(-1, 1)
+    run_weight_BT = torch.where(positive_B, gtpo_conflict_weight, 0.0).expand_as(mask_BT)
+    delta_BT = torch.where(forward_BT, run_weight_BT, 1.0) * torch.where(reverse_BT, run_weight_BT, 1.0)
+    conflict_BT = forward_BT | reverse_BT
+    counts_B = conflict_BT.sum(dim=1).clamp(min=1).float()
+    if not gtpo_conflict_normalization:
+        counts_B = torch.ones_like(counts_B)
+    entropy_B = (batch[ROLLOUT_ENTROPY] * mask_BT).sum(dim=1) / mask_BT.sum(dim=1).clamp(min=1)
+    kept_B = entropy_B <= gtpo_entropy_threshold
+    shaped_BT = (batch.advantages_BT - gtpo_entropy_scale * entropy_B.view(-1, 1)) * delta_BT
+    advantages_BT = torch.where(kept_B.view(-1, 1) & mask_BT, shaped_BT / counts_B.view(-1, 1), 0.0)
+    return CreditResult(
+        advantages_BT=advantages_BT,
+        metrics={
+            "conflict_fraction": conflict_BT.float(),
+            "skipped_fraction": (conflict_BT & ~positive_B).float(),
+            "amplified_fraction": (conflict_BT & positive_B).float(),
+            "filtered_fraction": (~kept_B).view(-1, 1).float().expand_as(mask_BT),
+            "mean_entropy": entropy_B.view(-1, 1).expand_as(mask_BT),
+        },
+        statistic_BT=torch.where(mask_BT, delta_BT, 0.0),
+    )
+
+
+# GTPO on plain tensors (every row of every group): `gtpo_advantages(advantages_B, mask_BT, rollout_entropy=...,
+# completion_ids_BT=..., group_index_B=..., pad_token_id=...)`.
+gtpo_advantages = get_credit_method("gtpo").on_tensors
