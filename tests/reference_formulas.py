@@ -157,3 +157,89 @@ def stare_token_loop(advantages_BT, logps_BT, mask_BT, batch_entropy, variant, r
             if mask_BT[i, t]:
                 out[i][t] = float(advantages_BT[i][t]) * (weight.get((i, t), 1.0) if gate_on else 1.0)
     return torch.tensor(out, dtype=torch.float64)
+
+
+def gtpo_loop(adv, ids, mask, entropy, groups, pad_id, weight=2.0, threshold=0.7, scale=0.1, normalize=True):
+    """GTPO's official rules (`build_conflict_mask` and the entropy step of `UnslothEfficientGTPO.forward` in
+    winstonsmith1897/GTPO `gtpo/gtpo_training.py`), per group and per token, over each completion's valid tokens."""
+    rows, cols = mask.shape
+    sign = [int(adv[i] > 0) - int(adv[i] < 0) for i in range(rows)]
+    tokens = [[int(ids[i, t]) for t in range(cols) if mask[i, t]] for i in range(rows)]
+
+    def token(j, k, from_end):
+        if k >= len(tokens[j]):
+            return pad_id  # past a completion's end its ids are padding
+        return tokens[j][len(tokens[j]) - 1 - k] if from_end else tokens[j][k]
+
+    out = torch.zeros(mask.shape)
+    for i in range(rows):
+        n = len(tokens[i])
+        in_run = {False: [False] * n, True: [False] * n}
+        if sign[i] != 0:
+            members = [j for j in range(rows) if groups[j] == groups[i] and sign[j] != 0]
+            for from_end in (False, True):
+                run = True
+                for k in range(n):
+                    x = token(i, k, from_end)
+                    in_pos = any(sign[j] > 0 and token(j, k, from_end) == x for j in members)
+                    in_neg = any(sign[j] < 0 and token(j, k, from_end) == x for j in members)
+                    run = run and in_pos and in_neg
+                    in_run[from_end][k] = run and x != pad_id
+        mean_entropy = sum(float(entropy[i, t]) for t in range(cols) if mask[i, t]) / max(n, 1)
+        conflicts = sum(1 for k in range(n) if in_run[False][k] or in_run[True][n - 1 - k])
+        count = max(conflicts, 1) if normalize else 1
+        positions = [t for t in range(cols) if mask[i, t]]
+        for k, t in enumerate(positions):
+            delta = 1.0
+            for hit in (in_run[False][k], in_run[True][n - 1 - k]):
+                if hit:
+                    delta *= weight if sign[i] > 0 else 0.0
+            if mean_entropy <= threshold:
+                out[i, t] = delta * (float(adv[i]) - scale * mean_entropy) / count
+    return out
+
+
+def hicra_loop(adv, ids, mask, texts, grams, alpha=0.2):
+    """HICRA (arXiv 2509.03646): A + alpha |A| on the tokens whose text overlaps a strategic gram, found character by
+    character: case-insensitive, whole words, any whitespace run between the gram's words."""
+
+    def word_char(ch):
+        return ch.isalnum() or ch == "_"
+
+    def match_end(text, start, words):
+        position = start
+        for index, word in enumerate(words):
+            if text[position : position + len(word)].lower() != word.lower():
+                return None
+            position += len(word)
+            if index < len(words) - 1:
+                if position >= len(text) or not text[position].isspace():
+                    return None
+                while position < len(text) and text[position].isspace():
+                    position += 1
+        if position < len(text) and word_char(text[position]):
+            return None
+        return position
+
+    out = torch.zeros(mask.shape)
+    for i in range(mask.shape[0]):
+        positions = [t for t in range(mask.shape[1]) if mask[i, t]]
+        pieces = [texts[int(ids[i, t])] for t in positions]
+        text = "".join(pieces)
+        marked = [False] * len(text)
+        for gram in grams:
+            words = gram.split()
+            for start in range(len(text)):
+                if start > 0 and word_char(text[start - 1]):
+                    continue
+                end = match_end(text, start, words)
+                if end is not None:
+                    for c in range(start, end):
+                        marked[c] = True
+        offset = 0
+        for t, piece in zip(positions, pieces):
+            planning = any(marked[offset : offset + len(piece)])
+            offset += len(piece)
+            a = float(adv[i])
+            out[i, t] = a + alpha * abs(a) if planning else a
+    return out

@@ -98,7 +98,8 @@ def hicra_planning_mask(
                 begin, end = match.span(1)
                 first, last = bisect.bisect_right(ends, begin), bisect.bisect_left(starts, end)
                 for index in range(first, last):
-                    planning_BT[row, positions[index]] = True
+                    if starts[index] < ends[index]:  # a token that decodes to nothing overlaps no text
+                        planning_BT[row, positions[index]] = True
     return planning_BT.to(mask_BT.device)
 
 

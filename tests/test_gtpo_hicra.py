@@ -1,0 +1,316 @@
+"""GTPO against its official rules (winstonsmith1897/GTPO `gtpo/gtpo_training.py`: `build_conflict_mask` and the
+entropy step of `UnslothEfficientGTPO.forward`) and HICRA against its paper's rule (arXiv 2509.03646), each worked out
+by loops per group and per token (`gtpo_loop`, `hicra_loop` in `reference_formulas.py`), on fixed tensors and in
+training through `CreditGRPOTrainer`.
+"""
+
+import threading
+
+import pytest
+import torch
+from reference_formulas import gtpo_loop, hicra_loop
+
+from trl_credit.methods import CREDIT_METHODS, HICRA_PAPER_GRAMS, gtpo_advantages, hicra_advantages
+
+PAD = 0
+
+
+def gtpo(adv, ids, mask, entropy, groups, pad_id=PAD, **hyperparameters):
+    return gtpo_advantages(
+        adv,
+        mask,
+        rollout_entropy=entropy,
+        completion_ids_BT=ids,
+        group_index_B=groups,
+        pad_token_id=pad_id,
+        **hyperparameters,
+    )
+
+
+def gtpo_batch(seed, groups=3, size=4, cols=7, vocab=4, left_pad=False):
+    """Groups of completions over a few token ids (so that conflicts are common), padded with PAD."""
+    g = torch.Generator().manual_seed(seed)
+    rows = groups * size
+    ids = torch.randint(1, vocab + 1, (rows, cols), generator=g)
+    for r in range(1, rows, 3):  # completions of one group often share their start or end
+        ids[r, :3] = ids[r - 1, :3]
+    lengths = torch.randint(1, cols + 1, (rows,), generator=g)
+    lengths[0] = cols
+    positions = torch.arange(cols).unsqueeze(0)
+    mask = positions >= cols - lengths.unsqueeze(1) if left_pad else positions < lengths.unsqueeze(1)
+    ids = torch.where(mask, ids, PAD)
+    adv = torch.randint(-2, 3, (rows,), generator=g).float() * 0.5  # ties and zeros among them
+    entropy = torch.rand(rows, cols, generator=g) * 1.4
+    group_index = torch.arange(groups).repeat_interleave(size)
+    return adv, ids, mask, entropy, group_index
+
+
+CONFIGS = [
+    {},
+    {"gtpo_conflict_weight": 3.0, "gtpo_entropy_threshold": 0.5, "gtpo_entropy_scale": 0.3},
+    {"gtpo_conflict_normalization": False, "gtpo_entropy_threshold": float("inf")},
+]
+
+
+def _loop_kwargs(config):
+    return {
+        "weight": config.get("gtpo_conflict_weight", 2.0),
+        "threshold": config.get("gtpo_entropy_threshold", 0.7),
+        "scale": config.get("gtpo_entropy_scale", 0.1),
+        "normalize": config.get("gtpo_conflict_normalization", True),
+    }
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("config", CONFIGS, ids=["official", "other", "unnormalised"])
+def test_gtpo_random_groups_match_the_official_rules(seed, config):
+    adv, ids, mask, entropy, groups = gtpo_batch(seed, groups=1 + seed % 3, size=2 + seed % 4, left_pad=seed % 2 == 1)
+    got = gtpo(adv, ids, mask, entropy, groups, **config).advantages_BT
+    want = gtpo_loop(adv, ids, mask, entropy, groups, PAD, **_loop_kwargs(config))
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+def test_gtpo_padding_side_changes_nothing():
+    for seed in range(6):
+        right = gtpo_batch(seed, left_pad=False)
+        adv, ids, mask, entropy, groups = right
+        # The same completions, left-padded: each row's valid tokens shifted to the end.
+        shift = (~mask).sum(dim=1)
+        index = (torch.arange(mask.size(1)).unsqueeze(0) - shift.unsqueeze(1)) % mask.size(1)
+        left = [t.gather(1, index) for t in (ids, mask, entropy)]
+        got_right = gtpo(adv, ids, mask, entropy, groups).advantages_BT
+        got_left = gtpo(adv, left[0], left[1], left[2], groups).advantages_BT
+        torch.testing.assert_close(got_left, got_right.gather(1, index))
+
+
+def test_gtpo_no_conflict_is_entropy_shaped_grpo():
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6], [1, 2, 0]])  # the negative completion shares no token with the others
+    mask = ids != PAD
+    adv, groups = torch.tensor([1.0, -1.0, 0.5]), torch.zeros(3, dtype=torch.long)
+    entropy = torch.tensor([[0.2, 0.4, 0.6], [0.1, 0.1, 0.1], [0.9, 0.9, 0.0]])
+    result = gtpo(adv, ids, mask, entropy, groups)
+    mean_entropy = torch.tensor([0.4, 0.1, 0.9])
+    want = torch.where(mean_entropy <= 0.7, adv - 0.1 * mean_entropy, 0.0).view(-1, 1) * mask
+    torch.testing.assert_close(result.advantages_BT, want)
+    assert float(result.metrics["conflict_fraction"].sum()) == 0.0
+
+
+def test_gtpo_all_conflict():
+    """Identical completions of both signs: every token is in both runs; positives get W^2 / n, negatives 0."""
+    ids = torch.tensor([[3, 1, 2], [3, 1, 2], [3, 1, 2]])
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    adv, groups, entropy = torch.tensor([1.0, -0.5, -0.5]), torch.zeros(3, dtype=torch.long), torch.zeros(3, 3)
+    got = gtpo(adv, ids, mask, entropy, groups).advantages_BT
+    torch.testing.assert_close(got, torch.tensor([[4 / 3] * 3, [0.0] * 3, [0.0] * 3]))
+    torch.testing.assert_close(got, gtpo_loop(adv, ids, mask, entropy, groups, PAD))
+
+
+def test_gtpo_ties_and_edges():
+    # All rewards tied: no sign, no conflict; the entropy shaping still applies (A = 0 gives -gamma * H).
+    ids = torch.tensor([[1, 2], [1, 2]])
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    entropy = torch.full((2, 2), 0.7)  # exactly at the threshold: kept, as the official `<=`
+    got = gtpo(torch.zeros(2), ids, mask, entropy, torch.zeros(2, dtype=torch.long)).advantages_BT
+    torch.testing.assert_close(got, torch.full((2, 2), -0.07))
+    # One-token completions; a group of one; an all-masked row; the pad id inside a completion never conflicts.
+    ids = torch.tensor([[5, 0, 0], [5, 0, 0], [7, 7, 0], [0, 0, 0], [5, PAD, 6]])
+    mask = torch.tensor([[1, 0, 0], [1, 0, 0], [1, 1, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.bool)
+    adv = torch.tensor([1.0, -1.0, 2.0, 1.0, -1.0])
+    groups = torch.tensor([0, 0, 1, 0, 0])
+    entropy = torch.rand(5, 3)
+    got = gtpo(adv, ids, mask, entropy, groups).advantages_BT
+    want = gtpo_loop(adv, ids, mask, entropy, groups, PAD)
+    torch.testing.assert_close(got, want)
+    assert got[1, 0] == 0.0 and got[4, 0] == 0.0  # negative conflicts at the start skipped
+    assert torch.isfinite(got).all() and (got[3] == 0).all()
+
+
+def test_gtpo_groups_split_over_processes_give_the_same_advantages():
+    adv, ids, mask, entropy, groups = gtpo_batch(3, groups=3, size=4)
+    whole = gtpo(adv, ids, mask, entropy, groups).advantages_BT
+    barrier, slots, halves = threading.Barrier(2), [None, None], [None, None]
+    cut = [slice(0, 5), slice(5, 12)]  # groups 0 and 1 straddle the cut; each half pads to its own length
+
+    def gather_for(rank):
+        def gather(values_N):
+            slots[rank] = values_N.float().flatten()
+            barrier.wait()
+            out = torch.cat(list(slots))
+            barrier.wait()
+            return out
+
+        return gather
+
+    def run(rank):
+        rows = cut[rank]
+        width = int(mask[rows].sum(dim=1).max())
+        halves[rank] = gtpo(
+            adv[rows],
+            ids[rows, :width],
+            mask[rows, :width],
+            entropy[rows, :width],
+            groups[rows],
+            gather=gather_for(rank),
+        ).advantages_BT
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for rank, rows in enumerate(cut):
+        width = halves[rank].size(1)
+        torch.testing.assert_close(halves[rank], whole[rows, :width])
+
+
+def test_gtpo_registration_and_errors():
+    method = CREDIT_METHODS["gtpo"]
+    assert method.hyperparameters() == {
+        "gtpo_conflict_weight": 2.0,
+        "gtpo_entropy_threshold": 0.7,
+        "gtpo_entropy_scale": 0.1,
+        "gtpo_conflict_normalization": True,
+        "gtpo_pad_id": None,
+    }
+    assert method.paper["id"] == "2508.03772" and not method.reads_training_forward(method.hyperparameters())
+    with pytest.raises(ValueError, match="gtpo_conflict_weight must be finite and > 0, got 0.0"):
+        method.hyperparameters({"gtpo_conflict_weight": 0})
+    with pytest.raises(ValueError, match="gtpo_entropy_threshold must be >= 0"):
+        method.hyperparameters({"gtpo_entropy_threshold": -1})
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    with pytest.raises(ValueError, match="completion ids and the prompt groups"):
+        gtpo_advantages(torch.ones(1), mask, rollout_entropy=torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="needs a pad token id"):
+        gtpo_advantages(
+            torch.ones(1),
+            mask,
+            rollout_entropy=torch.zeros(1, 2),
+            completion_ids_BT=torch.ones(1, 2, dtype=torch.long),
+            group_index_B=torch.zeros(1, dtype=torch.long),
+        )
+    # gtpo_pad_id overrides the tokenizer's: with 1 as the pad id, token 1 never conflicts.
+    ids = torch.tensor([[1, 2], [1, 2]])
+    got = gtpo(
+        torch.tensor([1.0, -1.0]), ids, torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2), torch.zeros(2)
+    ).advantages_BT
+    overridden = gtpo_advantages(
+        torch.tensor([1.0, -1.0]),
+        torch.ones(2, 2, dtype=torch.bool),
+        rollout_entropy=torch.zeros(2, 2),
+        completion_ids_BT=ids,
+        group_index_B=torch.zeros(2),
+        pad_token_id=PAD,
+        gtpo_pad_id=1,
+    ).advantages_BT
+    torch.testing.assert_close(got, torch.tensor([[2.0, 2.0], [0.0, 0.0]]))
+    # Token 1 is out of both runs (the forward run still passes it, as officially); token 2 is in both.
+    torch.testing.assert_close(overridden, torch.tensor([[1.0, 4.0], [-1.0, 0.0]]))
+
+
+# -------------------------------------------------------------------------------------------------------- HICRA
+
+# Token texts as a byte-level tokenizer decodes them one by one: leading spaces, words split across tokens.
+TEXTS = [
+    "",
+    " we",
+    " can",
+    " use",
+    " the",
+    " fact",
+    " that",
+    " Let",
+    "'s",
+    " try",
+    " a",
+    " different",
+    " approach",
+    " But",
+    " problem",
+    " mentions",
+    " x",
+    "=2",
+    ".",
+    " us",
+    "er",
+    "\n",
+    "We can",
+    " u",
+    "se the fact that",
+]
+
+
+def hicra(adv, ids, mask, **hyperparameters):
+    return hicra_advantages(
+        adv, mask, completion_ids_BT=ids, token_texts=lambda row: [TEXTS[i] for i in row], **hyperparameters
+    )
+
+
+def hicra_batch(seed, rows=6, cols=14, left_pad=False):
+    g = torch.Generator().manual_seed(seed)
+    phrases = [[1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12], [13, 4, 14, 15, 6], [22, 23, 24], [1, 2, 3, 19, 20]]
+    ids = torch.randint(1, len(TEXTS), (rows, cols), generator=g)
+    for r in range(rows):  # plant a phrase (whole or cut) at a random place
+        phrase = phrases[int(torch.randint(len(phrases), (1,), generator=g))]
+        start = int(torch.randint(0, cols - 2, (1,), generator=g))
+        piece = phrase[: cols - start]
+        ids[r, start : start + len(piece)] = torch.tensor(piece)
+    lengths = torch.randint(1, cols + 1, (rows,), generator=g)
+    lengths[0] = cols
+    positions = torch.arange(cols).unsqueeze(0)
+    mask = positions >= cols - lengths.unsqueeze(1) if left_pad else positions < lengths.unsqueeze(1)
+    adv = torch.randn(rows, generator=g)
+    adv[1] = 0.0
+    return adv, torch.where(mask, ids, 0), mask
+
+
+GRAMS = [list(HICRA_PAPER_GRAMS), ["can use", "use the fact", "different approach"], ["x=2", "that"]]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("grams", GRAMS, ids=["paper", "overlapping", "short"])
+def test_hicra_random_completions_match_the_paper_rule(seed, grams):
+    adv, ids, mask = hicra_batch(seed, left_pad=seed % 2 == 1)
+    alpha = 0.2 if seed % 3 else 0.5
+    got = hicra(adv, ids, mask, hicra_grams=grams, hicra_alpha=alpha).advantages_BT
+    torch.testing.assert_close(got, hicra_loop(adv, ids, mask, TEXTS, grams, alpha))
+
+
+def test_hicra_grams_at_the_edges_and_word_boundaries():
+    ids = torch.tensor(
+        [
+            [1, 2, 3, 4, 5, 6, 0],  # the whole completion is a gram
+            [16, 17, 1, 2, 3, 4, 5],  # a gram cut by the completion's end: no match
+            [22, 23, 24, 18, 0, 0, 0],  # "We can use the fact that", split inside words, other case
+            [1, 2, 19, 20, 4, 5, 6],  # "we can user": not the word "use"
+            [25 - 1, 0, 0, 0, 0, 0, 0],  # one token holding most of a gram: no match alone
+        ]
+    )
+    mask = ids != 0
+    adv = torch.tensor([1.0, 1.0, -1.0, 1.0, 1.0])
+    result = hicra(adv, ids, mask)
+    planning = result.statistic_BT.bool()
+    assert planning[0, :6].all() and not planning[1].any() and planning[2, :3].all() and not planning[2, 3]
+    assert not planning[3].any() and not planning[4].any()
+    torch.testing.assert_close(result.advantages_BT, hicra_loop(adv, ids, mask, TEXTS, list(HICRA_PAPER_GRAMS)))
+    torch.testing.assert_close(result.advantages_BT[2, :3], torch.full((3,), -0.8))  # 1 - alpha on a failure
+
+
+def test_hicra_alpha_zero_is_grpo_and_signs_are_kept():
+    adv, ids, mask = hicra_batch(0)
+    same = hicra(adv, ids, mask, hicra_alpha=0.0).advantages_BT
+    torch.testing.assert_close(same, adv.view(-1, 1) * mask)
+    reshaped = hicra(adv, ids, mask, hicra_alpha=0.9).advantages_BT
+    assert (torch.sign(reshaped) == torch.sign(same)).all()
+
+
+def test_hicra_registration_and_errors():
+    method = CREDIT_METHODS["hicra"]
+    assert method.hyperparameters() == {"hicra_alpha": 0.2, "hicra_grams": list(HICRA_PAPER_GRAMS)}
+    assert method.paper["id"] == "2509.03646" and not method.reads_training_forward(method.hyperparameters())
+    with pytest.raises(ValueError, match=r"hicra_alpha must be in \[0, 1\), got 1.0"):
+        method.hyperparameters({"hicra_alpha": 1})
+    with pytest.raises(ValueError, match="hicra_grams must be a non-empty list of non-blank phrases"):
+        method.hyperparameters({"hicra_grams": ["  "]})
+    assert method.hyperparameters({"hicra_grams": '["notice that", "wait"]'})["hicra_grams"] == ["notice that", "wait"]
+    with pytest.raises(ValueError, match="decoded texts"):
+        hicra_advantages(torch.ones(1), torch.ones(1, 2), completion_ids_BT=torch.ones(1, 2, dtype=torch.long))
