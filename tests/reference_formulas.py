@@ -161,7 +161,9 @@ def stare_token_loop(advantages_BT, logps_BT, mask_BT, batch_entropy, variant, r
 
 def gtpo_loop(adv, ids, mask, entropy, groups, pad_id, weight=2.0, threshold=0.7, scale=0.1, normalize=True):
     """GTPO's official rules (`build_conflict_mask` and the entropy step of `UnslothEfficientGTPO.forward` in
-    winstonsmith1897/GTPO `gtpo/gtpo_training.py`), per group and per token, over each completion's valid tokens."""
+    winstonsmith1897/GTPO `gtpo/gtpo_training.py`), per group and per token, over each completion's valid tokens.
+    The run from the end is indexed by rank from the end, where the official code also tests for the pad id and
+    counts the conflicts (rank k of either run)."""
     rows, cols = mask.shape
     sign = [int(adv[i] > 0) - int(adv[i] < 0) for i in range(rows)]
     tokens = [[int(ids[i, t]) for t in range(cols) if mask[i, t]] for i in range(rows)]
@@ -184,9 +186,10 @@ def gtpo_loop(adv, ids, mask, entropy, groups, pad_id, weight=2.0, threshold=0.7
                     in_pos = any(sign[j] > 0 and token(j, k, from_end) == x for j in members)
                     in_neg = any(sign[j] < 0 and token(j, k, from_end) == x for j in members)
                     run = run and in_pos and in_neg
-                    in_run[from_end][k] = run and x != pad_id
+                    # Officially the pad-id test reads the token at rank k from the start, in both directions.
+                    in_run[from_end][k] = run and token(i, k, False) != pad_id
         mean_entropy = sum(float(entropy[i, t]) for t in range(cols) if mask[i, t]) / max(n, 1)
-        conflicts = sum(1 for k in range(n) if in_run[False][k] or in_run[True][n - 1 - k])
+        conflicts = sum(1 for k in range(n) if in_run[False][k] or in_run[True][k])  # per rank, as officially
         count = max(conflicts, 1) if normalize else 1
         positions = [t for t in range(cols) if mask[i, t]]
         for k, t in enumerate(positions):

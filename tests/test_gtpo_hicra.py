@@ -188,23 +188,21 @@ def test_gtpo_registration_and_errors():
             completion_ids_BT=torch.ones(1, 2, dtype=torch.long),
             group_index_B=torch.zeros(1, dtype=torch.long),
         )
-    # gtpo_pad_id overrides the tokenizer's: with 1 as the pad id, token 1 never conflicts.
-    ids = torch.tensor([[1, 2], [1, 2]])
-    got = gtpo(
-        torch.tensor([1.0, -1.0]), ids, torch.ones(2, 2, dtype=torch.bool), torch.zeros(2, 2), torch.zeros(2)
-    ).advantages_BT
+    # gtpo_pad_id overrides the tokenizer's pad id. With 1 as the pad id, the run from the start skips token 1; the run
+    # from the end, as officially, skips the token whose rank from the start is that of token 1 from the end (token 3).
+    ids, mask = torch.tensor([[1, 2, 3], [1, 2, 3]]), torch.ones(2, 3, dtype=torch.bool)
+    plain = gtpo(torch.tensor([1.0, -1.0]), ids, mask, torch.zeros(2, 3), torch.zeros(2)).advantages_BT
+    torch.testing.assert_close(plain, torch.tensor([[4 / 3] * 3, [0.0] * 3]))
     overridden = gtpo_advantages(
         torch.tensor([1.0, -1.0]),
-        torch.ones(2, 2, dtype=torch.bool),
-        rollout_entropy=torch.zeros(2, 2),
+        mask,
+        rollout_entropy=torch.zeros(2, 3),
         completion_ids_BT=ids,
         group_index_B=torch.zeros(2),
         pad_token_id=PAD,
         gtpo_pad_id=1,
     ).advantages_BT
-    torch.testing.assert_close(got, torch.tensor([[2.0, 2.0], [0.0, 0.0]]))
-    # Token 1 is out of both runs (the forward run still passes it, as officially); token 2 is in both.
-    torch.testing.assert_close(overridden, torch.tensor([[1.0, 4.0], [-1.0, 0.0]]))
+    torch.testing.assert_close(overridden, torch.tensor([[1.0, 2.0, 1.0], [0.0, 0.0, 0.0]]))
 
 
 # -------------------------------------------------------------------------------------------------------- HICRA

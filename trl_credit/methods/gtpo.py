@@ -9,9 +9,10 @@ changed in commit df35bd3 and the file the README of commit 5d33811 runs: `build
     x_i(k) = the k-th valid token of completion i (k = 0, 1, ...), the pad id past its end
     c_i(k) = some completion with s = +1 and some with s = -1 have the token x_i(k) at rank k
     F_i(k) = c_i(0) and ... and c_i(k), and x_i(k) != pad id       conflict run from the start
-    R_i(k) = the same with ranks counted from the last valid token   conflict run from the end
+    R_i(k) = the same with ranks counted from the last valid token,  conflict run from the end
+             and the token at rank k from the start != pad id        (the official code's coordinates)
     d_i(k) = prod over the runs holding the token of (W if s_i > 0 else 0), 1 outside both runs
-    n_i    = max(1, number of tokens in either run)
+    n_i    = max(1, number of ranks k at which either run holds)    F_i(k) or R_i(k), as the official code counts
     H_i    = mean entropy over completion i's valid tokens
     Â_i(k) = d_i(k) * (A_i(k) - gamma * H_i) / n_i   if H_i <= tau,   else 0
 
@@ -128,8 +129,14 @@ def gtpo_conflict_runs(
     signs_B: torch.Tensor,
     pad_id: int,
     gather=None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """GTPO's conflict runs from the start and from the end of this process's rows, `(B, T)` bool each.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GTPO's conflict runs from the start and from the end of this process's rows, `(B, T)` bool each, and each
+    row's conflict count `(B,)`, as the official code takes them.
+
+    The official code keeps the run from the end in reversed coordinates, where it applies the pad-id exclusion and
+    counts the conflicts: the token at rank `k` from the end leaves that run when the token at rank `k` from the start
+    is the pad id, and the count is the number of ranks `k` at which either run holds (the longer run, not the number
+    of distinct tokens in the two).
 
     `gather` concatenates every process's values (a collective): a group's conflicts are taken over all its rows,
     wherever they are. Without it, the rows passed in are the whole batch.
@@ -144,7 +151,7 @@ def gtpo_conflict_runs(
     all_lengths_R = gather(lengths_B.float()).round().long()
     all_groups_R = gather(group_index_B.float()).round().long()
     all_signs_R = gather(signs_B.float()).round().long()
-    _, rank_BT = _compact(ids_BT.long(), valid_BT, pad_id)
+    compact_BT, rank_BT = _compact(ids_BT.long(), valid_BT, pad_id)
     active_BT = valid_BT & (signs_B != 0).view(-1, 1)
     runs = []
     for reverse in (False, True):
@@ -158,8 +165,15 @@ def gtpo_conflict_runs(
         raw_BT = active_BT & found_BT & conflicted_N[slot_BT] if keys_N.numel() else found_BT
         step_BT = torch.where(valid_BT, raw_BT, True).long()  # the run skips the positions that are not tokens
         run_BT = step_BT.flip(1).cumprod(1).flip(1) if reverse else step_BT.cumprod(1)
-        runs.append(run_BT.bool() & active_BT & (ids_BT != pad_id))
-    return runs[0], runs[1]
+        # The pad-id exclusion reads the token at the same rank from the start, in either direction (see above).
+        kept_BT = compact_BT.gather(1, rank.clamp(min=0)) != pad_id
+        runs.append(run_BT.bool() & active_BT & kept_BT)
+    forward_BT, reverse_BT = runs
+    rows_N = valid_BT.nonzero(as_tuple=True)[0]
+    by_rank_BT = torch.zeros_like(valid_BT)
+    by_rank_BT[rows_N, rank_BT[valid_BT]] = forward_BT[valid_BT]
+    by_rank_BT[rows_N, (lengths_B.view(-1, 1) - 1 - rank_BT)[valid_BT]] |= reverse_BT[valid_BT]
+    return forward_BT, reverse_BT, by_rank_BT.sum(dim=1)
 
 
 def _pad_id(batch: CreditBatch, gtpo_pad_id: int | None) -> int:
@@ -204,14 +218,14 @@ def gtpo(
         raise ValueError("credit method 'gtpo' reads the completion ids and the prompt groups; the batch has none")
     mask_BT = batch.mask_BT
     signs_B = torch.sign(batch.sequence_advantages_B)
-    forward_BT, reverse_BT = gtpo_conflict_runs(
+    forward_BT, reverse_BT, counts_B = gtpo_conflict_runs(
         batch.completion_ids_BT, mask_BT, batch.group_index_B, signs_B, _pad_id(batch, gtpo_pad_id), batch.gather
     )
     positive_B = (signs_B > 0).view(-1, 1)
     run_weight_BT = torch.where(positive_B, gtpo_conflict_weight, 0.0).expand_as(mask_BT)
     delta_BT = torch.where(forward_BT, run_weight_BT, 1.0) * torch.where(reverse_BT, run_weight_BT, 1.0)
     conflict_BT = forward_BT | reverse_BT
-    counts_B = conflict_BT.sum(dim=1).clamp(min=1).float()
+    counts_B = counts_B.clamp(min=1).float()
     if not gtpo_conflict_normalization:
         counts_B = torch.ones_like(counts_B)
     entropy_B = (batch[ROLLOUT_ENTROPY] * mask_BT).sum(dim=1) / mask_BT.sum(dim=1).clamp(min=1)
