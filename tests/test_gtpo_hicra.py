@@ -8,9 +8,12 @@ import threading
 
 import pytest
 import torch
+from conftest import VOCAB_WORDS, naive_logprobs, train_changing_every_parameter
 from reference_formulas import gtpo_loop, hicra_loop
+from trl import GRPOTrainer
 
 from trl_credit.methods import CREDIT_METHODS, HICRA_PAPER_GRAMS, gtpo_advantages, hicra_advantages
+from trl_credit.trainer.trl_compat import LOSS_TYPES
 
 PAD = 0
 
@@ -312,3 +315,67 @@ def test_hicra_registration_and_errors():
     assert method.hyperparameters({"hicra_grams": '["notice that", "wait"]'})["hicra_grams"] == ["notice that", "wait"]
     with pytest.raises(ValueError, match="decoded texts"):
         hicra_advantages(torch.ones(1), torch.ones(1, 2), completion_ids_BT=torch.ones(1, 2, dtype=torch.long))
+
+
+# ----------------------------------------------------------------------------------------------------- training
+
+# GTPO's default threshold (0.7 nats) filters every completion of a random tiny model (entropy ~5): raise it.
+TRAINING = {
+    "gtpo": {"gtpo_entropy_threshold": 10.0, "scale_rewards": "none"},
+    "hicra": {"hicra_grams": [w for w in VOCAB_WORDS[::2] if w.isalpha()] + ["so then", "the answer"]},
+}
+
+
+def _expected(method, trainer, inputs):
+    """The rule's token advantages on this micro-batch (here the whole generation batch, on-policy), from the model's
+    own float64 logits and the tokenizer's vocabulary: no trainer code."""
+    mask = inputs["completion_mask"].bool()
+    ids, adv = inputs["completion_ids"], inputs["credit_sequence_advantages"].float()
+    hp = trainer.args.credit_hyperparameters()
+    tokenizer = trainer.processing_class
+    if method == "gtpo":
+        logp = naive_logprobs(trainer.model, inputs, trainer.temperature, torch.float64)
+        entropy = -(logp.exp() * logp).sum(-1).float()
+        groups = inputs["credit_group_index"]
+        return gtpo_loop(adv, ids, mask, entropy, groups, tokenizer.pad_token_id, 2.0, hp["gtpo_entropy_threshold"])
+    texts = {i: " " + token for token, i in tokenizer.get_vocab().items()}  # a word-level tokenizer
+    return hicra_loop(adv, ids, mask, texts, hp["hicra_grams"], hp["hicra_alpha"])
+
+
+class LossRecorder:
+    """Where TRL's loss consumes them, checks the token advantages against the loops, and TRL's loss on the buffered
+    micro-batch with those advantages against the loss the trainer returned."""
+
+    def __init__(self, monkeypatch, trainer, method):
+        self.checked = 0
+        original_loss = GRPOTrainer._compute_loss
+
+        def inner_loss(trainer_self, model, inputs):
+            with torch.no_grad():
+                want = _expected(method, trainer_self, inputs)
+            loss = original_loss(trainer_self, model, inputs)
+            torch.testing.assert_close(inputs["advantages"], want, atol=1e-5, rtol=1e-5)
+            with torch.no_grad():
+                want_loss = original_loss(trainer_self, model, dict(inputs, advantages=want))
+            torch.testing.assert_close(loss.detach(), want_loss, atol=1e-6, rtol=1e-5)
+            self.checked += 1
+            return loss
+
+        monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("method", ["gtpo", "hicra"])
+def test_trains_under_every_loss_type_and_trl_consumes_the_rule(monkeypatch, make_trainer, method, loss_type):
+    extra = {"epsilon_high": 5.0} if loss_type == "cispo" else {}
+    trainer = make_trainer(
+        method, loss_type=loss_type, max_steps=2, per_device_train_batch_size=8, **TRAINING[method], **extra
+    )
+    recorder = LossRecorder(monkeypatch, trainer, method)
+    train_changing_every_parameter(trainer)
+    assert recorder.checked == 2
+    logged = trainer.state.log_history[0]
+    share = logged["gtpo/conflict_fraction" if method == "gtpo" else "hicra/planning_fraction"]
+    assert 0.0 <= share <= 1.0
+    if method == "hicra":
+        assert share > 0.0

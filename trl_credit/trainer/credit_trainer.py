@@ -64,6 +64,7 @@ from .sources import (
     policy_logps_and_entropy,
 )
 from .token_credit_log import DropRecordsAfterResumedStep, log_token_credit
+from .token_texts import TokenTexts
 from .trl_compat import (
     NORMALISER_AT_GENERATION,
     check_trainer_attributes,
@@ -153,6 +154,7 @@ class CreditGRPOTrainer(GRPOTrainer):
         check_trainer_attributes(self)
         self.deviation_reference = DeviationReference(self, initial_copy, deviations[0]) if deviations else None
         self._vocab_size = vocab_size(self.accelerator.unwrap_model(self.model))
+        self._token_texts = TokenTexts(self.processing_class)  # completion ids -> token texts (HICRA's grams)
         # Forwards the credit methods run, counted where they run (`sources.count_forward`), logged once per step.
         self.forward_counts = Counter({EXTRA_FORWARDS: 0})
         if self.deviation_reference is not None:
@@ -226,6 +228,10 @@ class CreditGRPOTrainer(GRPOTrainer):
             loss_weights_BT=weights_BT,
             group_index_B=batch.get(GROUP_INDEX),
             rewards_B=batch.get(REWARDS),
+            # GTPO's conflict tokens, HICRA's planning tokens: the sampled ids, padded with the tokenizer's pad id.
+            completion_ids_BT=batch["completion_ids"],
+            pad_token_id=self._token_texts.pad_token_id,
+            token_texts=self._token_texts,
         )
         loss_mask_BT, statistic_BT = None, None
         mode = "train" if self.model.training else "eval"
