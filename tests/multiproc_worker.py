@@ -55,6 +55,8 @@ ROW_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "c
 DDP_ONLY = {
     "otb": {"num_generations": 8},
     "stare": {"stare_target_entropy": 100.0, "stare_variant": "C2", "stare_top_p_ratio": 0.3},
+    # GTPO with every group spread over both processes; a cooler sampling makes completions share their first tokens.
+    "gtpo": {"num_generations": 8, "gtpo_entropy_threshold": 10.0, "temperature": 0.3},
 }
 
 
@@ -137,6 +139,7 @@ class RecordingTrainer(CreditGRPOTrainer):
                 "entropy_BT": statistics.get("policy_entropy"),
                 "sum_sq_probs_BT": statistics.get("rollout_sum_sq_probs"),
                 "rollout_logps_BT": statistics.get("rollout_logps"),
+                "rollout_entropy_BT": statistics.get("rollout_entropy"),
             }
             record = {**batch, "advantages": updates["credit_sequence_advantages"]}
             self._record(record, updates["advantages"], **{k: v for k, v in forward.items() if v is not None})

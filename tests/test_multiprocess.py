@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from conftest import make_tiny_model, make_tiny_tokenizer
+from reference_formulas import gtpo_loop
 
 from trl_credit.methods import (
     eapo_advantages,
@@ -475,6 +476,45 @@ def test_otb_groups_spread_over_two_processes_equal_single_process(launched):
         ).advantages_BT
         discriminating |= not torch.allclose(rank0_alone, expected_BT[:n0, : logps[0].size(1)], **TOL)
     assert discriminating, "rank 0's own baselines never differed from the global ones: the test proves nothing"
+
+
+def test_gtpo_groups_spread_over_two_processes_equal_single_process(launched):
+    """One group of 8 completions, 4 on each process: the conflicts are taken over both ranks' rows."""
+    ranks, history = _load(launched("ddp"), "gtpo")
+    temperature, pad_id, discriminating = ranks[0]["temperature"], make_tiny_tokenizer().pad_token_id, False
+    for r0, r1 in _paired_batches(ranks):
+        groups = torch.cat([r0["credit_group_index"], r1["credit_group_index"]])
+        assert groups.unique().numel() == 1  # the group straddles the processes
+        entropy = [_entropy(_naive_logps(r0["policy_state"], r, temperature)) for r in (r0, r1)]
+        width = max(t.size(1) for t in entropy)
+        mask_BT = _concat(r0, r1, "completion_mask").bool()
+        ids_BT = torch.cat(
+            [F.pad(r["completion_ids"], (0, width - r["completion_ids"].size(1)), value=pad_id) for r in (r0, r1)]
+        )
+        advantages_B = torch.cat([r0["advantages_B"], r1["advantages_B"]])
+        threshold = ranks[0]["args"]["gtpo_entropy_threshold"]
+        expected_BT = gtpo_loop(
+            advantages_B, ids_BT, mask_BT, _pad_right(entropy, width), groups, pad_id, 2.0, threshold
+        )
+        torch.testing.assert_close(_concat(r0, r1, "advantages_BT"), expected_BT, **TOL)
+        # The same advantages on the rollout entropy the trainer logged: what each process read.
+        torch.testing.assert_close(_concat(r0, r1, "rollout_entropy_BT"), _pad_right(entropy, width) * mask_BT, **TOL)
+        n0 = r0["completion_mask"].size(0)
+        width0 = entropy[0].size(1)
+        rank0_alone = gtpo_loop(
+            advantages_B[:n0],
+            ids_BT[:n0, :width0],
+            mask_BT[:n0, :width0],
+            entropy[0],
+            groups[:n0],
+            pad_id,
+            2.0,
+            threshold,
+        )
+        discriminating |= not torch.allclose(rank0_alone, expected_BT[:n0, :width0], **TOL)
+        entry = _log_entry(history, r0["step"])
+        assert 0.0 <= entry["gtpo/conflict_fraction"] <= 1.0
+    assert discriminating, "rank 0's own conflicts never differed from the global ones: the test proves nothing"
 
 
 def test_stare_gate_reads_both_processes_and_selects_per_process(launched):
