@@ -63,13 +63,11 @@ class HICRAArguments:
     )
 
 
-def _gram_patterns(grams: Sequence[str]) -> list[re.Pattern]:
-    """One pattern per gram, finding every occurrence (overlapping ones too) as whole words."""
-    patterns = []
-    for gram in grams:
-        body = r"\s+".join(re.escape(word) for word in gram.split())
-        patterns.append(re.compile(rf"(?<!\w)(?=({body})(?!\w))", re.IGNORECASE))
-    return patterns
+def _gram_pattern(grams: Sequence[str]) -> re.Pattern:
+    """One pattern that finds, at every start, the longest gram occurring there as whole words: the union of their
+    spans is that of every occurrence of every gram, overlapping ones included."""
+    bodies = sorted({r"\s+".join(re.escape(word) for word in gram.split()) for gram in grams}, key=len, reverse=True)
+    return re.compile(rf"(?<!\w)(?=({'|'.join(bodies)})(?!\w))", re.IGNORECASE)
 
 
 def hicra_planning_mask(
@@ -79,7 +77,7 @@ def hicra_planning_mask(
     grams: Sequence[str],
 ) -> torch.Tensor:
     """`(B, T)` bool: the valid tokens whose decoded text overlaps an occurrence of a gram in their completion."""
-    patterns = _gram_patterns(grams)
+    pattern = _gram_pattern(grams)
     planning_BT = torch.zeros(mask_BT.shape, dtype=torch.bool)
     valid_BT = mask_BT.bool().cpu()
     for row in range(valid_BT.size(0)):
@@ -93,13 +91,12 @@ def hicra_planning_mask(
             offset += len(piece)
             ends.append(offset)
         text = "".join(pieces)
-        for pattern in patterns:
-            for match in pattern.finditer(text):
-                begin, end = match.span(1)
-                first, last = bisect.bisect_right(ends, begin), bisect.bisect_left(starts, end)
-                for index in range(first, last):
-                    if starts[index] < ends[index]:  # a token that decodes to nothing overlaps no text
-                        planning_BT[row, positions[index]] = True
+        for match in pattern.finditer(text):
+            begin, end = match.span(1)
+            first, last = bisect.bisect_right(ends, begin), bisect.bisect_left(starts, end)
+            for index in range(first, last):
+                if starts[index] < ends[index]:  # a token that decodes to nothing overlaps no text
+                    planning_BT[row, positions[index]] = True
     return planning_BT.to(mask_BT.device)
 
 
