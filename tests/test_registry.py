@@ -110,6 +110,9 @@ def every_statistic(B=3, T=5, seed=0):
     }
     mask = torch.arange(T) < torch.tensor([T, T - 2, 1]).unsqueeze(1)
     batch = dict(vocab_size=11, rewards_B=torch.tensor([1.0, 0.0, 1.0]), group_index_B=torch.tensor([0, 0, 0]))
+    # Completion ids (pad id 0 past each end) and their texts, for the methods that read tokens (GTPO, HICRA).
+    ids = torch.where(mask, torch.randint(1, 11, (B, T), generator=g), 0)
+    batch.update(completion_ids_BT=ids, pad_token_id=0, token_texts=lambda row: [f" w{i}" for i in row])
     return torch.tensor([1.0, -0.5, 0.3]), mask, {**statistics, **batch}
 
 
