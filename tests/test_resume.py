@@ -56,8 +56,10 @@ def _step_logs(trainer, steps):
         # The gate on (the tiny model's entropy is far above 0.3 nats), so tokens are reweighted at the resumed steps.
         ("stare", {"stare_target_entropy": 100.0, "stare_variant": "C2"}),
         ("otb", {}),
+        ("gtpo", {}),
+        ("hicra", {"hicra_grams": ["1", "2", "3", "the", "so then"]}),  # grams the tiny model's completions hold
     ],
-    ids=["grpo", "taco", "eapo-kappa-decay", "tide-ref", "tide-old", "clip-cov", "stare", "otb"],
+    ids=["grpo", "taco", "eapo-kappa-decay", "tide-ref", "tide-old", "clip-cov", "stare", "otb", "gtpo", "hicra"],
 )
 def test_resume_equals_uninterrupted_run(tmp_path, method, overrides):
     uninterrupted = _trainer(method, tmp_path / "a", **overrides)
