@@ -8,11 +8,12 @@ import threading
 
 import pytest
 import torch
-from conftest import VOCAB_WORDS, naive_logprobs, train_changing_every_parameter
+from conftest import VOCAB_WORDS, make_tiny_tokenizer, naive_logprobs, train_changing_every_parameter
 from reference_formulas import gtpo_loop, hicra_loop
 from trl import GRPOTrainer
 
 from trl_credit.methods import CREDIT_METHODS, HICRA_PAPER_GRAMS, gtpo_advantages, hicra_advantages
+from trl_credit.trainer.token_texts import TokenTexts
 from trl_credit.trainer.trl_compat import LOSS_TYPES
 
 PAD = 0
@@ -379,3 +380,17 @@ def test_trains_under_every_loss_type_and_trl_consumes_the_rule(monkeypatch, mak
     assert 0.0 <= share <= 1.0
     if method == "hicra":
         assert share > 0.0
+
+
+def test_token_texts_keep_the_space_before_each_word_and_decode_each_id_once(monkeypatch):
+    tokenizer = make_tiny_tokenizer()
+    texts = TokenTexts(tokenizer)
+    ids = tokenizer.encode("so then the answer is 3", add_special_tokens=False)
+    assert "".join(texts(ids)) == " " + tokenizer.decode(ids)  # decoded alone, a word-level token loses its space
+    calls = []
+    original = type(tokenizer).batch_decode
+    monkeypatch.setattr(
+        type(tokenizer), "batch_decode", lambda self, *a, **k: calls.append(a) or original(self, *a, **k)
+    )
+    assert texts(ids + ids[:2]) == texts(ids) + texts(ids[:2]) and calls == []  # every id cached
+    assert texts.pad_token_id == tokenizer.pad_token_id
