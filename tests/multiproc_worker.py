@@ -57,6 +57,7 @@ DDP_ONLY = {
     "stare": {"stare_target_entropy": 100.0, "stare_variant": "C2", "stare_top_p_ratio": 0.3},
     # GTPO with every group spread over both processes; a cooler sampling makes completions share their first tokens.
     "gtpo": {"num_generations": 8, "gtpo_entropy_threshold": 10.0, "temperature": 0.3},
+    "hicra": {"num_generations": 8, "hicra_grams": ["1", "2", "3", "the", "so then"]},
 }
 
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from conftest import make_tiny_model, make_tiny_tokenizer
-from reference_formulas import gtpo_loop
+from reference_formulas import gtpo_loop, hicra_loop
 
 from trl_credit.methods import (
     eapo_advantages,
@@ -515,6 +515,23 @@ def test_gtpo_groups_spread_over_two_processes_equal_single_process(launched):
         entry = _log_entry(history, r0["step"])
         assert 0.0 <= entry["gtpo/conflict_fraction"] <= 1.0
     assert discriminating, "rank 0's own conflicts never differed from the global ones: the test proves nothing"
+
+
+def test_hicra_two_processes_equal_single_process(launched):
+    """HICRA's planning tokens on each process's rows, a group spread over both, equal the loop on both ranks' rows."""
+    ranks, history = _load(launched("ddp"), "hicra")
+    grams = ranks[0]["args"]["hicra_grams"]
+    texts = {i: " " + token for token, i in make_tiny_tokenizer().get_vocab().items()}
+    planned = 0
+    for r0, r1 in _paired_batches(ranks):
+        mask_BT = _concat(r0, r1, "completion_mask").bool()
+        ids_BT = _concat(r0, r1, "completion_ids")
+        advantages_B = torch.cat([r0["advantages_B"], r1["advantages_B"]])
+        expected_BT = hicra_loop(advantages_B, ids_BT, mask_BT, texts, grams, ranks[0]["args"]["hicra_alpha"])
+        torch.testing.assert_close(_concat(r0, r1, "advantages_BT"), expected_BT, **TOL)
+        planned += int((expected_BT != advantages_B.unsqueeze(1) * mask_BT).sum())
+        assert 0.0 <= _log_entry(history, r0["step"])["hicra/planning_fraction"] <= 1.0
+    assert planned > 0, "no planning token was amplified: the test proves nothing"
 
 
 def test_stare_gate_reads_both_processes_and_selects_per_process(launched):
