@@ -321,6 +321,26 @@ def test_paired_t_holm_and_effect_size_by_hand():
     assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0]) and holm([]) == []
 
 
+def _t_two_sided_p(t: float, df: float, intervals: int = 4000) -> float:
+    """`P(|T| >= t)` for Student's t with real `df`: Simpson's rule on the density over [0, t] (no SciPy)."""
+    scale = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+
+    def density(x):
+        return scale * (1 + x * x / df) ** (-(df + 1) / 2)
+
+    width = t / intervals
+    weights = [1 if i in (0, intervals) else 4 if i % 2 else 2 for i in range(intervals + 1)]
+    return 1 - 2 * width / 3 * sum(w * density(i * width) for i, w in enumerate(weights))
+
+
+def _t_quantile_975(df: float) -> float:
+    low, high = 0.0, 20.0
+    while high - low > 1e-9:  # bisection on the Simpson CDF
+        middle = (low + high) / 2
+        low, high = (middle, high) if _t_two_sided_p(middle, df) > 0.05 else (low, middle)
+    return (low + high) / 2
+
+
 def test_welch_difference_by_hand():
     # a = 0, 2 and b = 3, 5: difference 3, standard error sqrt(2/2 + 2/2) = sqrt(2), 2 df (Welch-Satterthwaite);
     # t = 2.1213, and with 2 df the two-sided p is 1 - t / sqrt(t^2 + 2) = 0.16795; t_0.975(2) = 4.3027.
@@ -328,6 +348,16 @@ def test_welch_difference_by_hand():
     assert interval.mean == pytest.approx(3.0) and p == pytest.approx(0.16795, abs=1e-4)
     assert interval.half_width == pytest.approx(4.3027 * math.sqrt(2), abs=1e-3)
     assert welch_difference([1.0], [2.0, 3.0])[1] == 1.0 and welch_difference([1.0, 1.0], [2.0, 2.0])[1] == 0.0
+
+
+def test_welch_difference_keeps_fractional_degrees_of_freedom():
+    # a = 1, 2, 3 (s^2/n = 1/3) and b = 2, 4, 6, 8 (s^2/n = 5/3): standard error sqrt(2), t = 3 / sqrt(2), and
+    # Welch-Satterthwaite df = 2^2 / ((1/3)^2 / 2 + (5/3)^2 / 3) = 216 / 53 = 4.075, not rounded down to 4.
+    df, t = 216 / 53, 3 / math.sqrt(2)
+    interval, p = welch_difference([1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0])
+    assert interval.mean == pytest.approx(3.0) and p == pytest.approx(_t_two_sided_p(t, df), abs=1e-7)
+    assert interval.half_width == pytest.approx(_t_quantile_975(df) * math.sqrt(2), abs=1e-6)
+    assert abs(p - _t_two_sided_p(t, 4.0)) > 1e-3  # what rounding the df down to 4 would have given
 
 
 def test_the_reward_reads_token_positions_as_the_labels_do():
