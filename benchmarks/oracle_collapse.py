@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 import trl_credit  # noqa: E402
-import trl_credit.experiments.lab.run as lab_run  # noqa: E402
+import trl_credit.experiments.lab.lab_runs as lab_run  # noqa: E402
 import trl_credit.experiments.lab.trainer as lab_trainer  # noqa: E402
 from trl_credit.experiments.lab.tasks import FILLERS, ForkTask  # noqa: E402
 

@@ -15,6 +15,14 @@ from headless_chromium import CHROMIUM, needs_chromium, read_png, run_chromium
 
 from trl_credit.cli import main as cli_main
 from trl_credit.cli.grpo_arguments import parse_arguments
+from trl_credit.experiments.compare.compare_report import (
+    RunResult,
+    collect_results,
+    final_table,
+    mean_band,
+    paired_table,
+    write_report,
+)
 from trl_credit.experiments.compare.cost import estimate_disk, parameter_count
 from trl_credit.experiments.compare.plan import (
     CompareConfig,
@@ -27,14 +35,6 @@ from trl_credit.experiments.compare.plan import (
     latest_checkpoint,
     run_name,
     run_state,
-)
-from trl_credit.experiments.compare.report import (
-    RunResult,
-    collect_results,
-    final_table,
-    mean_band,
-    paired_table,
-    write_report,
 )
 from trl_credit.experiments.compare.runner import remove_checkpoints
 from trl_credit.experiments.compare.stats import SCIPY_MISSING, paired_difference, scipy_stats, t_interval

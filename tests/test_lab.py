@@ -301,7 +301,7 @@ def test_a_collapse_is_a_final_reward_or_accuracy_at_the_floor():
     assert collapsed(0.0, 0.9) and collapsed(0.9, 0.05) and collapsed(0.04, math.nan)
     assert not collapsed(0.06, 0.9) and not collapsed(math.nan, math.nan)
     assert collapsed(0.52, 0.9, floor=0.5) and not collapsed(0.56, 0.9, floor=0.5)
-    from trl_credit.experiments.lab.report import collapse_counts
+    from trl_credit.experiments.lab.lab_report import collapse_counts
 
     runs = [
         {"task": "mdp", "method": m, "seed": s, "metrics": {"final_reward": r, "avg@16": a}}
@@ -362,8 +362,8 @@ def test_welch_difference_keeps_fractional_degrees_of_freedom():
 
 def test_the_reward_reads_token_positions_as_the_labels_do():
     """A special token inside a completion must not shift the positions the reward reads (decoding drops it)."""
+    from trl_credit.experiments.lab.lab_runs import token_reward
     from trl_credit.experiments.lab.model import make_tokenizer
-    from trl_credit.experiments.lab.run import token_reward
 
     task, tokenizer = get_task("mdp", horizon=8, decisive=2), make_tokenizer()
     assert task.fork_positions == (1, 5)

@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 def execute(
     config: CompareConfig, runs, eval_settings: dict | None, script_args, command: str, settings: list[str]
 ) -> int:
-    from ..experiments.compare.report import write_report
+    from ..experiments.compare.compare_report import write_report
     from ..experiments.compare.runner import RunFailed, evaluate_run, execute_run
     from .grpo import training_dataset
 

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run `trl-credit lab` with `argv` (without the command name); return the exit status."""
     import torch
 
-    from ..experiments.lab.run import LabConfig, run_lab
+    from ..experiments.lab.lab_runs import LabConfig, run_lab
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _Parser(LabConfig, prog=PROG, allow_abbrev=False, description=__doc__.split("\n\n")[0])

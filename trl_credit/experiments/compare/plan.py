@@ -202,7 +202,7 @@ def route_method_settings(methods: list[str], passthrough: list[str]) -> tuple[l
     """
     from ...methods import CREDIT_METHODS
     from ...trainer.config import parse_credit_kwargs
-    from ..lab.run import method_credit_kwargs
+    from ..lab.lab_runs import method_credit_kwargs
 
     stacks = {method: _method_stack(method) for method in methods}
     shared: list[str] = []

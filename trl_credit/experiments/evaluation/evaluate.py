@@ -12,8 +12,8 @@ from pathlib import Path
 from ...data import PreparedDataset, prepare_math_dataset
 from ...rewards import check_answers, tally
 from .backends import GenerationBackend, build_backend
-from .config import EvalConfig, slug
 from .estimators import pass_at_k, summarize
+from .eval_config import EvalConfig, slug
 
 # ---------------------------------------------------------------------------------------------------------------
 # Running an evaluation

@@ -21,6 +21,7 @@ from typing import Any
 from ...methods import DEFAULT_COMPARISON, get_credit_method, parse_credit_methods
 from ...methods.registry import stack_hyperparameters
 from ...trainer.config import parse_credit_kwargs
+from .lab_report import render_report, summarize
 from .metrics import (
     mean_of_edges,
     precision,
@@ -28,7 +29,6 @@ from .metrics import (
     within_step_spread,
 )
 from .oracle import CEILING
-from .report import render_report, summarize
 from .tasks import COMPLETION_LENGTH, RARE_TOKEN, TASKS, get_task
 
 

@@ -18,7 +18,7 @@ from .oracle import CEILING
 from .tasks import TASKS, get_task
 
 if TYPE_CHECKING:  # at run time the report reads the config's fields only
-    from .run import LabConfig
+    from .lab_runs import LabConfig
 
 
 BROADCAST = "grpo"  # the floor of the gap; the ceiling is the lab's oracle method (`CEILING`)
