@@ -25,6 +25,7 @@ from typing import Literal
 
 import yaml
 
+from ...cli import UsageError
 from ...methods import DEFAULT_COMPARISON
 
 DONE_MARKER = ".done"
@@ -42,7 +43,7 @@ OWNED_FLAGS = {
 # CPU machine: SmolLM2-135M, 30 steps of 8 completions of <= 48 tokens in 228 s, model loading included.
 
 
-class CompareUsageError(Exception):
+class CompareUsageError(UsageError):
     """A bad `trl-credit compare` command line: one line, exit code 2, before any training."""
 
 
