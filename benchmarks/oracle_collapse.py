@@ -8,7 +8,7 @@ optimizer step: the mean reward; the share of sampled completions with the right
 response's advantage mass `sum_t |Â_t|` and its largest token advantage; the gradient norm before clipping (TRL's
 `grad_norm`) and the norm of the parameter update the optimizer applied. `--max_grad_norm` and `--learning_rate`
 vary the step size; `--oracle_floor` spreads some credit on the non-decisive tokens. Writes one JSON per run to
-`--output_dir` and prints a table.
+`--output_dir` and prints a table. The committed traces are the lines of `results/lab_oracle.jsonl` (results/README.md).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def main() -> None:
         help="which tokens the oracle credits: the task's decisive tokens, every fork of every response, or every "
         "token except a failure's right forks",
     )
-    parser.add_argument("--output_dir", default="docs/lab_oracle/traces")
+    parser.add_argument("--output_dir", default="oracle_traces")
     parser.add_argument("--verbose", action="store_true", help="print every step")
     parser.add_argument(
         "--compare",

@@ -565,17 +565,37 @@ def test_a_trainer_without_the_ground_truth_refuses_the_oracle_at_init(tmp_path)
         )
 
 
-@pytest.mark.parametrize("script", ["lab_evidence", "lab_regimes"])
-def test_the_committed_lab_reports_are_rendered_from_the_committed_results(script, monkeypatch):
-    """`docs/<script>/report.md` is what `python benchmarks/<script>.py --aggregate` makes of the committed
-    results.json files: no number in it is edited by hand or left behind by a later run."""
+def test_every_committed_report_page_is_rendered_from_the_committed_results(tmp_path, monkeypatch):
+    """`python benchmarks/render_reports.py` re-renders every page made from `results/` into a fresh folder, and
+    each is the committed page byte for byte: no number in one is edited by hand or left behind by a later run."""
     import importlib
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     monkeypatch.syspath_prepend(str(root / "benchmarks"))
-    module = importlib.import_module(script)
-    assert module.aggregate() == (module.OUTPUT / "report.md").read_text()
+    importlib.import_module("render_reports").main(["--output", str(tmp_path)])
+    rendered = sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*.md"))
+    expected = {"docs/lab/report.md", "docs/lab_evidence/report.md", "docs/lab_regimes/report.md"}
+    assert expected <= set(rendered) and len(rendered) == 35  # 31 lab folders, 2 aggregates, 2 EAPO resamplings
+    for page in rendered:
+        assert (tmp_path / page).read_bytes() == (root / page).read_bytes(), f"{page} differs from its results"
+
+
+def test_a_stored_lab_folder_renders_the_page_trl_credit_lab_writes(tmp_path, monkeypatch):
+    """The renderer of a stored folder against `trl-credit lab` itself: a real run's report.md, from its results."""
+    import importlib
+    import shlex
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    _results = importlib.import_module("_results")
+
+    argv = ["lab", "--methods", "grpo", "oracle", "--tasks", "mdp", "--horizon", "8", "--decisive", "1"]
+    argv += ["--seeds", "0", "1", "--max_steps", "2", "--warm_up_steps", "2", "--eval_samples", "2", "--pass_k", "1"]
+    assert cli_main([*argv, "--output_dir", str(tmp_path)]) == 0
+    row = {"command": shlex.join(["trl-credit", *argv, "--output_dir", str(tmp_path)])}
+    row |= json.loads((tmp_path / "results.json").read_text())
+    assert _results.render_lab_page(row) == (tmp_path / "report.md").read_text()
 
 
 def test_lab_trains_without_deepspeed_announcing_its_accelerator_guess(tmp_path):
