@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402, F401  (sets the offline environment and the repository import path)
+import _results  # noqa: E402
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
@@ -261,13 +262,23 @@ def trace_one(args, seed: int, trace: dict) -> None:
             )
 
 
+def stored_traces(folder: Path, name: str) -> list[dict]:
+    """The traces `NAME_*.json` in `folder`; where there is no such folder, those of the committed folder of that
+    name (`eapo_template`, ...: the first part of a line's `file` in results/lab_oracle.jsonl)."""
+    if folder.is_dir():
+        return [json.loads(path.read_text()) for path in sorted(folder.glob(f"{name}_*.json"))]
+    prefix = f"{folder.as_posix().rstrip('/')}/{name}_"
+    rows = _results.read_lines("lab_oracle")
+    return [row["json"] for row in rows if row["file"].startswith(prefix) and row["file"].endswith(".json")]
+
+
 def compare_traces(folder: Path, method: str, baseline: str) -> None:
     """Paired per seed: the net credit on template tokens summed over the traced steps, and the template share at the
     last traced step, `method` − `baseline`, with 95 % t intervals."""
     from trl_credit.experiments.compare.stats import paired_difference
 
     def summaries(name: str) -> dict[int, tuple[float, float]]:
-        traces = [json.loads(path.read_text()) for path in sorted(folder.glob(f"{name}_*.json"))]
+        traces = stored_traces(folder, name)
         return {
             t["seed"]: (sum(s["template_credit"] for s in t["steps"]), t["steps"][-1]["template_share"])
             for t in traces

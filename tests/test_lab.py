@@ -581,6 +581,20 @@ def test_every_committed_report_page_is_rendered_from_the_committed_results(tmp_
         assert (tmp_path / page).read_bytes() == (root / page).read_bytes(), f"{page} differs from its results"
 
 
+@pytest.mark.parametrize("folder", ["eapo_template", "eapo_template96"])
+def test_the_stored_trace_comparisons_are_what_the_stored_traces_give(folder, capsys, monkeypatch):
+    """`oracle_collapse.py --compare eapo grpo` over the traces in results/lab_oracle.jsonl prints the stored
+    `compare_eapo_grpo.txt` of that folder."""
+    import importlib
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    oracle_collapse = importlib.import_module("oracle_collapse")
+    stored = {row["file"]: row for row in importlib.import_module("_results").read_lines("lab_oracle")}
+    oracle_collapse.compare_traces(Path(folder), "eapo", "grpo")
+    assert capsys.readouterr().out == stored[f"{folder}/compare_eapo_grpo.txt"]["text"]
+
+
 def test_a_stored_lab_folder_renders_the_page_trl_credit_lab_writes(tmp_path, monkeypatch):
     """The renderer of a stored folder against `trl-credit lab` itself: a real run's report.md, from its results."""
     import importlib
