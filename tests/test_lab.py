@@ -486,8 +486,13 @@ def test_tiny_oracle_run_credits_the_forks(tmp_path):
     assert "| fraction of the grpo→oracle gap closed: train reward, mean over all steps |" in report
 
 
-def test_lab_credit_kwargs_reach_their_method(tmp_path):
-    """`--credit_kwargs` sets the oracle's floor to 1, so its credit is GRPO's uniform spread; results record it."""
+def test_lab_credit_kwargs_reach_their_method(tmp_path, monkeypatch):
+    """`--credit_kwargs` sets the oracle's floor to 1, so its credit is GRPO's uniform spread; results record it, and
+    the report re-rendered from the stored results is the one the run wrote."""
+    import importlib
+    import shlex
+    from pathlib import Path
+
     argv = ["lab", "--methods", "grpo", "oracle", "--tasks", "mdp", "--horizon", "16", "--decisive", "2"]
     argv += ["--seeds", "0", "--max_steps", "2", "--warm_up_steps", "20", "--eval_samples", "2", "--pass_k", "1"]
     argv += ["--credit_kwargs", '{"oracle_floor": 1.0}', "--output_dir", str(tmp_path)]
@@ -499,6 +504,10 @@ def test_lab_credit_kwargs_reach_their_method(tmp_path):
         if not math.isnan(oracle[f"decisive_precision_{sign}"]):
             assert oracle[f"decisive_precision_{sign}"] == pytest.approx(2 / 16, abs=1e-5)
     assert grpo["decisive_precision_pos"] == pytest.approx(oracle["decisive_precision_pos"], nan_ok=True)
+    # The page benchmarks/render_reports.py renders from these results, stored with their command, is this report.
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    row = {"command": shlex.join(["trl-credit", *argv]), **results}
+    assert importlib.import_module("_results").render_lab_page(row) == (tmp_path / "report.md").read_text()
 
 
 def test_tiny_lab_run(tmp_path, capsys):
@@ -593,23 +602,6 @@ def test_the_stored_trace_comparisons_are_what_the_stored_traces_give(folder, ca
     stored = {row["file"]: row for row in importlib.import_module("_results").read_lines("lab_oracle")}
     oracle_collapse.compare_traces(Path(folder), "eapo", "grpo")
     assert capsys.readouterr().out == stored[f"{folder}/compare_eapo_grpo.txt"]["text"]
-
-
-def test_a_stored_lab_folder_renders_the_page_trl_credit_lab_writes(tmp_path, monkeypatch):
-    """The renderer of a stored folder against `trl-credit lab` itself: a real run's report.md, from its results."""
-    import importlib
-    import shlex
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    _results = importlib.import_module("_results")
-
-    argv = ["lab", "--methods", "grpo", "oracle", "--tasks", "mdp", "--horizon", "8", "--decisive", "1"]
-    argv += ["--seeds", "0", "1", "--max_steps", "2", "--warm_up_steps", "2", "--eval_samples", "2", "--pass_k", "1"]
-    assert cli_main([*argv, "--output_dir", str(tmp_path)]) == 0
-    row = {"command": shlex.join(["trl-credit", *argv, "--output_dir", str(tmp_path)])}
-    row |= json.loads((tmp_path / "results.json").read_text())
-    assert _results.render_lab_page(row) == (tmp_path / "report.md").read_text()
 
 
 def test_lab_trains_without_deepspeed_announcing_its_accelerator_guess(tmp_path):
