@@ -1,9 +1,10 @@
 """`trl-credit` console script: a table of sub-commands, each a module `trl_credit/cli/<name>.py` with
 `main(argv) -> int`.
 
-Every sub-command has the same shape: its options are parsed by `parsing.CommandParser` (an `HfArgumentParser` over its
-config dataclass, or its own arguments), a bad command line is a `UsageError`, and `run_command` turns one into
-`trl-credit <command>: error: <one line>` on stderr and exit status 2. Modules are imported lazily, so that
+Every sub-command has the same shape: its options are parsed by an `HfArgumentParser` (`parsing.CommandParser` over
+its config dataclass or its own arguments; `grpo`: TRL's `TrlParser`, `grpo_arguments.py`), a bad command line is a
+`UsageError`, and it is reported as `trl-credit <command>: error: <one line>` on stderr with exit status 2
+(`run_command`). Modules are imported lazily, so that
 `trl-credit --help` answers without importing torch, transformers or TRL.
 """
 
