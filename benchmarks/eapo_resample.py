@@ -15,22 +15,22 @@ Reported, separately for originally correct and incorrect responses: the success
 each branch point, and the paired difference high - low per response, each as mean ± 95 % t interval over
 responses. EAPO (arXiv 2609.33781, Qwen3-4B-Base) reports -18.8 points for correct responses and +9.3 for
 incorrect ones: high-entropy tokens are where a correct response could have gone wrong, and an incorrect one right.
-Writes `docs/eapo_resample/results.json` and `report.md`.
+Stores the run as the line of `results/eapo_resample.jsonl` whose `page` is `--page` (default
+`docs/eapo_resample/report.md`), and renders that page.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _common  # noqa: E402
+import _results  # noqa: E402
 
-OUTPUT = _common.REPO_ROOT / "docs" / "eapo_resample"
+EXPERIMENT = "eapo_resample"  # results/eapo_resample.jsonl
 WINDOW = 4  # tokens between the high- and the low-entropy cut, at most
 
 
@@ -192,7 +192,7 @@ def render(summary: dict, result: dict, command: str, seconds: float, args) -> s
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--problems", type=int, default=24, help="chain-sum test problems (one response each)")
     parser.add_argument("--continuations", type=int, default=4, help="continuations sampled per cut")
@@ -200,7 +200,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--temperature", type=float, default=0.7, help="sampling temperature (and of the entropy)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
-    parser.add_argument("--output_dir", default=str(OUTPUT))
+    parser.add_argument("--page", default="docs/eapo_resample/report.md", help="the report page (and results line)")
+    return parser
+
+
+def render_page(row: dict) -> str:
+    """The report page of a stored run (its settings read from its command)."""
+    args = build_parser().parse_args(shlex.split(row["command"])[2:])
+    return render(summarize(row["records"]), row, row["command"], row["wall_seconds"], args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     for name in ("problems", "continuations", "max_new_tokens", "threads"):
         if getattr(args, name) < 1:
@@ -210,15 +221,15 @@ def main(argv: list[str] | None = None) -> None:
     started = time.monotonic()
     result = run(args)
     seconds = time.monotonic() - started
-    summary = summarize(result["records"])
-    output = Path(args.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "benchmarks/eapo_resample.py", *(sys.argv[1:] if argv is None else argv)])
-    (output / "results.json").write_text(
-        json.dumps({**result, "summary": summary, "command": command, "wall_seconds": seconds}, indent=1) + "\n"
-    )
-    (output / "report.md").write_text(render(summary, result, command, seconds, args))
-    print(render(summary, result, command, seconds, args))
+    row = {"page": args.page, **result, "summary": summarize(result["records"]), "command": command}
+    row["wall_seconds"] = seconds
+    rows = [old for old in _results.read_lines(EXPERIMENT) if old["page"] != args.page]
+    _results.write_lines(EXPERIMENT, [*rows, row])
+    page = _results.REPO_ROOT / args.page
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(render_page(row))
+    print(render_page(row))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@
 
 Seeds come from `benchmarks/lab_evidence_seeds.json`, committed before any stage ran: discovery stages (`d-*`)
 use seeds 0-19, replication stages (`r-*`) seeds 1000-1019. Each stage is one `trl-credit lab` command with one
-torch thread, writing to `docs/lab_evidence/<folder>/`; stages that share a folder add methods or seeds to it.
-`docs/lab_evidence/stages.json` records each finished stage's command, wall time, load average and commit.
+torch thread, whose results are one line of `results/lab_evidence.jsonl` and whose report is
+`docs/lab_evidence/<folder>/report.md`; stages that share a folder add methods or seeds to it.
+`results/lab_evidence_stages.json` records each finished stage's command, wall time, load average and commit.
 
 `report.md` has one table per claim family (horizon, sparsity, group size, the methods at the longest horizon,
 contamination) and one for the investigation of EAPO's collapses (its GRPO runs are `d-h128`'s). Each row is one
@@ -37,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+import _results  # noqa: E402
 
 from trl_credit.experiments.compare.stats import paired_difference  # noqa: E402
 from trl_credit.experiments.lab.metrics import (  # noqa: E402
@@ -49,6 +51,8 @@ from trl_credit.experiments.lab.metrics import (  # noqa: E402
 )
 
 OUTPUT = _common.REPO_ROOT / "docs" / "lab_evidence"
+EXPERIMENT = "lab_evidence"  # results/lab_evidence.jsonl
+STAGE_LOG = _results.RESULTS / "lab_evidence_stages.json"
 SEEDS = json.loads((Path(__file__).resolve().parent / "lab_evidence_seeds.json").read_text())
 MDP = ["--tasks", "mdp", "--warm_up_steps", "200", "--eval_samples", "16", "--pass_k", "1", "4"]
 BUDGET = 40  # steps every stage runs at least: mean rewards are taken over these
@@ -189,19 +193,16 @@ def stage_command(stage: str) -> list[str]:
 
 
 def _stage_log() -> dict:
-    path = OUTPUT / "stages.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return json.loads(STAGE_LOG.read_text()) if STAGE_LOG.is_file() else {}
 
 
 def run_stage(stage: str, commit: bool) -> None:
     import torch
 
-    from trl_credit.cli import main as cli_main
-
     torch.set_num_threads(1)
     command = stage_command(stage)
     load_before, started = os.getloadavg(), time.monotonic()
-    status = cli_main(command[1:])
+    status = _results.run_stored_lab(EXPERIMENT, f"{command[-1]}/report.md", command[2:-2])
     if status:
         raise SystemExit(f"stage {stage}: trl-credit lab exited {status}")
     log = _stage_log()
@@ -214,11 +215,11 @@ def run_stage(stage: str, commit: bool) -> None:
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
         ).stdout.strip(),
     }
-    (OUTPUT / "stages.json").write_text(json.dumps(log, indent=1) + "\n")
+    STAGE_LOG.write_text(json.dumps(log, indent=1) + "\n")
     (OUTPUT / "report.md").write_text(aggregate())
     print(f"lab_evidence: stage {stage} took {log[stage]['wall_minutes']} min", flush=True)
     if commit:
-        subprocess.run(["git", "add", str(OUTPUT)], check=True)
+        subprocess.run(["git", "add", str(OUTPUT), str(_results.RESULTS)], check=True)
         message = (
             f"lab_evidence: stage {stage} ({log[stage]['wall_minutes']} min, load {log[stage]['load_average_1min']})"
         )
@@ -229,8 +230,7 @@ def run_stage(stage: str, commit: bool) -> None:
 
 
 def _runs(folder: str) -> list[dict]:
-    path = OUTPUT / folder / "results.json"
-    return json.loads(path.read_text())["runs"] if path.is_file() else []
+    return _results.lab_runs(EXPERIMENT, f"docs/lab_evidence/{folder}/report.md")
 
 
 def _metric(run: dict, metric: str) -> float:
@@ -414,10 +414,10 @@ def aggregate() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--stages", nargs="+", choices=list(STAGES), default=[])
-    parser.add_argument("--next", type=int, default=0, help="run the next N stages not yet in stages.json")
+    parser.add_argument("--next", type=int, default=0, help="run the next N stages not yet in the stage log")
     parser.add_argument("--list", action="store_true", help="print the stages and their estimated cost")
     parser.add_argument("--aggregate", action="store_true", help="only re-render docs/lab_evidence/report.md")
-    parser.add_argument("--commit", action="store_true", help="git commit docs/lab_evidence after each stage")
+    parser.add_argument("--commit", action="store_true", help="git commit the stage's results and reports")
     args = parser.parse_args()
     OUTPUT.mkdir(parents=True, exist_ok=True)
     done = _stage_log()

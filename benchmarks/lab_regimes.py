@@ -4,8 +4,8 @@
     python benchmarks/lab_regimes.py --stages hitch  # one stage
     python benchmarks/lab_regimes.py --aggregate     # only re-render docs/lab_regimes/report.md
 
-Each stage is one `trl-credit lab` command writing to `docs/lab_regimes/<stage>/` (its own `results.json` and
-`report.md`). The Figure-3 stages train `grpo` (broadcast credit, the floor) and `oracle` (the task's decisive
+Each stage is one `trl-credit lab` command whose results are one line of `results/lab_regimes.jsonl` and whose report
+is `docs/lab_regimes/<stage>/report.md`. The Figure-3 stages train `grpo` (broadcast credit, the floor) and `oracle` (the task's decisive
 tokens only, the ceiling) on the `mdp` task; `report.md` here puts their gaps side by side: per seed the paired
 difference oracle - grpo, its 95 % t interval over seeds, and the difference between the two ends of each sweep
 (Welch's 95 % interval), and the commands with their wall times.
@@ -14,7 +14,6 @@ difference oracle - grpo, its 95 % t interval over seeds, and the difference bet
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
 import sys
@@ -23,11 +22,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+import _results  # noqa: E402
 
 from trl_credit.experiments.compare.stats import paired_difference, t_interval  # noqa: E402
 from trl_credit.experiments.lab.metrics import gap_fraction, steps_until_solved, welch_difference  # noqa: E402
 
 OUTPUT = _common.REPO_ROOT / "docs" / "lab_regimes"
+EXPERIMENT = "lab_regimes"  # results/lab_regimes.jsonl
 SEEDS = ["--seeds", "0", "1", "2", "3", "4"]
 MDP = ["--tasks", "mdp", "--warm_up_steps", "200", "--eval_samples", "16", "--pass_k", "1", "4"]
 STEPS = ["--max_steps", "60"]
@@ -100,26 +101,26 @@ GAP_METRICS = (
 CLOSING_METRICS = (*GAP_METRICS, ("avg@16", "avg@16 after training (4 prompts × 16 samples)", 1))
 
 
-def stage_dir(stage: str) -> Path:
-    return OUTPUT / STAGE_DIRS.get(stage, stage)
+def stage_page(stage: str) -> str:
+    """The report page of `stage`'s folder, which names its line in results/lab_regimes.jsonl."""
+    return f"docs/lab_regimes/{STAGE_DIRS.get(stage, stage)}/report.md"
+
+
+def stage_runs(stage: str) -> list[dict]:
+    """Every run stored in `stage`'s folder."""
+    return _results.lab_runs(EXPERIMENT, stage_page(stage))
 
 
 def run_stage(stage: str) -> None:
-    from trl_credit.cli import main as cli_main
-
-    argv = ["lab", *STAGES[stage], "--output_dir", str(stage_dir(stage).relative_to(_common.REPO_ROOT))]
-    status = cli_main(argv)
+    status = _results.run_stored_lab(EXPERIMENT, stage_page(stage), STAGES[stage])
     if status:
         raise SystemExit(f"stage {stage}: trl-credit lab exited {status}")
 
 
 def _values(stage: str, method: str, metric: str) -> dict[int, float]:
     """`{seed: metric}` over the first `BUDGET` steps of each run, so that stages with more steps compare."""
-    path = stage_dir(stage) / "results.json"
-    if not path.is_file():
-        return {}
     values = {}
-    for run in json.loads(path.read_text())["runs"]:
+    for run in stage_runs(stage):
         if run["method"] != method or run["task"] != "mdp":
             continue
         rewards = run["rewards"][:BUDGET]
@@ -191,7 +192,7 @@ def aggregate() -> str:
     lines += [
         "## Commands and wall time",
         "",
-        "Wall time: the sum of the stage's runs (`wall_seconds` in its results.json: warm-up, training, "
+        "Wall time: the sum of the stage's runs (`wall_seconds` in results/lab_regimes.jsonl: warm-up, training, "
         "evaluation), on the 2 shared CPU cores.",
         "",
         "| stage | command | runs | wall time |",
@@ -209,10 +210,9 @@ def aggregate() -> str:
 
 def contamination() -> list[str]:
     """The `hitch` stage: the probability of `z` in correct responses, per method, against GRPO's."""
-    path = stage_dir("hitch") / "results.json"
-    if not path.is_file():
+    runs = stage_runs("hitch")
+    if not runs:
         return []
-    runs = json.loads(path.read_text())["runs"]
     methods = _methods(STAGES["hitch"])
     series = {m: {r["seed"]: [p for _, p in r["rare_probability"]] for r in runs if r["method"] == m} for m in methods}
     metrics = {
@@ -257,13 +257,10 @@ def _methods(args: list[str]) -> list[str]:
 
 def _stage_runs(stage: str, args: list[str]) -> list[dict]:
     """The runs of `stage`."""
-    path = stage_dir(stage) / "results.json"
-    if not path.is_file():
-        return []
     methods = set(_methods(args))
     if stage in STAGE_DIRS:  # a stage adding methods to another stage's folder counts only its additions
         methods -= set(_methods(STAGES[STAGE_DIRS[stage]]))
-    return [r for r in json.loads(path.read_text())["runs"] if r["method"] in methods]
+    return [r for r in stage_runs(stage) if r["method"] in methods]
 
 
 def main() -> None:

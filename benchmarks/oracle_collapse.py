@@ -8,7 +8,7 @@ optimizer step: the mean reward; the share of sampled completions with the right
 response's advantage mass `sum_t |Â_t|` and its largest token advantage; the gradient norm before clipping (TRL's
 `grad_norm`) and the norm of the parameter update the optimizer applied. `--max_grad_norm` and `--learning_rate`
 vary the step size; `--oracle_floor` spreads some credit on the non-decisive tokens. Writes one JSON per run to
-`--output_dir` and prints a table.
+`--output_dir` and prints a table. The committed traces are the lines of `results/lab_oracle.jsonl` (results/README.md).
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402, F401  (sets the offline environment and the repository import path)
+import _results  # noqa: E402
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 import trl_credit  # noqa: E402
-import trl_credit.experiments.lab.run as lab_run  # noqa: E402
+import trl_credit.experiments.lab.lab_runs as lab_run  # noqa: E402
 import trl_credit.experiments.lab.trainer as lab_trainer  # noqa: E402
 from trl_credit.experiments.lab.tasks import FILLERS, ForkTask  # noqa: E402
 
@@ -140,7 +141,7 @@ def main() -> None:
         help="which tokens the oracle credits: the task's decisive tokens, every fork of every response, or every "
         "token except a failure's right forks",
     )
-    parser.add_argument("--output_dir", default="docs/lab_oracle/traces")
+    parser.add_argument("--output_dir", default="oracle_traces")
     parser.add_argument("--verbose", action="store_true", help="print every step")
     parser.add_argument(
         "--compare",
@@ -261,13 +262,23 @@ def trace_one(args, seed: int, trace: dict) -> None:
             )
 
 
+def stored_traces(folder: Path, name: str) -> list[dict]:
+    """The traces `NAME_*.json` in `folder`; where there is no such folder, those of the committed folder of that
+    name (`eapo_template`, ...: the first part of a line's `file` in results/lab_oracle.jsonl)."""
+    if folder.is_dir():
+        return [json.loads(path.read_text()) for path in sorted(folder.glob(f"{name}_*.json"))]
+    prefix = f"{folder.as_posix().rstrip('/')}/{name}_"
+    rows = _results.read_lines("lab_oracle")
+    return [row["json"] for row in rows if row["file"].startswith(prefix) and row["file"].endswith(".json")]
+
+
 def compare_traces(folder: Path, method: str, baseline: str) -> None:
     """Paired per seed: the net credit on template tokens summed over the traced steps, and the template share at the
     last traced step, `method` − `baseline`, with 95 % t intervals."""
     from trl_credit.experiments.compare.stats import paired_difference
 
     def summaries(name: str) -> dict[int, tuple[float, float]]:
-        traces = [json.loads(path.read_text()) for path in sorted(folder.glob(f"{name}_*.json"))]
+        traces = stored_traces(folder, name)
         return {
             t["seed"]: (sum(s["template_credit"] for s in t["steps"]), t["steps"][-1]["template_share"])
             for t in traces

@@ -32,6 +32,28 @@ def test_top_level_help_imports_neither_torch_nor_trl():
     assert "commands:" in result.stdout and result.stdout.splitlines()[-1] == "[]"
 
 
+@pytest.mark.parametrize("command", ["eval", "inspect", "plot", "compare", "lab"])
+def test_every_subcommand_reports_a_bad_command_line_as_one_line_and_status_2(command, capsys):
+    # eval's required options are named first; the others name the unknown flag.
+    assert cli_main([command, "--no_such_flag", "1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.strip().splitlines()) == 1
+    assert captured.err.startswith(f"trl-credit {command}: error: ")
+    assert ("required: --model_name_or_path" if command == "eval" else "--no_such_flag") in captured.err
+
+
+@pytest.mark.parametrize("command", ["compare", "lab"])
+def test_compare_and_lab_without_scipy_stop_before_training_and_say_how_to_install_it(
+    command, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "scipy", None)  # `import scipy` raises ImportError
+    argv = ["--methods", "grpo", "--seeds", "0", "--max_steps", "1"] if command == "compare" else ["--seeds", "0"]
+    assert cli_main([command, *argv, "--output_dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trl-credit {command}: error: ") and "pip install 'trl-credit[experiments]'" in err
+    assert not (tmp_path / "out").exists()  # nothing trained, nothing written
+
+
 @pytest.mark.parametrize("method", ["taco", "stapo", "eapo+taco", "stare", "otb+stare"])
 def test_grpo_help_shows_the_stack_options_with_their_help_and_defaults(capsys, method):
     from trl_credit.methods import CREDIT_METHODS, get_credit_method, parse_credit_methods

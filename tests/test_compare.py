@@ -15,6 +15,14 @@ from headless_chromium import CHROMIUM, needs_chromium, read_png, run_chromium
 
 from trl_credit.cli import main as cli_main
 from trl_credit.cli.grpo_arguments import parse_arguments
+from trl_credit.experiments.compare.compare_report import (
+    RunResult,
+    collect_results,
+    final_table,
+    mean_band,
+    paired_table,
+    write_report,
+)
 from trl_credit.experiments.compare.cost import estimate_disk, parameter_count
 from trl_credit.experiments.compare.plan import (
     CompareConfig,
@@ -28,16 +36,8 @@ from trl_credit.experiments.compare.plan import (
     run_name,
     run_state,
 )
-from trl_credit.experiments.compare.report import (
-    RunResult,
-    collect_results,
-    final_table,
-    mean_band,
-    paired_table,
-    write_report,
-)
 from trl_credit.experiments.compare.runner import remove_checkpoints
-from trl_credit.experiments.compare.stats import paired_difference, student_t_cdf, student_t_quantile, t_interval
+from trl_credit.experiments.compare.stats import SCIPY_MISSING, paired_difference, scipy_stats, t_interval
 
 # Two-sided 95 % critical values t_{0.975, df} from a printed t table.
 T_TABLE_975 = {
@@ -58,28 +58,19 @@ T_TABLE_975 = {
 
 
 @pytest.mark.parametrize("df,expected", sorted(T_TABLE_975.items()))
-def test_t_quantile_matches_the_printed_table(df, expected):
-    assert student_t_quantile(0.975, df) == pytest.approx(expected, abs=6e-4)
+def test_t_interval_uses_the_printed_tables_critical_value(df, expected):
+    values = [float(i % 3) for i in range(df + 1)]  # df + 1 seeds, not all equal
+    interval = t_interval(values)
+    standard_error = statistics.stdev(values) / math.sqrt(len(values))
+    assert interval.half_width / standard_error == pytest.approx(expected, abs=6e-4)
 
 
-def test_t_distribution_closed_forms_and_symmetry():
-    # df = 1 is the Cauchy distribution, df = 2 has F(t) = 1/2 + t / (2 sqrt(2 + t^2)).
-    for t in (-3.0, -0.4, 0.0, 0.7, 12.0):
-        assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)
-        assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-12)
-        assert student_t_cdf(-t, 7) == pytest.approx(1 - student_t_cdf(t, 7), abs=1e-12)
-    assert student_t_quantile(0.995, 3) == pytest.approx(5.841, abs=1e-3)
-    assert student_t_quantile(0.025, 4) == pytest.approx(-2.776, abs=1e-3)
-    assert student_t_quantile(0.975, 100_000) == pytest.approx(1.95996, abs=1e-4)  # the normal limit
-    with pytest.raises(ValueError, match="df must be a positive integer"):
-        student_t_cdf(1.0, 0)
-
-
-def test_t_quantile_agrees_with_scipy_when_installed():
-    stats = pytest.importorskip("scipy.stats", reason="compares with SciPy: pip install scipy")
-    for df in (1, 2, 3, 5, 8, 13, 40):
-        for p in (0.6, 0.9, 0.975, 0.999):
-            assert student_t_quantile(p, df) == pytest.approx(stats.t.ppf(p, df), rel=1e-9)
+def test_a_missing_scipy_is_named_with_its_install_command(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "scipy", None)  # `import scipy` now raises ImportError
+    with pytest.raises(ImportError, match=re.escape(SCIPY_MISSING)):
+        t_interval([0.1, 0.2, 0.4])
+    with pytest.raises(ImportError, match=r"pip install 'trl-credit\[experiments\]'"):
+        scipy_stats()
 
 
 def test_t_interval_by_hand():

@@ -31,6 +31,12 @@ def test_the_readme_stays_short():
     assert len(_text("README.md").splitlines()) <= 150
 
 
+def test_docs_hold_pages_and_the_images_they_show():
+    """Results live in results/ (rendered into pages by benchmarks/render_reports.py), not under docs/."""
+    kinds = {path.suffix for path in (ROOT / "docs").rglob("*") if path.is_file()}
+    assert kinds <= {".md", ".png", ".svg"}, f"docs/ holds {sorted(kinds - {'.md', '.png', '.svg'})} files"
+
+
 def test_generated_tables_are_up_to_date():
     assert doc_tables.stale_documents(ROOT) == [], "run: python -m trl_credit.reports.doc_tables"
 

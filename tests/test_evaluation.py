@@ -14,7 +14,7 @@ from trl_credit.cli import main as dispatcher_main
 from trl_credit.cli.eval import main as eval_main
 from trl_credit.experiments import evaluation
 from trl_credit.experiments.evaluation import Completion, EvalConfig, pass_at_k, run_evaluation, summarize
-from trl_credit.experiments.evaluation import run as eval_run
+from trl_credit.experiments.evaluation import evaluate as eval_run
 
 
 def closed_form_pass_at_k(n: int, c: int, k: int) -> float:

@@ -19,7 +19,7 @@ def _default_output_folders() -> dict[str, str]:
     from trl_credit.cli.grpo import parse_arguments
     from trl_credit.experiments.compare.plan import CompareConfig
     from trl_credit.experiments.evaluation import EvalConfig
-    from trl_credit.experiments.lab.run import LabConfig
+    from trl_credit.experiments.lab.lab_runs import LabConfig
 
     grpo_output = parse_arguments(["--method", "taco"])[1].output_dir  # the quick start
     eval_output = EvalConfig(model_name_or_path="m", dataset_name="gsm8k").output_dir

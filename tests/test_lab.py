@@ -301,7 +301,7 @@ def test_a_collapse_is_a_final_reward_or_accuracy_at_the_floor():
     assert collapsed(0.0, 0.9) and collapsed(0.9, 0.05) and collapsed(0.04, math.nan)
     assert not collapsed(0.06, 0.9) and not collapsed(math.nan, math.nan)
     assert collapsed(0.52, 0.9, floor=0.5) and not collapsed(0.56, 0.9, floor=0.5)
-    from trl_credit.experiments.lab.report import collapse_counts
+    from trl_credit.experiments.lab.lab_report import collapse_counts
 
     runs = [
         {"task": "mdp", "method": m, "seed": s, "metrics": {"final_reward": r, "avg@16": a}}
@@ -321,6 +321,26 @@ def test_paired_t_holm_and_effect_size_by_hand():
     assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0]) and holm([]) == []
 
 
+def _t_two_sided_p(t: float, df: float, intervals: int = 4000) -> float:
+    """`P(|T| >= t)` for Student's t with real `df`: Simpson's rule on the density over [0, t] (no SciPy)."""
+    scale = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2))
+
+    def density(x):
+        return scale * (1 + x * x / df) ** (-(df + 1) / 2)
+
+    width = t / intervals
+    weights = [1 if i in (0, intervals) else 4 if i % 2 else 2 for i in range(intervals + 1)]
+    return 1 - 2 * width / 3 * sum(w * density(i * width) for i, w in enumerate(weights))
+
+
+def _t_quantile_975(df: float) -> float:
+    low, high = 0.0, 20.0
+    while high - low > 1e-9:  # bisection on the Simpson CDF
+        middle = (low + high) / 2
+        low, high = (middle, high) if _t_two_sided_p(middle, df) > 0.05 else (low, middle)
+    return (low + high) / 2
+
+
 def test_welch_difference_by_hand():
     # a = 0, 2 and b = 3, 5: difference 3, standard error sqrt(2/2 + 2/2) = sqrt(2), 2 df (Welch-Satterthwaite);
     # t = 2.1213, and with 2 df the two-sided p is 1 - t / sqrt(t^2 + 2) = 0.16795; t_0.975(2) = 4.3027.
@@ -330,10 +350,20 @@ def test_welch_difference_by_hand():
     assert welch_difference([1.0], [2.0, 3.0])[1] == 1.0 and welch_difference([1.0, 1.0], [2.0, 2.0])[1] == 0.0
 
 
+def test_welch_difference_keeps_fractional_degrees_of_freedom():
+    # a = 1, 2, 3 (s^2/n = 1/3) and b = 2, 4, 6, 8 (s^2/n = 5/3): standard error sqrt(2), t = 3 / sqrt(2), and
+    # Welch-Satterthwaite df = 2^2 / ((1/3)^2 / 2 + (5/3)^2 / 3) = 216 / 53 = 4.075, not rounded down to 4.
+    df, t = 216 / 53, 3 / math.sqrt(2)
+    interval, p = welch_difference([1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0])
+    assert interval.mean == pytest.approx(3.0) and p == pytest.approx(_t_two_sided_p(t, df), abs=1e-7)
+    assert interval.half_width == pytest.approx(_t_quantile_975(df) * math.sqrt(2), abs=1e-6)
+    assert abs(p - _t_two_sided_p(t, 4.0)) > 1e-3  # what rounding the df down to 4 would have given
+
+
 def test_the_reward_reads_token_positions_as_the_labels_do():
     """A special token inside a completion must not shift the positions the reward reads (decoding drops it)."""
+    from trl_credit.experiments.lab.lab_runs import token_reward
     from trl_credit.experiments.lab.model import make_tokenizer
-    from trl_credit.experiments.lab.run import token_reward
 
     task, tokenizer = get_task("mdp", horizon=8, decisive=2), make_tokenizer()
     assert task.fork_positions == (1, 5)
@@ -456,8 +486,13 @@ def test_tiny_oracle_run_credits_the_forks(tmp_path):
     assert "| fraction of the grpo→oracle gap closed: train reward, mean over all steps |" in report
 
 
-def test_lab_credit_kwargs_reach_their_method(tmp_path):
-    """`--credit_kwargs` sets the oracle's floor to 1, so its credit is GRPO's uniform spread; results record it."""
+def test_lab_credit_kwargs_reach_their_method(tmp_path, monkeypatch):
+    """`--credit_kwargs` sets the oracle's floor to 1, so its credit is GRPO's uniform spread; results record it, and
+    the report re-rendered from the stored results is the one the run wrote."""
+    import importlib
+    import shlex
+    from pathlib import Path
+
     argv = ["lab", "--methods", "grpo", "oracle", "--tasks", "mdp", "--horizon", "16", "--decisive", "2"]
     argv += ["--seeds", "0", "--max_steps", "2", "--warm_up_steps", "20", "--eval_samples", "2", "--pass_k", "1"]
     argv += ["--credit_kwargs", '{"oracle_floor": 1.0}', "--output_dir", str(tmp_path)]
@@ -469,6 +504,10 @@ def test_lab_credit_kwargs_reach_their_method(tmp_path):
         if not math.isnan(oracle[f"decisive_precision_{sign}"]):
             assert oracle[f"decisive_precision_{sign}"] == pytest.approx(2 / 16, abs=1e-5)
     assert grpo["decisive_precision_pos"] == pytest.approx(oracle["decisive_precision_pos"], nan_ok=True)
+    # The page benchmarks/render_reports.py renders from these results, stored with their command, is this report.
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    row = {"command": shlex.join(["trl-credit", *argv]), **results}
+    assert importlib.import_module("_results").render_lab_page(row) == (tmp_path / "report.md").read_text()
 
 
 def test_tiny_lab_run(tmp_path, capsys):
@@ -535,17 +574,34 @@ def test_a_trainer_without_the_ground_truth_refuses_the_oracle_at_init(tmp_path)
         )
 
 
-@pytest.mark.parametrize("script", ["lab_evidence", "lab_regimes"])
-def test_the_committed_lab_reports_are_rendered_from_the_committed_results(script, monkeypatch):
-    """`docs/<script>/report.md` is what `python benchmarks/<script>.py --aggregate` makes of the committed
-    results.json files: no number in it is edited by hand or left behind by a later run."""
+def test_every_committed_report_page_is_rendered_from_the_committed_results(tmp_path, monkeypatch):
+    """`python benchmarks/render_reports.py` re-renders every page made from `results/` into a fresh folder, and
+    each is the committed page byte for byte: no number in one is edited by hand or left behind by a later run."""
     import importlib
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
     monkeypatch.syspath_prepend(str(root / "benchmarks"))
-    module = importlib.import_module(script)
-    assert module.aggregate() == (module.OUTPUT / "report.md").read_text()
+    importlib.import_module("render_reports").main(["--output", str(tmp_path)])
+    rendered = sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*.md"))
+    expected = {"docs/lab/report.md", "docs/lab_evidence/report.md", "docs/lab_regimes/report.md"}
+    assert expected <= set(rendered) and len(rendered) == 35  # 31 lab folders, 2 aggregates, 2 EAPO resamplings
+    for page in rendered:
+        assert (tmp_path / page).read_bytes() == (root / page).read_bytes(), f"{page} differs from its results"
+
+
+@pytest.mark.parametrize("folder", ["eapo_template", "eapo_template96"])
+def test_the_stored_trace_comparisons_are_what_the_stored_traces_give(folder, capsys, monkeypatch):
+    """`oracle_collapse.py --compare eapo grpo` over the traces in results/lab_oracle.jsonl prints the stored
+    `compare_eapo_grpo.txt` of that folder."""
+    import importlib
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    oracle_collapse = importlib.import_module("oracle_collapse")
+    stored = {row["file"]: row for row in importlib.import_module("_results").read_lines("lab_oracle")}
+    oracle_collapse.compare_traces(Path(folder), "eapo", "grpo")
+    assert capsys.readouterr().out == stored[f"{folder}/compare_eapo_grpo.txt"]["text"]
 
 
 def test_lab_trains_without_deepspeed_announcing_its_accelerator_guess(tmp_path):

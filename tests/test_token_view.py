@@ -350,8 +350,9 @@ def test_the_quick_start_image_shows_credit():
     """docs/images/quickstart_token_credit.png is drawn from the committed records, and shows changed credit."""
     from pathlib import Path
 
-    images = Path(__file__).resolve().parents[1] / "docs" / "images"
-    records = token_view.read_token_credit(images / "quickstart_token_credit.jsonl")
+    root = Path(__file__).resolve().parents[1]
+    images = root / "docs" / "images"
+    records = token_view.read_token_credit(root / "results" / "quickstart_token_credit.jsonl")
     changed = [record for record in records if any(w != 1.0 for w in record["weights"] if w is not None)]
     assert changed and len(changed) < len(records)
     assert f"shows the {len(changed)} of {len(records)} completions" in (images.parent / "cli.md").read_text()

@@ -1,14 +1,18 @@
-"""`trl-credit` console script: a thin dispatcher over sub-command modules.
+"""`trl-credit` console script: a table of sub-commands, each a module `trl_credit/cli/<name>.py` with
+`main(argv) -> int`.
 
-Each sub-command lives in `trl_credit/cli/<name>.py` and exposes `main(argv) -> int` (the command line of `grpo`,
-which `compare` shares, is `grpo_arguments.py`); modules are imported lazily so that `trl-credit --help` answers
-without importing torch or TRL.
+Every sub-command has the same shape: its options are parsed by an `HfArgumentParser` (`parsing.CommandParser` over
+its config dataclass or its own arguments; `grpo`: TRL's `TrlParser`, `grpo_arguments.py`), a bad command line is a
+`UsageError`, and it is reported as `trl-credit <command>: error: <one line>` on stderr with exit status 2
+(`run_command`). Modules are imported lazily, so that
+`trl-credit --help` answers without importing torch, transformers or TRL.
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 
 SUBCOMMANDS = {
     "grpo": "Train with GRPO and a token-level credit method (mirrors `trl grpo`).",
@@ -20,9 +24,24 @@ SUBCOMMANDS = {
 }
 
 
+class UsageError(Exception):
+    """A bad command line or config: reported as one line, exit status 2, before any model is loaded."""
+
+
 def one_line(error: BaseException) -> str:
     """An error's message on one line, for `trl-credit <command>: error: ...` (its type where it has none)."""
     return " ".join(str(error).split()) or type(error).__name__
+
+
+def run_command(prog: str, command: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Run a sub-command: a `UsageError` becomes one line on stderr and status 2; `--help` returns argparse's 0."""
+    try:
+        return command(argv)
+    except UsageError as error:
+        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        return 2
+    except SystemExit as exit_:  # argparse's --help (after printing it)
+        return int(exit_.code or 0)
 
 
 def _usage() -> str:
@@ -41,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if command not in SUBCOMMANDS:
         print(f"trl-credit: unknown command {command!r}; choose from {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"trl_credit.cli.{command}")
-    return module.main(rest)
+    return importlib.import_module(f"trl_credit.cli.{command}").main(rest)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,6 @@ from __future__ import annotations
 import shlex
 import sys
 
-from transformers import HfArgumentParser
-
 from ..experiments.compare.cost import estimate_cost, estimate_disk
 from ..experiments.compare.plan import (
     CompareConfig,
@@ -30,26 +28,21 @@ from ..experiments.compare.plan import (
     run_state,
     settings_lines,
 )
-from . import one_line
+from . import one_line, run_command
+from .parsing import CommandParser, require_scipy
 
 PROG = "trl-credit compare"
 
 
-class _Parser(HfArgumentParser):
-    def error(self, message: str):  # argparse would print the whole usage block, then exit
-        raise CompareUsageError(message)
-
-
 def parse(argv: list[str]) -> tuple[CompareConfig, list[str]]:
     """Compare's own options and the flags passed through to every run."""
-    parser = _Parser(
+    parser = CommandParser(
         CompareConfig,
         prog=PROG,
-        allow_abbrev=False,  # `--seed` must not abbreviate `--seeds`
         description=__doc__.split("\n\n")[0],
         epilog="Any other flag is passed to every `trl-credit grpo` run (see `trl-credit grpo --method NAME --help`).",
     )
-    config, passthrough = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    config, passthrough = parser.parse_config(argv, passthrough=True)
     check_passthrough(passthrough)
     return config, passthrough
 
@@ -121,24 +114,22 @@ def check_evaluation(settings: dict) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `trl-credit compare` with `argv` (without the command name); return the exit status."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    command = shlex.join(["trl-credit", "compare", *argv])
-    try:
-        config, passthrough = parse(argv)
-        script_args, training_args, model_args, _ = validate_runs(config, passthrough)
-        runs = build_runs(config, passthrough)
-        eval_settings = None if config.skip_eval else evaluation_settings(config, script_args, training_args)
-        num_problems = check_evaluation(eval_settings) if eval_settings else 0
-        states = {}
-        for spec in runs:
-            states[spec.name] = run_state(spec.output_dir)
-            check_recorded_arguments(spec)
-    except SystemExit as exit_:  # --help
-        return int(exit_.code or 0)
-    except CompareUsageError as error:
-        print(f"{PROG}: error: {one_line(error)}", file=sys.stderr)
-        return 2
+    return run_command(PROG, _compare, sys.argv[1:] if argv is None else list(argv))
 
+
+def _compare(argv: list[str]) -> int:
+    command = shlex.join(["trl-credit", "compare", *argv])
+    config, passthrough = parse(argv)
+    script_args, training_args, model_args, _ = validate_runs(config, passthrough)
+    runs = build_runs(config, passthrough)
+    eval_settings = None if config.skip_eval else evaluation_settings(config, script_args, training_args)
+    num_problems = check_evaluation(eval_settings) if eval_settings else 0
+    states = {}
+    for spec in runs:
+        states[spec.name] = run_state(spec.output_dir)
+        check_recorded_arguments(spec)
+    if not config.dry_run:
+        require_scipy()  # the report's intervals: say so before training, not after
     num_eval_samples = num_problems * eval_settings["n"] if eval_settings else None
     print(f"{PROG}: plan ({len(runs)} runs; same seed = same prompts in the same order for every method)")
     for spec in runs:
@@ -161,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 def execute(
     config: CompareConfig, runs, eval_settings: dict | None, script_args, command: str, settings: list[str]
 ) -> int:
-    from ..experiments.compare.report import write_report
+    from ..experiments.compare.compare_report import write_report
     from ..experiments.compare.runner import RunFailed, evaluate_run, execute_run
     from .grpo import training_dataset
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 import json
 import sys
 
-from transformers import HfArgumentParser
-
 from ..data.models import check_model_reference
 from ..experiments.evaluation import (
     EvalConfig,
@@ -27,43 +25,30 @@ from ..experiments.evaluation import (
     run_evaluation,
     update_model_card,
 )
-from . import one_line
+from . import UsageError, one_line, run_command
+from .parsing import CommandParser
 
 PROG = "trl-credit eval"
 
 
-class _UsageError(Exception):
-    """A command-line problem, reported as one line."""
-
-
-class _Parser(HfArgumentParser):
-    def error(self, message: str):  # argparse would print the whole usage block, then exit
-        raise _UsageError(message)
-
-
 def main(argv: list[str]) -> int:
     """Run `trl-credit eval` with the arguments `argv` (without the command name); return the exit status."""
-    parser = _Parser(EvalConfig, prog=PROG, description=__doc__.split("\n\n")[0])
+    return run_command(PROG, _evaluate, argv)
+
+
+def _evaluate(argv: list[str]) -> int:
+    (config,) = CommandParser(EvalConfig, prog=PROG, description=__doc__.split("\n\n")[0]).parse_config(argv)
     try:
-        config, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-        if remaining:
-            raise _UsageError(f"unrecognized arguments: {' '.join(remaining)}")
         check_model_reference(config.model_name_or_path)
         check_backend_available(config.backend)
-    except SystemExit as exit_:  # --help
-        return int(exit_.code or 0)
-    except (_UsageError, ValueError) as error:
-        print(f"{PROG}: error: {one_line(error)}", file=sys.stderr)
-        return 2
+    except ValueError as error:
+        raise UsageError(one_line(error)) from error
     try:
         prepared = prepare_eval_data(config)
     except ValueError as error:  # unknown source, bad split, missing column: the message names the problem
-        print(f"{PROG}: error: {one_line(error)}", file=sys.stderr)
-        return 2
+        raise UsageError(one_line(error)) from error
     except Exception as error:  # noqa: BLE001 - an unknown Hub id, the Hub unreachable offline, an unreadable file
-        print(f"{PROG}: error: cannot load dataset {config.dataset_name!r}: {one_line(error)}", file=sys.stderr)
-        return 2
-
+        raise UsageError(f"cannot load dataset {config.dataset_name!r}: {one_line(error)}") from error
     summary = run_evaluation(config, prepared=prepared)
     try:
         card = update_model_card(config, summary)

@@ -18,9 +18,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-
-class UsageError(Exception):
-    """A bad command line or config: reported as one line, exit code 2, before any model is loaded."""
+from . import UsageError  # the one usage error of every sub-command
 
 
 @dataclass

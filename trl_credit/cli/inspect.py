@@ -11,6 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import UsageError, run_command
+
+PROG = "trl-credit inspect"
 PNG_COMPLETIONS = 4  # completions in the PNG unless --png-completions says otherwise
 
 
@@ -38,18 +41,11 @@ def _count(minimum: int, allowed: str):
     return parse
 
 
-class _UsageError(Exception):
-    """A command-line problem, reported as one line."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would print the whole usage block, then exit
-        raise _UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="trl-credit inspect",
+    from .parsing import CommandParser
+
+    parser = CommandParser(
+        prog=PROG,
         description=(
             "Render RUN_DIR/token_credit.jsonl (written with log_token_credit=True) as a self-contained HTML "
             "page: each token coloured by its weight Â/A, hover for log-prob, entropy and method statistic."
@@ -106,30 +102,25 @@ def _completions_to_show(records: list[dict], *, show_all: bool) -> tuple[list[d
 
 
 def main(argv: list[str]) -> int:
-    try:
-        args = build_parser().parse_args(argv)
-    except _UsageError as error:
-        print(f"trl-credit inspect: error: {error}", file=sys.stderr)
-        return 2
-    except SystemExit as exit_:  # --help
-        return int(exit_.code or 0)
+    return run_command(PROG, _inspect, argv)
+
+
+def _inspect(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     if args.png_completions is not None and args.png is None:
-        print(
-            "trl-credit inspect: error: --png-completions sets the PNG's size; add --png to write one", file=sys.stderr
-        )
-        return 2
+        raise UsageError("--png-completions sets the PNG's size; add --png to write one")
     from trl_credit.reports import token_view
 
     try:
         records = token_view.read_token_credit(args.run_dir)
     except (FileNotFoundError, token_view.TokenCreditError) as error:
-        print(f"trl-credit inspect: {error}", file=sys.stderr)
+        print(f"{PROG}: {error}", file=sys.stderr)
         return 2
     at_step = token_view.select_records(records, step=args.step)
     if not at_step:
         where = "" if args.step is None else f" at step {args.step}"
         recorded = token_view.format_steps(record["step"] for record in records)
-        print(f"trl-credit inspect: no completions recorded{where}; recorded steps: {recorded}", file=sys.stderr)
+        print(f"{PROG}: no completions recorded{where}; recorded steps: {recorded}", file=sys.stderr)
         return 2
     selected, note = _completions_to_show(at_step, show_all=args.all)
     if args.max_completions and len(selected) > args.max_completions:

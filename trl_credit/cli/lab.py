@@ -20,37 +20,24 @@ import os
 import shlex
 import sys
 
-from transformers import HfArgumentParser
+from . import run_command
 
 PROG = "trl-credit lab"
 
 
-class _UsageError(Exception):
-    """A command-line problem, reported as one line."""
-
-
-class _Parser(HfArgumentParser):
-    def error(self, message: str):
-        raise _UsageError(message)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run `trl-credit lab` with `argv` (without the command name); return the exit status."""
+    return run_command(PROG, _lab, sys.argv[1:] if argv is None else list(argv))
+
+
+def _lab(argv: list[str]) -> int:
     import torch
 
-    from ..experiments.lab.run import LabConfig, run_lab
+    from ..experiments.lab.lab_runs import LabConfig, run_lab
+    from .parsing import CommandParser, require_scipy
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser = _Parser(LabConfig, prog=PROG, allow_abbrev=False, description=__doc__.split("\n\n")[0])
-    try:
-        config, remaining = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
-        if remaining:
-            raise _UsageError(f"unrecognized arguments: {' '.join(remaining)}")
-    except SystemExit as exit_:  # --help
-        return int(exit_.code or 0)
-    except (_UsageError, ValueError) as error:
-        print(f"{PROG}: error: {' '.join(str(error).split())}", file=sys.stderr)
-        return 2
+    (config,) = CommandParser(LabConfig, prog=PROG, description=__doc__.split("\n\n")[0]).parse_config(argv)
+    require_scipy()  # say so before training, not after
     torch.set_num_threads(1)  # a ~20k-parameter model: more threads only add synchronisation
     # The lab trains on the CPU; DeepSpeed, which accelerate imports whenever it is installed, would guess so aloud.
     os.environ.setdefault("DS_ACCELERATOR", "cpu")

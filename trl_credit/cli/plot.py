@@ -7,10 +7,16 @@ import json
 import sys
 from pathlib import Path
 
+from . import run_command
+
+PROG = "trl-credit plot"
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="trl-credit plot",
+    from .parsing import CommandParser
+
+    parser = CommandParser(
+        prog=PROG,
         description=(
             "Plot reward, entropy, completion length and each credit method's diagnostics against the step, "
             "from trainer_state.json (the run folder's or its latest checkpoint-*'s)."
@@ -23,18 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    return run_command(PROG, _plot, argv)
+
+
+def _plot(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from trl_credit.reports import plots
 
     try:
         runs = [plots.load_run(run_dir) for run_dir in [args.run_dir, *args.compare]]
     except (FileNotFoundError, KeyError, json.JSONDecodeError) as error:
-        print(f"trl-credit plot: {error}", file=sys.stderr)
+        print(f"{PROG}: {error}", file=sys.stderr)
         return 2
     output_dir = Path(args.output) if args.output else Path(args.run_dir) / plots.PLOTS_DIRNAME
     written = plots.plot_runs(runs, output_dir)
     if not written:
-        print("trl-credit plot: no plottable metrics in the runs' log history", file=sys.stderr)
+        print(f"{PROG}: no plottable metrics in the runs' log history", file=sys.stderr)
         return 2
     for path in written:
         print(f"wrote {path}")

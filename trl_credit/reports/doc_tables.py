@@ -164,7 +164,7 @@ def cli_options(command: str) -> str:
 
         rows = _dataclass_options(CompareConfig)
     elif command == "lab":
-        from ..experiments.lab.run import LabConfig
+        from ..experiments.lab.lab_runs import LabConfig
 
         rows = _dataclass_options(LabConfig)
     else:

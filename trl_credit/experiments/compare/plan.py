@@ -25,6 +25,8 @@ from typing import Literal
 
 import yaml
 
+from ...cli import UsageError
+from ...cli.grpo_arguments import _given_options, _normalise_options
 from ...methods import DEFAULT_COMPARISON
 
 DONE_MARKER = ".done"
@@ -42,7 +44,7 @@ OWNED_FLAGS = {
 # CPU machine: SmolLM2-135M, 30 steps of 8 completions of <= 48 tokens in 228 s, model loading included.
 
 
-class CompareUsageError(Exception):
+class CompareUsageError(UsageError):
     """A bad `trl-credit compare` command line: one line, exit code 2, before any training."""
 
 
@@ -167,9 +169,9 @@ RESUMABLE = ("--save_strategy", "steps", "--save_steps", "10", "--save_total_lim
 COMMON_SETTINGS = {"epsilon_high": "0.28"}
 
 
-def _option_name(arg: str) -> str:
-    """`--taco-alpha=0.05` -> `taco_alpha`."""
-    return arg[2:].split("=", 1)[0].replace("-", "_")
+def _option_names(args: list[str]) -> set[str]:
+    """The option names among `args`, spelt as `trl-credit grpo` reads them (`--taco-alpha=0.05` -> `taco_alpha`)."""
+    return _given_options(_normalise_options(args))
 
 
 def _option_groups(argv: list[str]) -> list[list[str]]:
@@ -202,13 +204,13 @@ def route_method_settings(methods: list[str], passthrough: list[str]) -> tuple[l
     """
     from ...methods import CREDIT_METHODS
     from ...trainer.config import parse_credit_kwargs
-    from ..lab.run import method_credit_kwargs
+    from ..lab.lab_runs import method_credit_kwargs
 
     stacks = {method: _method_stack(method) for method in methods}
     shared: list[str] = []
     own: dict[str, list[str]] = {method: [] for method in methods}
     for group in _option_groups(passthrough):
-        name = _option_name(group[0]) if group[0].startswith("--") else ""
+        name = next(iter(_option_names(group[:1])), "")
         if name == "credit_kwargs":
             raw = group[0].split("=", 1)[1] if "=" in group[0] else " ".join(group[1:])
             try:
@@ -256,7 +258,7 @@ def _recipe_keys(recipe: str | None) -> set[str]:
 
 def common_settings(config: CompareConfig, shared: list[str]) -> dict[str, str]:
     """The `COMMON_SETTINGS` that neither the flags passed through nor the recipe set: compare passes these."""
-    given = {_option_name(arg) for arg in shared if arg.startswith("--")} | _recipe_keys(config.config)
+    given = _option_names(shared) | _recipe_keys(config.config)
     return {name: value for name, value in COMMON_SETTINGS.items() if name not in given}
 
 
@@ -264,7 +266,7 @@ def build_runs(config: CompareConfig, passthrough: list[str]) -> list[RunSpec]:
     """One `RunSpec` per (method, seed), seeds outermost so that early results already pair every method."""
     runs_dir = Path(config.output_dir) / "runs"
     shared, own = route_method_settings(config.methods, passthrough)
-    sets_saving = "save_strategy" in {_option_name(arg) for arg in shared if arg.startswith("--")}
+    sets_saving = "save_strategy" in _option_names(shared)
     if config.config is None and not sets_saving:
         shared = [*RESUMABLE, *shared]
     pinned = [arg for name, value in common_settings(config, shared).items() for arg in (f"--{name}", value)]
@@ -356,7 +358,7 @@ def settings_lines(config: CompareConfig, passthrough: list[str], runs: list[Run
     upper = training_args.epsilon_high if training_args.epsilon_high is not None else training_args.epsilon
     if "epsilon_high" in pinned:
         origin = f"epsilon_high {pinned['epsilon_high']} is compare's common value; --epsilon_high sets another"
-    elif "epsilon_high" in {_option_name(arg) for arg in shared if arg.startswith("--")}:
+    elif "epsilon_high" in _option_names(shared):
         origin = "as --epsilon_high sets it"
     else:
         origin = f"as the recipe {config.config} sets it"

@@ -1,8 +1,8 @@
 """Confidence intervals over seeds: Student's t interval of a mean and of paired differences.
 
-No SciPy: the t distribution's CDF for an integer number of degrees of freedom has a closed form (Abramowitz and
-Stegun 26.7.3 and 26.7.4), and its quantile is found by bisection on it. With `n` seeds the interval of the mean is
-`mean ± t_{(1 + c) / 2, n - 1} * s / sqrt(n)`, `s` the sample standard deviation; with one seed it does not exist.
+With `n` seeds the interval of the mean is `mean ± t_{(1 + c) / 2, n - 1} * s / sqrt(n)`, `s` the sample standard
+deviation; with one seed it does not exist. The t distribution is SciPy's (`trl-credit[experiments]`), imported when
+an interval is computed so that the training library never needs it.
 """
 
 from __future__ import annotations
@@ -12,53 +12,16 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-
-def student_t_cdf(t: float, df: int) -> float:
-    """`P(T <= t)` for Student's t with `df` (a positive integer) degrees of freedom."""
-    if not isinstance(df, int) or df < 1:
-        raise ValueError(f"df must be a positive integer, got {df!r}")
-    if math.isinf(t):
-        return 1.0 if t > 0 else 0.0
-    theta = math.atan(abs(t) / math.sqrt(df))
-    sin, cos2 = math.sin(theta), math.cos(theta) ** 2
-    # A = P(|T| <= |t|), a finite series in cos^2(theta) whose terms' ratios are (k - 1) / k.
-    if df % 2 == 1:
-        series, term = 0.0, 1.0
-        for k in range(3, df, 2):  # terms 1, 2/3 c^2, (2*4)/(3*5) c^4, ... up to c^(df - 3)
-            series += term
-            term *= cos2 * (k - 1) / k
-        if df > 1:
-            series += term
-        inside = (2 / math.pi) * (theta + (sin * math.cos(theta) * series if df > 1 else 0.0))
-    else:
-        series, term = 0.0, 1.0
-        for k in range(2, df, 2):  # terms 1, 1/2 c^2, (1*3)/(2*4) c^4, ... up to c^(df - 2)
-            series += term
-            term *= cos2 * (k - 1) / k
-        series += term
-        inside = sin * series
-    inside = min(max(inside, 0.0), 1.0)
-    return 0.5 + inside / 2 if t >= 0 else 0.5 - inside / 2
+SCIPY_MISSING = "the compare and lab reports need SciPy (t intervals and tests): pip install 'trl-credit[experiments]'"
 
 
-def student_t_quantile(p: float, df: int) -> float:
-    """The `p`-quantile of Student's t with `df` degrees of freedom (bisection to 1e-12 on the closed-form CDF)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"p must be in (0, 1), got {p}")
-    if p < 0.5:
-        return -student_t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while student_t_cdf(high, df) < p:
-        high *= 2.0
-    for _ in range(200):
-        middle = (low + high) / 2
-        if student_t_cdf(middle, df) < p:
-            low = middle
-        else:
-            high = middle
-        if high - low < 1e-12 * max(1.0, high):
-            break
-    return (low + high) / 2
+def scipy_stats():
+    """`scipy.stats`, or an `ImportError` that says how to install it."""
+    try:
+        from scipy import stats
+    except ImportError as error:
+        raise ImportError(SCIPY_MISSING) from error
+    return stats
 
 
 @dataclass(frozen=True)
@@ -101,7 +64,7 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> Interval:
     mean = statistics.fmean(values)
     if len(values) < 2:
         return Interval(mean, len(values), None, confidence)
-    quantile = student_t_quantile((1.0 + confidence) / 2.0, len(values) - 1)
+    quantile = float(scipy_stats().t.ppf((1.0 + confidence) / 2.0, len(values) - 1))
     return Interval(mean, len(values), quantile * statistics.stdev(values) / math.sqrt(len(values)), confidence)
 
 

@@ -8,16 +8,17 @@ against the gold answer with `trl_credit.rewards.check_answers` (Math-Verify), a
   https://huggingface.co/papers/2107.03374), computed in the numerically stable product form;
 - `mean_completion_length` is the mean number of generated tokens per completion (EOS included, as in TRL).
 
-Problems come from the source's held-out split unless another is given (`held_out_split`). `config` holds
-`EvalConfig`, `estimators` the two estimators, `backends` the generation backends, and `run` `run_evaluation`, which
+Problems come from the source's held-out split unless another is given (`held_out_split`). `eval_config`
+holds `EvalConfig`, `estimators` the two estimators, `backends` the generation backends, and `evaluate`
+`run_evaluation`, which
 writes one JSON line per problem (`completions.jsonl`) and `summary.json` to the output folder, and
 `update_model_card`, which copies the summary into the evaluated model's folder and renders its trl-credit card again.
 """
 
 from .backends import Completion, GenerationBackend, TransformersBackend, VLLMBackend, build_backend
-from .config import HELD_OUT_SPLIT, EvalConfig, check_backend_available, held_out_split
 from .estimators import pass_at_k, summarize
-from .run import prepare_eval_data, run_evaluation, update_model_card
+from .eval_config import HELD_OUT_SPLIT, EvalConfig, check_backend_available, held_out_split
+from .evaluate import prepare_eval_data, run_evaluation, update_model_card
 
 __all__ = [
     "HELD_OUT_SPLIT",

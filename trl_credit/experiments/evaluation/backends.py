@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .config import EvalConfig, check_backend_available
+from .eval_config import EvalConfig, check_backend_available
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,9 @@
 - Gradient-norm spread (`within_step_spread`): variance and coefficient of variation of the micro-batch gradient
   norms inside each optimizer step, averaged over steps.
 - Collapse (`collapsed`): a run whose final training reward or avg@n ends at the task's reward floor.
-- Many comparisons (`paired_t_p_value`, `holm`, `effect_size`): the paired t test's p-value, Holm's adjustment
-  within a table of comparisons, and the paired effect size d_z.
+- Many comparisons (`paired_t_p_value`, `holm`, `effect_size`, `welch_difference`): the paired t test's p-value
+  (SciPy's), Holm's adjustment within a table of comparisons, the paired effect size d_z, and Welch's unequal-variance
+  interval and test (SciPy's, on the Welch-Satterthwaite degrees of freedom, not rounded).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..compare.stats import Interval, student_t_cdf, student_t_quantile, t_interval
+from ..compare.stats import Interval, scipy_stats, t_interval
 
 SIGNS = ("pos", "neg")
 # A run has collapsed when its final reward or avg@n is within this of the task's floor: at most one success in 20.
@@ -158,14 +159,11 @@ def collapsed(final_reward: float, accuracy: float, floor: float = 0.0, toleranc
 
 def paired_t_p_value(differences: list[float]) -> float:
     """Two-sided p-value of the paired t test of mean 0 (1 with fewer than 2 values; 0 when all equal and non-zero)."""
-    n = len(differences)
-    if n < 2:
+    if len(differences) < 2:
         return 1.0
-    mean, sd = statistics.fmean(differences), statistics.stdev(differences)
-    if sd == 0:
-        return 1.0 if mean == 0 else 0.0
-    t = mean / (sd / math.sqrt(n))
-    return 2.0 * (1.0 - student_t_cdf(abs(t), n - 1))
+    if statistics.stdev(differences) == 0:  # SciPy answers NaN: no spread, so the mean is the whole answer
+        return 1.0 if statistics.fmean(differences) == 0 else 0.0
+    return float(scipy_stats().ttest_1samp(differences, 0.0).pvalue)
 
 
 def holm(p_values: list[float]) -> list[float]:
@@ -186,17 +184,14 @@ def effect_size(differences: list[float]) -> float:
 
 
 def welch_difference(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[Interval, float]:
-    """Welch's interval of mean(b) − mean(a) and the two-sided p-value of no difference (degrees of freedom rounded
-    down). With fewer than 2 values on either side: no interval, p = 1."""
+    """Welch's interval of mean(b) − mean(a) and the two-sided p-value of no difference (SciPy's `ttest_ind` with
+    unequal variances). With fewer than 2 values on either side: no interval, p = 1."""
     n_a, n_b = len(a), len(b)
     mean = statistics.fmean(b) - statistics.fmean(a) if n_a and n_b else math.nan
     if n_a < 2 or n_b < 2:
         return Interval(mean, n_a + n_b, None, confidence), 1.0
-    var_a, var_b = statistics.variance(a) / n_a, statistics.variance(b) / n_b
-    if var_a + var_b == 0:
+    if statistics.variance(a) + statistics.variance(b) == 0:  # SciPy answers NaN: the difference is exact
         return Interval(mean, n_a + n_b, 0.0, confidence), 1.0 if mean == 0 else 0.0
-    df = max(1, math.floor((var_a + var_b) ** 2 / (var_a**2 / (n_a - 1) + var_b**2 / (n_b - 1))))
-    standard_error = math.sqrt(var_a + var_b)
-    half_width = student_t_quantile((1.0 + confidence) / 2.0, df) * standard_error
-    p_value = 2.0 * (1.0 - student_t_cdf(abs(mean) / standard_error, df))
-    return Interval(mean, n_a + n_b, half_width, confidence), p_value
+    test = scipy_stats().ttest_ind(b, a, equal_var=False)
+    bounds = test.confidence_interval(confidence)
+    return Interval(mean, n_a + n_b, float(bounds.high - bounds.low) / 2, confidence), float(test.pvalue)

@@ -13,7 +13,7 @@ A task defines, for a prompt:
   (`trl_credit.experiments.lab.metrics.credit_precision`) is the share of the advantage mass on these tokens, and the `oracle`
   credit method (`trl_credit.experiments.lab.oracle`) gives the advantage to these tokens only.
 - `implausible(prompt, completion)`: per completion token, whether it is a rare token that the reward ignores.
-- `tail_positions(prompt, completion)`: where the probability of that rare token is probed (`trl_credit.experiments.lab.run`).
+- `tail_positions(prompt, completion)`: where the probability of that rare token is probed (`trl_credit.experiments.lab.lab_runs`).
 
 The tasks:
 
@@ -36,7 +36,7 @@ The tasks:
   probability 0.001 at every position: deep in its tail, below TACO's threshold `alpha * exp(-H)` (0.0046 at the
   prior's entropy, 0.78 nats, with `alpha = 0.01`), while every other token is above it. `z` never changes the
   reward. TACO's claim is that GRPO reinforces such tokens when they happen to occur in positive responses;
-  `trl_credit.experiments.lab.run` tracks the policy's probability of `z` in correct responses. `z` occurs in failures as often
+  `trl_credit.experiments.lab.lab_runs` tracks the policy's probability of `z` in correct responses. `z` occurs in failures as often
   as in successes, so its credit is as often negative as positive.
 - `hitch`: `rare`'s template prior and reward, with each key at 0.005 per position (just above TACO's threshold,
   0.0046) and `z` at 0.0015 (deep in the tail, and below STAPO's 0.002); right after `z` the base policy emits the

@@ -1,0 +1,46 @@
+"""The parser of every `trl-credit` sub-command: an `HfArgumentParser` whose errors are one-line `UsageError`s.
+
+`trl-credit eval`, `compare` and `lab` parse their config dataclass with `parse_config`; `inspect` and `plot` add their
+own arguments; `grpo` builds its parser over TRL's config classes (`grpo_arguments.py`) and raises the same
+`UsageError`. `run_command` (`trl_credit.cli`) reports any of them as `PROG: error: MESSAGE` with exit status 2.
+"""
+
+from __future__ import annotations
+
+from transformers import HfArgumentParser
+
+from . import UsageError, one_line
+
+
+class CommandParser(HfArgumentParser):
+    """`HfArgumentParser` over `dataclass_types` (none for a parser built with `add_argument`); abbreviations are off
+    (`--seed` must not stand for `--seeds`) and argparse's errors raise `UsageError` instead of printing the usage."""
+
+    def __init__(self, dataclass_types=(), *, prog: str, **kwargs):
+        super().__init__(dataclass_types, prog=prog, allow_abbrev=False, **kwargs)
+
+    def error(self, message: str):
+        raise UsageError(message)
+
+    def parse_config(self, argv: list[str], *, passthrough: bool = False):
+        """The dataclasses parsed from `argv`, and the unparsed strings when `passthrough` (else those are an error).
+
+        A dataclass that refuses its values (`ValueError` from `__post_init__`) is a `UsageError` too.
+        """
+        try:
+            *configs, remaining = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+        except ValueError as error:
+            raise UsageError(one_line(error)) from error
+        if remaining and not passthrough:
+            raise UsageError(f"unrecognized arguments: {' '.join(remaining)}")
+        return (*configs, remaining) if passthrough else tuple(configs)
+
+
+def require_scipy() -> None:
+    """Refuse to start a compare or lab run whose report would need SciPy when it is not installed."""
+    from ..experiments.compare.stats import scipy_stats
+
+    try:
+        scipy_stats()
+    except ImportError as error:
+        raise UsageError(one_line(error)) from error

@@ -1,0 +1,373 @@
+"""Running the credit lab: every (task, method, seed) trains the same warmed-up tiny model with `CreditGRPOTrainer`.
+
+`run_one` trains one policy and measures it; `run_lab` runs the grid, writes `results.json` (one record per run)
+and `report.md` (mean ± 95 % t interval over seeds, each method's paired difference to `grpo` on the same seed and,
+when the grid has `oracle` and `grpo`, the fraction of the broadcast-to-oracle gap each method closes).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ...methods import DEFAULT_COMPARISON, get_credit_method, parse_credit_methods
+from ...methods.registry import stack_hyperparameters
+from ...trainer.config import parse_credit_kwargs
+from .lab_report import render_report, summarize
+from .metrics import (
+    mean_of_edges,
+    precision,
+    steps_until_solved,
+    within_step_spread,
+)
+from .oracle import CEILING
+from .tasks import COMPLETION_LENGTH, RARE_TOKEN, TASKS, get_task
+
+
+@dataclass
+class LabConfig:
+    """Configuration of `trl-credit lab`.
+
+    Parameters that select the runs:
+        methods (`list[str]`, *optional*, defaults to `["grpo", "taco", "eapo", "tide"]`): credit methods, passed as
+            `CreditGRPOConfig(credit_method=...)`; `oracle` (the lab's ground-truth credit) is the ceiling.
+        tasks (`list[str]`, *optional*, defaults to `needle`, `fork`, `rare`): lab tasks (also `mdp`, `hitch`).
+        horizon (`int`, *optional*, defaults to `8`): completion length in tokens, for every task.
+        decisive (`int`, *optional*, defaults to `1`): number of decisive positions (forks) of `fork` and `mdp`;
+            the other tasks take 1.
+        seeds (`list[int]`, *optional*, defaults to `[0, 1, 2]`): one run per seed; the seed sets the initial
+            model, the warm-up, the prompt order and sampling, identically for every method.
+
+    Parameters that control training:
+        max_steps (`int`, *optional*, defaults to `300`): optimizer steps per run.
+        learning_rate (`float`, *optional*, defaults to `2e-3`): Adam learning rate of the RL phase.
+        num_generations (`int`, *optional*, defaults to `8`): completions per prompt (the GRPO group size G), >= 2.
+        prompts_per_step (`int`, *optional*, defaults to `4`): prompts per optimizer step.
+        micro_batches (`int`, *optional*, defaults to `2`): gradient-accumulation micro-batches per step, between
+            which the gradient-norm spread is measured.
+        warm_up_steps (`int`, *optional*, defaults to `300`): distillation steps into the task's prior before RL.
+        credit_kwargs (`dict` or `str`, *optional*): hyperparameters of the compared methods, by name (a JSON object
+            on the command line); each run gets its own method's entries, the others keep the papers' defaults.
+
+    Parameters that control measurement:
+        solved_threshold (`float`, *optional*, defaults to `0.8`), solved_window (`int`, *optional*, defaults to
+            `5`): a task is solved at the first step where the mean training reward of the last `solved_window`
+            steps reaches `solved_threshold`.
+        eval_samples (`int`, *optional*, defaults to `32`): completions sampled per prompt after training for avg@n
+            and pass@k.
+        pass_k (`list[int]`, *optional*, defaults to `[1, 8]`): the k of pass@k (each <= eval_samples).
+        output_dir (`str`, *optional*, defaults to `"lab_results"`): where `results.json` and `report.md` go.
+    """
+
+    methods: list[str] = field(
+        default_factory=lambda: list(DEFAULT_COMPARISON),
+        metadata={
+            "help": "Credit methods to compare: CreditGRPOConfig.credit_method values, and the lab's "
+            f"{CEILING!r} (the task's ground truth, the ceiling)."
+        },
+    )
+    tasks: list[str] = field(
+        default_factory=lambda: ["needle", "fork", "rare"], metadata={"help": f"Lab tasks: {', '.join(TASKS)}."}
+    )
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2], metadata={"help": "Seeds; one run per seed."})
+    horizon: int = field(
+        default=COMPLETION_LENGTH,
+        metadata={"help": "Horizon H: completion length in tokens of every task, 1 to 512."},
+    )
+    decisive: int = field(
+        default=1,
+        metadata={
+            "help": "Sparsity: number of decisive positions (forks) of fork and mdp, 1 to H; other tasks take 1."
+        },
+    )
+    max_steps: int = field(default=300, metadata={"help": "Optimizer steps per run."})
+    learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of the RL phase."})
+    num_generations: int = field(default=8, metadata={"help": "Group size G: completions per prompt, >= 2."})
+    prompts_per_step: int = field(default=4, metadata={"help": "Prompts per optimizer step."})
+    micro_batches: int = field(default=2, metadata={"help": "Gradient-accumulation micro-batches per step."})
+    warm_up_steps: int = field(default=300, metadata={"help": "Distillation steps into the task's prior before RL."})
+    solved_threshold: float = field(default=0.8, metadata={"help": "Trailing mean reward that counts as solved."})
+    solved_window: int = field(default=5, metadata={"help": "Steps in the trailing mean of `solved_threshold`."})
+    eval_samples: int = field(default=32, metadata={"help": "Completions per prompt for avg@n and pass@k at the end."})
+    pass_k: list[int] = field(default_factory=lambda: [1, 8], metadata={"help": "k of pass@k (<= eval_samples)."})
+    output_dir: str = field(default="lab_results", metadata={"help": "Folder for results.json and report.md."})
+    credit_kwargs: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": 'Hyperparameters of the compared methods, as a JSON object (`{"eapo_kappa": 0.69}`); the '
+            "others keep the papers' defaults. Each run gets its own method's entries; a name that no compared "
+            "method owns is an error."
+        },
+    )
+
+    def __post_init__(self):
+        for name in ("methods", "tasks", "seeds"):
+            values = getattr(self, name)
+            if not values:
+                raise ValueError(f"{name} must not be empty")
+            duplicates = sorted({v for v in values if values.count(v) > 1})
+            if duplicates:
+                raise ValueError(f"{name} has duplicates: {duplicates}")
+        self.credit_kwargs = parse_credit_kwargs(self.credit_kwargs)
+        owners = {method: method_credit_kwargs(method, self.credit_kwargs) for method in self.methods}
+        orphans = [k for k in self.credit_kwargs or {} if not any(k in owned for owned in owners.values())]
+        if orphans:
+            raise ValueError(
+                f"credit_kwargs[{orphans[0]!r}] is not a hyperparameter of the compared methods {self.methods}"
+            )
+        for task in self.tasks:
+            get_task(task, self.horizon, self.decisive)
+        for name in (
+            "max_steps",
+            "num_generations",
+            "prompts_per_step",
+            "micro_batches",
+            "eval_samples",
+            "solved_window",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.num_generations < 2:
+            raise ValueError(f"num_generations must be >= 2 (a group of two or more), got {self.num_generations}")
+        if (self.prompts_per_step * self.num_generations) % self.micro_batches:
+            raise ValueError(
+                f"prompts_per_step * num_generations = {self.prompts_per_step * self.num_generations} completions "
+                f"must split into micro_batches={self.micro_batches} equal micro-batches"
+            )
+        if self.warm_up_steps < 0:
+            raise ValueError(f"warm_up_steps must be >= 0, got {self.warm_up_steps}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        bad = [k for k in self.pass_k if not 1 <= k <= self.eval_samples]
+        if bad:
+            raise ValueError(f"every pass_k must be between 1 and eval_samples={self.eval_samples}; got {bad[0]}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def method_credit_kwargs(method: str, credit_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The entries of `credit_kwargs` that `method` (a name or a `+` stack) owns, coerced and checked by it."""
+    stack = [get_credit_method(name) for name in parse_credit_methods(method)]
+    owned = {k: v for k, v in (credit_kwargs or {}).items() if any(k in m.argument_names for m in stack)}
+    stack_hyperparameters(stack, owned)  # a bad value fails here, before any run trains
+    return owned
+
+
+def _probe_sequences(task, seed: int, count: int = 64) -> list[list[str]]:
+    """Prompt + completion word lists drawn from the prior and kept only when correct: "positive responses"."""
+    from .model import sample_prior
+
+    rng = random.Random(10_000 + seed)
+    sequences = []
+    while len(sequences) < count:
+        prompt = rng.choice(task.prompts())
+        completion = sample_prior(task, prompt, rng)
+        if task.reward(prompt.split(), completion) > 0:
+            sequences.append(prompt.split() + completion)
+    return sequences
+
+
+def token_reward(task, tokenizer):
+    """The reward function `LabTrainer` trains with: `task.reward` of each completion's tokens up to `<eos>`.
+
+    It scores the generated token ids, not the decoded text: decoding drops special tokens (`<pad>`, `<unk>`) that a
+    drifting policy may emit, which would shift every later position of a `fork` or `mdp` completion, while the
+    decisive labels (`LabTrainer._labels`) keep the token positions. Then a success could be labelled a failure.
+    """
+
+    def reward(prompts, completions, completion_ids, **kwargs):
+        rewards = []
+        for prompt, ids in zip(prompts, completion_ids):
+            words = tokenizer.convert_ids_to_tokens(list(ids))
+            words = words[: words.index(tokenizer.eos_token)] if tokenizer.eos_token in words else words
+            rewards.append(task.reward(prompt.split(), words))
+        return rewards
+
+    return reward
+
+
+def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir: str | Path) -> dict:
+    """Warm up a fresh tiny model on the task's prior, train it with `method`, and measure it.
+
+    Returns:
+        A JSON-able record: the run's identity, its per-step `reward`, `entropy` and `step_time` series, and the
+        metrics (credit precision on decisive and implausible tokens, steps until solved, probability of the rare
+        token in correct responses, gradient-norm spread across micro-batches, avg@n and pass@k).
+    """
+    from datasets import Dataset
+    from transformers import PrinterCallback, TrainerCallback, set_seed
+
+    from trl_credit import CreditGRPOConfig
+
+    from ..evaluation import pass_at_k
+    from .model import make_model, make_tokenizer, sample_completions, token_probability, warm_up
+    from .trainer import LabTrainer
+
+    task = get_task(task_name, config.horizon, config.decisive)
+    started = time.monotonic()
+    set_seed(seed)
+    tokenizer = make_tokenizer()
+    prompt_length = len(task.prompts()[0].split())
+    model = make_model(tokenizer, seed, max_length=prompt_length + task.completion_length)
+    warm_up_kl = (
+        warm_up(model, tokenizer, task, seed, steps=config.warm_up_steps) if config.warm_up_steps else math.nan
+    )
+    probe = _probe_sequences(task, seed)
+    probed = [task.tail_positions(words[:prompt_length], words[prompt_length:]) for words in probe]
+
+    def rare(model) -> float:
+        return token_probability(model, tokenizer, probe, prompt_length, RARE_TOKEN, probed)
+
+    rare_probability = [(0, rare(model))]
+
+    class RareTokenProbe(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % 10 == 0 or state.global_step == state.max_steps:
+                rare_probability.append((state.global_step, rare(model)))
+
+    completions_per_step = config.prompts_per_step * config.num_generations
+    args = CreditGRPOConfig(
+        output_dir=str(work_dir),
+        credit_method=method,
+        seed=seed,
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        per_device_train_batch_size=completions_per_step // config.micro_batches,
+        gradient_accumulation_steps=config.micro_batches,
+        num_generations=config.num_generations,
+        max_completion_length=task.completion_length,
+        max_steps=config.max_steps,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="constant",
+        temperature=1.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        credit_kwargs=method_credit_kwargs(method, config.credit_kwargs) or None,
+    )
+
+    dataset = Dataset.from_dict({"prompt": task.prompts() * 64})
+    trainer = LabTrainer(
+        model=model,
+        reward_funcs=token_reward(task, tokenizer),
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[RareTokenProbe()],
+        lab_task=task,
+    )
+    trainer.remove_callback(PrinterCallback)  # one line per step on stdout: the lab prints its own summary
+    trainer.train()
+
+    history = [entry for entry in trainer.state.log_history if "reward" in entry]
+    rewards = [entry["reward"] for entry in history]
+    entropies = [entry["entropy"] for entry in history if "entropy" in entry]
+    step_times = [entry["step_time"] for entry in history if "step_time" in entry]
+
+    policy = trainer.accelerator.unwrap_model(trainer.model).eval()
+    counts = []
+    for index, prompt in enumerate(task.prompts()):
+        completions = sample_completions(
+            policy, tokenizer, prompt, config.eval_samples, seed=seed * 1000 + index, length=task.completion_length
+        )
+        counts.append(sum(int(task.reward(prompt.split(), c) > 0) for c in completions))
+    n = config.eval_samples
+    entropy_start, entropy_end = mean_of_edges(entropies)
+    decisive_pos, decisive_neg = precision(trainer.lab_decisive, "pos"), precision(trainer.lab_decisive, "neg")
+    implausible_pos = precision(trainer.lab_implausible, "pos")
+    spread = within_step_spread([trainer.lab_grad_norms[step] for step in sorted(trainer.lab_grad_norms)])
+    rare_start, rare_end = rare_probability[0][1], rare_probability[-1][1]
+    solved_at = steps_until_solved(rewards, config.solved_threshold, config.solved_window)
+    del trainer, policy, model
+    return {
+        "task": task_name,
+        "method": method,
+        "seed": seed,
+        "steps": len(rewards),
+        "warm_up_kl": warm_up_kl,
+        "rewards": [round(r, 4) for r in rewards],
+        "entropies": [round(h, 4) for h in entropies],
+        "mean_step_time": statistics.fmean(step_times) if step_times else None,
+        "rare_probability": rare_probability,
+        "metrics": {
+            "final_reward": mean_of_edges(rewards, 10)[1],
+            "mean_reward": statistics.fmean(rewards),
+            "steps_until_solved": solved_at,
+            # An unsolved run counts as solved one step after the budget: a lower bound, so gaps can be taken.
+            "steps_until_solved_censored": solved_at if solved_at is not None else len(rewards) + 1,
+            "decisive_precision_pos": decisive_pos["precision"],
+            "decisive_lift_pos": decisive_pos["lift"],
+            "decisive_uniform_pos": decisive_pos["uniform"],
+            "decisive_precision_neg": decisive_neg["precision"],
+            "decisive_lift_neg": decisive_neg["lift"],
+            "decisive_uniform_neg": decisive_neg["uniform"],
+            "implausible_lift_pos": implausible_pos["lift"],
+            "implausible_rows_pos": implausible_pos["rows"],
+            "rare_prob_start": rare_start,
+            "rare_prob_end": rare_end,
+            "rare_prob_growth": rare_end / rare_start if rare_start > 0 else math.nan,
+            "entropy_start": entropy_start,
+            "entropy_end": entropy_end,
+            f"avg@{n}": statistics.fmean(c / n for c in counts),
+            **{f"pass@{k}": statistics.fmean(pass_at_k(n, c, k) for c in counts) for k in config.pass_k},
+            "grad_norm_var": spread["grad_norm_var"],
+            "grad_norm_cv": spread["grad_norm_cv"],
+        },
+        "wall_seconds": round(time.monotonic() - started, 2),
+    }
+
+
+def run_lab(config: LabConfig, command: str = "trl-credit lab", log=None) -> dict:
+    """Run every (task, method, seed), write `results.json` and `report.md` to `config.output_dir`; return the summary.
+
+    Runs already in `results.json` (same task, method, seed and training settings) are not repeated.
+    """
+    log = log or functools.partial(print, flush=True)
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    results_path = output_dir / "results.json"
+    settings = {k: v for k, v in asdict(config).items() if k not in ("methods", "tasks", "seeds", "output_dir")}
+    previous = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    # Settings added after a results.json was written count at their defaults.
+    previous_settings = {
+        **{k: v for k, v in asdict(LabConfig()).items() if k in settings},
+        **previous.get("settings", {}),
+    }
+    records = [r for r in previous.get("runs", []) if previous_settings == settings]
+    done = {(r["task"], r["method"], r["seed"]) for r in records}
+    for task in config.tasks:
+        for seed in config.seeds:
+            for method in config.methods:
+                if (task, method, seed) in done:
+                    continue
+                with tempfile.TemporaryDirectory() as work_dir:
+                    record = run_one(task, method, seed, config, work_dir)
+                records.append(record)
+                results_path.write_text(json.dumps({"settings": settings, "runs": records}, indent=1) + "\n")
+                m = record["metrics"]
+                log(
+                    f"lab: {task} {method} seed {seed}: reward {m['final_reward']:.3f}, solved at "
+                    f"{m['steps_until_solved']}, precision+ {m['decisive_precision_pos']:.3f} "
+                    f"(lift {m['decisive_lift_pos']:.2f}), {record['wall_seconds']:.0f} s"
+                )
+    wanted = [
+        r for r in records if r["task"] in config.tasks and r["method"] in config.methods and r["seed"] in config.seeds
+    ]
+    summary = summarize(wanted, config)
+    (output_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (output_dir / "report.md").write_text(render_report(summary, config, wanted, command) + "\n")
+    return summary
