@@ -260,7 +260,10 @@ def test_trl_runs_its_old_log_prob_forward_exactly_when_runs_scoring_forward_say
     prompts = [row for row in tiny_prompt_dataset() for _ in range(trainer.num_generations)]
     with torch_fused_head():
         batch = trainer._generate_and_score_completions(prompts[: 4 * trainer.args.steps_per_generation])
-    assert ("old_per_token_logps" in batch) == trl_compat.runs_scoring_forward(trainer)
+    runs = trl_compat.runs_scoring_forward(
+        trainer.args, trainer.num_iterations, trainer.use_vllm, trainer.vllm_importance_sampling_correction
+    )
+    assert ("old_per_token_logps" in batch) == runs
 
 
 @pytest.mark.parametrize(

@@ -129,14 +129,12 @@ def check_trainer_attributes(trainer: GRPOTrainer) -> None:
         raise _unsupported(f"builds a GRPOTrainer without the attributes {missing}")
 
 
-def runs_scoring_forward(trainer) -> bool:
+def runs_scoring_forward(args, num_iterations: int, use_vllm: bool, vllm_importance_sampling_correction: bool) -> bool:
     """Whether TRL's `_generate_and_score_completions` runs its no-grad old-log-prob forward of the policy (the same
-    condition in TRL 1.15 and 1.16). Only decides whether to record: `ScoringForward.statistics` checks the record
-    against the batch."""
-    generate_every = trainer.args.steps_per_generation * trainer.num_iterations
-    return trainer.args.gradient_accumulation_steps % generate_every != 0 or (
-        trainer.use_vllm and trainer.vllm_importance_sampling_correction
-    )
+    condition in TRL 1.15 and 1.16), from the trainer's `args` and attributes of those names. Only decides whether to
+    record: `ScoringForward.statistics` checks the record against the batch."""
+    generate_every = args.steps_per_generation * num_iterations
+    return args.gradient_accumulation_steps % generate_every != 0 or (use_vllm and vllm_importance_sampling_correction)
 
 
 def output_cache(output):
