@@ -20,9 +20,12 @@ MAX_LINES = 400
 
 MODULES = sorted(path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py"))
 
-# The library imports nothing from the tooling: the trainer writes the token-credit records itself (their schema is
-# `trainer/token_credit_records.py`, which `reports/token_view` reads back) and its model card through TRL's hook.
-LIBRARY_USES_OF_TOOLING: dict[str, list[str]] = {}
+# The library imports nothing from the tooling but the full credit card, written where TRL writes its card
+# (`create_model_card`). The trainer writes the token-credit records itself (their schema is
+# `trainer/token_credit_records.py`, which `reports/token_view` reads back).
+LIBRARY_USES_OF_TOOLING = {
+    "trainer/credit_trainer.py": ["trl_credit.reports.model_card", "trl_credit.reports.model_card.trainer_model_card"],
+}
 
 
 def _module_name(relative: str) -> str:

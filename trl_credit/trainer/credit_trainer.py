@@ -1,25 +1,18 @@
 """`CreditGRPOTrainer`: TRL's GRPOTrainer with per-token advantages from a stack of credit methods.
 
-The trainer never re-implements the GRPO loss. It replaces the `(B,)` sequence advantages with `(B, T)` token
-advantages, which TRL's `_compute_loss` accepts as they are (it only unsqueezes a 1-D tensor), so every
-`loss_type`, clipping rule, importance-sampling correction and normaliser keeps working. It holds no method
-names: each method (`trl_credit/methods/`) declares the statistics it reads, and where they come from decides
-its stage. There are two, each a method of the trainer that writes its own outputs into the batch TRL reads next:
+It never re-implements the GRPO loss: it replaces the `(B,)` sequence advantages with `(B, T)` token advantages, which
+TRL's `_compute_loss` accepts as they are, so every `loss_type`, clipping rule and normaliser keeps working. Each
+method declares the statistics it reads, and where they come from decides its stage; each stage is a method that
+writes its outputs into the batch TRL reads next, running the methods through `_run_stack`:
 
-* `_credit_generation_batch(batch)`: methods that read only generation-batch statistics, run in
-  `_generate_and_score_completions`, before TRL shuffles and splits the batch; their statistics travel as batch keys
-  (`credit_<statistic>`), so the shuffle and split keep them aligned, and batch-global reductions gather over every
-  process.
-* `_credit_training_forward(inputs, logps_BT, entropy_BT, hidden)`: methods that read the current policy, run on the
-  log-probs and entropies of TRL's own forward of each loss (no extra forward). TRL's scoring method receives no
-  batch, so `_compute_loss` hands the micro-batch over with `credit_in_loss_forward` (see there); TRL's loss reads
-  the advantages and loss weights after that forward. Only with a tool mask, which TRL folds into its loss mask before
-  its forward, does a method that drops tokens get one no-grad forward of the micro-batch first.
+* `_credit_generation_batch(batch)`: methods of generation-batch statistics, in `_generate_and_score_completions`,
+  before TRL shuffles and splits the batch (statistics travel as batch keys `credit_<statistic>`).
+* `_credit_training_forward(inputs, logps_BT, entropy_BT, hidden)`: methods of the current policy, on the log-probs
+  and entropies of TRL's own forward of each loss (no extra forward), handed over by `credit_in_loss_forward`. Only
+  with a tool mask does a method that drops tokens get a no-grad forward of the micro-batch first.
 
-Each stage runs its methods through `_run_stack`, which calls each method's function between the registry's checks.
-Each step logs the policy forwards the methods added (`credit/extra_forwards`, counted where they run:
-`statistics_sources`). With `log_token_credit=True` the trainer publishes `token_credit_preview` (a few rows of a
-training generation batch as the training forward credits them), which its `TokenCreditLog` callback writes.
+The forwards the methods add are logged per step (`credit/extra_forwards`, see `statistics_sources`). With
+`log_token_credit=True` the trainer publishes `token_credit_preview`, which its `TokenCreditLog` callback writes.
 """
 
 from __future__ import annotations
@@ -29,6 +22,7 @@ import warnings
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from trl import GRPOTrainer
@@ -37,9 +31,7 @@ from trl.trainer.utils import get_config_model_id
 from ..methods import (
     GENERATION_STATISTICS,
     LOSS_FORWARD_STATISTICS,
-    POLICY_ENTROPY,
     POLICY_LOGIT_GAP,
-    POLICY_LOGPS,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
     CreditBatch,
@@ -54,18 +46,16 @@ from .batch_layout import (
     groups_and_rewards,
     loss_weights,
     statistic_key,
-    valid_mask,
 )
 from .config import CreditGRPOConfig
-from .diagnostics import advantage_magnitude, credit_metrics
+from .diagnostics import advantage_magnitude, credit_metrics, gather_all, unscored_answers
 from .model_parts import vocab_size
 from .recorders import recorded_final_hidden, recorded_rollout
 from .reference import DeviationReference, copy_initial_model
 from .statistics_sources import EXTRA_FORWARDS, EXTRA_REFERENCE_FORWARDS, TOKEN_CREDIT_LOG_FORWARDS, StatisticsSources
-from .token_credit_log import TokenCreditLog, TokenCreditPreview, token_credit_step
+from .token_credit_log import TokenCreditLog, TokenCreditPreview, TokenCreditPreviews, token_credit_step
 from .trl_compat import (
     GENERATION_ATTRIBUTES,
-    MULTIMODAL_KEYS,
     NORMALISER_AT_GENERATION,
     check_trainer_attributes,
     check_trl_surfaces,
@@ -86,7 +76,7 @@ class StackCredit:
     statistic_BT: torch.Tensor | None
 
 
-class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
+class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
     """[`~trl.GRPOTrainer`] whose advantage is reshaped per token by the methods of `args.credit_method`.
 
     Overrides `_generate_and_score_completions` (methods that read the generation batch), and `_compute_loss` with
@@ -206,7 +196,7 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
         rewards = (self._last_rewards_per_func * self.reward_weights.to(self._last_rewards_per_func.device)).nansum(1)
         batch.update(groups_and_rewards(batch, rewards, self.accelerator.process_index, num_generations))
         if self._generation_statistics:
-            statistics = self._generation_statistics_of(batch, generation, scoring)
+            statistics = self._generation_batch_statistics(batch, self._generation_statistics, generation, scoring)
             batch.update({statistic_key(name): value for name, value in statistics.items()})
             if self.deviation_reference is not None:
                 self.deviation_reference.after_batch(training=self.model.training)
@@ -216,9 +206,6 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
             if step is not None:
                 self.token_credit_preview = self._preview_token_credit(batch, statistic_BT, step)
         return batch
-
-    def _generation_statistics_of(self, batch, generation, scoring) -> dict[str, torch.Tensor]:
-        return self._generation_statistics(batch, self._generation_statistics, generation, scoring)
 
     def _credit_generation_batch(self, batch) -> torch.Tensor | None:
         """The generation stage: write the batch's `(B, T)` advantages and sequence advantages and, where a method
@@ -233,18 +220,6 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
                 kept = (batch["completion_mask"] * batch["tool_mask"]).sum()
                 batch["num_items_in_batch"] = self.accelerator.gather(kept).sum()
         return credit.statistic_BT
-
-    def _batch_statistics(self, batch) -> dict[str, torch.Tensor]:
-        return {name: batch[statistic_key(name)] for name in self._generation_statistics}
-
-    def _gather_all(self, values_N: torch.Tensor) -> torch.Tensor:
-        """The values of every process, concatenated in process order (a collective)."""
-        # One padding element keeps every process's tensor non-empty, whatever its mask.
-        padded_N = torch.cat([values_N.float().flatten(), values_N.new_zeros(1, dtype=torch.float32)])
-        sizes = self.accelerator.gather(torch.tensor([values_N.numel()], device=values_N.device))
-        gathered = self.accelerator.gather(self.accelerator.pad_across_processes(padded_N, dim=0))
-        rows = gathered.view(len(sizes), -1)
-        return torch.cat([row[:size] for row, size in zip(rows, sizes.tolist())])
 
     # ----------------------------------------------------------------------------------------- the stack
 
@@ -264,7 +239,7 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
             statistics=statistics,
             vocab_size=self._vocab_size,
             step=self.state.global_step,
-            gather=self._gather_all,
+            gather=partial(gather_all, self.accelerator),
             clip_range=(self.epsilon_low, self.epsilon_high),
             loss_weights_BT=weights_BT,
             group_index_B=batch.get(GROUP_INDEX),
@@ -380,54 +355,6 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
             else:
                 inputs["completion_mask"].mul_(credit.loss_weights_BT)
 
-    def _forward_statistics(self, batch, logps_BT, entropy_BT, hidden=None) -> dict[str, torch.Tensor]:
-        """Statistics of the training forward; `hidden`: the final hidden states recorded from that forward."""
-        mask_BT = valid_mask(batch)
-        statistics = {
-            POLICY_LOGPS: torch.where(mask_BT, logps_BT, 0.0),
-            POLICY_ENTROPY: torch.where(mask_BT, entropy_BT, 0.0),
-        }
-        if self._records_hidden:
-            statistics[POLICY_LOGIT_GAP] = self._policy_logit_gap(batch, torch.cat(hidden))
-        statistics.update(self._batch_statistics(batch))
-        return statistics
-
-    @torch.no_grad()
-    def _preview_token_credit(self, batch, statistic_BT, step: int) -> TokenCreditPreview:
-        """A few rows of a training generation `batch`, spread over it so that several prompt groups appear, credited
-        as the first training forward will credit them (the policy has not moved yet), for the token-credit log.
-
-        Every process runs the small no-grad forward (collective under ZeRO-3); the training-forward stage runs
-        without its metrics. Image inputs are not laid out per row: then every row is scored and the sampled ones kept.
-        """
-        num_rows = batch["completion_ids"].size(0)
-        rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
-        sub = {
-            key: value[rows]
-            for key, value in batch.items()
-            if isinstance(value, torch.Tensor)
-            and value.dim() >= 1
-            and value.size(0) == num_rows
-            and key not in MULTIMODAL_KEYS
-        }
-        has_images = any(key in batch for key in MULTIMODAL_KEYS)
-        with recorded_final_hidden(self._policy(), self._records_hidden) as hidden:
-            logps_bT, entropy_bT = self.policy_logps_and_entropy(
-                batch if has_images else sub, self._forward_batch_size(), counted_as=TOKEN_CREDIT_LOG_FORWARDS
-            )
-        if has_images:
-            logps_bT, entropy_bT = logps_bT[rows], entropy_bT[rows]
-            hidden = [torch.cat(hidden)[rows]] if hidden else hidden
-        statistic_bT = None if statistic_BT is None else statistic_BT[rows]
-        if self._training_forward_methods:
-            statistics = self._forward_statistics(sub, logps_bT, entropy_bT, hidden)
-            credit = self._run_stack(sub, self._training_forward_methods, statistics, True, record_metrics=False)
-            sub.update({"advantages": credit.advantages_BT, SEQUENCE_ADVANTAGES: credit.sequence_B})
-            if credit.loss_weights_BT is not None:
-                sub["tool_mask"] = sub.get("tool_mask", 1.0) * credit.loss_weights_BT
-            statistic_bT = credit.statistic_BT if credit.statistic_BT is not None else statistic_bT
-        return TokenCreditPreview(step, sub, logps_bT, entropy_bT, statistic_bT)
-
     # ------------------------------------------------------------------------------------------ checkpoints
 
     def _save_checkpoint(self, model, trial):
@@ -445,24 +372,10 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._last_rewards_per_func = rewards_per_func  # (all processes' rows, reward funcs): for the token log
-        # Answers the reward functions that count them could not score (timeouts, unparseable LaTeX), summed over
-        # processes; every process holds the same reward functions, so all or none run the reduction. A reward function
-        # counts them in an `unscored` attribute with `snapshot_and_reset() -> {name: count}` (`rewards.RewardStats`).
-        counters = [
-            f.unscored
-            for f in self.reward_funcs
-            if callable(getattr(getattr(f, "unscored", None), "snapshot_and_reset", None))
-        ]
-        if not counters:
-            return rewards_per_func
-        counts = Counter()
-        for counter in counters:
-            counts.update(counter.snapshot_and_reset())
-        totals = self.accelerator.reduce(torch.tensor(list(counts.values()), device=self.accelerator.device), "sum")
+        self._last_rewards_per_func = rewards_per_func  # (all processes' rows, reward funcs): for `REWARDS`
         mode = "train" if self.model.training else "eval"
-        for name, total in zip(counts, totals.tolist()):
-            self._metrics[mode][name].append(float(total))
+        for name, total in unscored_answers(self.reward_funcs, self.accelerator).items():
+            self._metrics[mode][name].append(total)
         return rewards_per_func
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):

@@ -50,6 +50,9 @@ import torch
 from trl.models.utils import disable_gradient_checkpointing
 
 from ..methods import (
+    POLICY_ENTROPY,
+    POLICY_LOGIT_GAP,
+    POLICY_LOGPS,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,
@@ -57,7 +60,7 @@ from ..methods import (
     ROLLOUT_MEAN_ENTROPY,
     ROLLOUT_SUM_SQ_PROBS,
 )
-from .batch_layout import sequence_inputs, valid_mask
+from .batch_layout import sequence_inputs, statistic_key, valid_mask
 from .lm_head_statistics import TokenStatistics, hellinger_and_entropy, token_statistics
 from .model_parts import completion_hidden, full_lm_head, logit_transform, unsharded_root
 from .recorders import recorded_final_hidden
@@ -163,7 +166,7 @@ class StatisticsSources:
                 return None, hidden_BTH
         return None, None
 
-    def _generation_statistics(self, batch, names, generation=None, scoring=None) -> dict[str, torch.Tensor]:
+    def _generation_batch_statistics(self, batch, names, generation=None, scoring=None) -> dict[str, torch.Tensor]:
         """The requested generation-batch statistics, `(B, T)` float32 each, zero at masked positions.
 
         `scoring`: the `ScoringForward` recorded while TRL generated and scored `batch`, if any; `generation`: the
@@ -264,3 +267,18 @@ class StatisticsSources:
                 transform=logit_transform(policy),
                 ref_transform=logit_transform(reference_model),
             )
+
+    def _batch_statistics(self, batch) -> dict[str, torch.Tensor]:
+        return {name: batch[statistic_key(name)] for name in self._generation_statistics}
+
+    def _forward_statistics(self, batch, logps_BT, entropy_BT, hidden=None) -> dict[str, torch.Tensor]:
+        """Statistics of the training forward; `hidden`: the final hidden states recorded from that forward."""
+        mask_BT = valid_mask(batch)
+        statistics = {
+            POLICY_LOGPS: torch.where(mask_BT, logps_BT, 0.0),
+            POLICY_ENTROPY: torch.where(mask_BT, entropy_BT, 0.0),
+        }
+        if self._records_hidden:
+            statistics[POLICY_LOGIT_GAP] = self._policy_logit_gap(batch, torch.cat(hidden))
+        statistics.update(self._batch_statistics(batch))
+        return statistics
