@@ -65,6 +65,51 @@ def _json_float(value: float) -> float | None:
     return float(f"{value:.6g}") if math.isfinite(value) else None
 
 
+class _KeptPositions:
+    """The valid positions of one completion's `(T,)` inputs (all when `mask` is None): the kept token ids, and the
+    kept values of any other per-token input."""
+
+    def __init__(self, token_ids, mask):
+        import torch  # deferred: reading and rendering records must not pay for importing torch
+
+        self.ids_T = torch.as_tensor(token_ids).reshape(-1).cpu()
+        self.keep_T = torch.ones_like(self.ids_T, dtype=torch.bool) if mask is None else torch.as_tensor(mask)
+        self.keep_T = self.keep_T.reshape(-1).bool().cpu()
+        if self.keep_T.shape != self.ids_T.shape:
+            raise TokenCreditError(f"mask has {self.keep_T.numel()} positions but token_ids has {self.ids_T.numel()}")
+        self.ids = self.ids_T[self.keep_T].tolist()
+
+    def values(self, values) -> list[float]:
+        import torch
+
+        values_T = torch.as_tensor(values).detach().reshape(-1).float().cpu()
+        if values_T.shape != self.ids_T.shape:
+            raise TokenCreditError(
+                f"per-token input has {values_T.numel()} positions but token_ids has {self.ids_T.numel()}"
+            )
+        return values_T[self.keep_T].tolist()
+
+    def tokens(self, tokens: Sequence[str] | None, tokenizer) -> list[str]:
+        """The kept ones of `tokens`, or, without them, each kept token decoded on its own by `tokenizer`."""
+        if tokens is not None:
+            return [token for token, keep in zip(tokens, self.keep_T.tolist(), strict=True) if keep]
+        if tokenizer is None:
+            raise TokenCreditError("pass either `tokens` or a `tokenizer` to decode the token ids")
+        return tokenizer.batch_decode(
+            [[token_id] for token_id in self.ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )
+
+    def weights(self, token_advantages, advantage: float) -> list[float]:
+        """`Â_t / A` of each kept token, 1.0 when `A == 0`."""
+        import torch
+
+        # Divide in float32, the precision Â was computed in, so that an untouched token reads exactly 1.
+        advantage_f32 = torch.tensor(float(advantage), dtype=torch.float32)
+        if advantage_f32 == 0:
+            return [1.0] * len(self.ids)
+        return (torch.tensor(self.values(token_advantages), dtype=torch.float32) / advantage_f32).tolist()
+
+
 def token_credit_record(
     *,
     step: int,
@@ -83,67 +128,27 @@ def token_credit_record(
     statistic=None,
     statistic_name: str | None = None,
 ) -> dict[str, Any]:
-    """Build the token-credit record of one completion (one line of `token_credit.jsonl`).
+    """Build the token-credit record of one completion (one line of `token_credit.jsonl`): a JSON-serialisable dict
+    with the keys of `RECORD_KEYS`.
 
-    The per-token inputs are 1-D tensors, arrays or lists of length `T` (one completion row of the
-    batch); positions where `mask` is false (padding, tool output) are dropped. The weight of each
-    kept token is `Â_t / A`, or 1.0 when `A == 0` (every method leaves such responses untouched).
+    `step` is the optimizer step as TRL logs it (1-based, the `step` of `trainer_state.json`); `method` the credit
+    method (`"grpo"`, a registered name, or a stack); `prompt` the prompt text as the model saw it, `completion` the
+    decoded completion; `reward` its total reward and `advantage` its sequence advantage `A_i`.
 
-    Args:
-        step: the optimizer step as TRL logs it (1-based, the `step` of `trainer_state.json`).
-        method: credit method: `"grpo"`, a registered name, or a stack.
-        prompt: prompt text as the model saw it.
-        completion: decoded completion text.
-        reward: total reward of the completion.
-        advantage: sequence advantage `A_i`.
-        token_ids: `(T,)` sampled token ids.
-        token_advantages: `(T,)` per-token advantages `Â_{i,t}` handed to the loss.
-        logps: `(T,)` log-probabilities of the sampled tokens.
-        entropies: `(T,)` next-token entropies (nats).
-        mask: `(T,)` valid positions (bool or 0/1); all valid when omitted.
-        tokens: decoded text of each of the `T` tokens; derived from `tokenizer` when omitted.
-        tokenizer: used to decode each kept token on its own when `tokens` is omitted. A byte-level
-            BPE token that holds part of a multi-byte character decodes to U+FFFD.
-        statistic: `(T,)` the method's own per-token statistic, or `None`.
-        statistic_name: its name; defaults to the registration's (`method_statistic_name(method)`).
-
-    Returns:
-        A JSON-serialisable dict with the keys of `RECORD_KEYS`.
+    The per-token inputs are 1-D tensors, arrays or lists of length `T` (one completion row of the batch): the sampled
+    `token_ids`, the `token_advantages` `Â_{i,t}` handed to the loss, the sampled tokens' `logps`, the next-token
+    `entropies` (nats) and the method's own per-token `statistic` (or None; named `statistic_name`, by default the
+    registration's, `method_statistic_name(method)`). Positions where `mask` (bool or 0/1, all valid when omitted) is
+    false (padding, tool output) are dropped. The weight of each kept token is `Â_t / A`, or 1.0 when `A == 0` (every
+    method leaves such responses untouched). `tokens`: the decoded text of each of the `T` tokens; when omitted,
+    `tokenizer` decodes each kept token on its own (a byte-level BPE token that holds part of a multi-byte character
+    decodes to U+FFFD).
     """
-    import torch  # deferred: reading and rendering records must not pay for importing torch
-
-    ids_T = torch.as_tensor(token_ids).reshape(-1)
-    keep_T = torch.ones_like(ids_T, dtype=torch.bool) if mask is None else torch.as_tensor(mask).reshape(-1).bool()
-    if keep_T.shape != ids_T.shape:
-        raise TokenCreditError(f"mask has {keep_T.numel()} positions but token_ids has {ids_T.numel()}")
-
-    def kept(values) -> list[float]:
-        values_T = torch.as_tensor(values).detach().reshape(-1).float().cpu()
-        if values_T.shape != ids_T.shape:
-            raise TokenCreditError(
-                f"per-token input has {values_T.numel()} positions but token_ids has {ids_T.numel()}"
-            )
-        return values_T[keep_T.cpu()].tolist()
-
-    kept_ids = ids_T.cpu()[keep_T.cpu()].tolist()
-    # Divide in float32, the precision Â was computed in, so that an untouched token reads exactly 1.
-    advantage_f32 = torch.tensor(float(advantage), dtype=torch.float32)
-    if advantage_f32 == 0:
-        weights = [1.0] * len(kept_ids)
-    else:
-        weights = (torch.tensor(kept(token_advantages), dtype=torch.float32) / advantage_f32).tolist()
-
-    if tokens is None:
-        if tokenizer is None:
-            raise TokenCreditError("pass either `tokens` or a `tokenizer` to decode the token ids")
-        tokens = tokenizer.batch_decode(
-            [[token_id] for token_id in kept_ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
-        )
-    else:
-        tokens = [token for token, keep in zip(tokens, keep_T.tolist(), strict=True) if keep]
-
-    if statistic_name is None:
-        statistic_name = method_statistic_name(method)
+    positions = _KeptPositions(token_ids, mask)
+    kept_ids, kept = positions.ids, positions.values
+    weights = positions.weights(token_advantages, advantage)
+    tokens = positions.tokens(tokens, tokenizer)
+    statistic_name = method_statistic_name(method) if statistic_name is None else statistic_name
     return {
         "step": int(step),
         "method": str(method),
