@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import Counter
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 
@@ -50,16 +50,14 @@ from .batch_layout import (
 from .config import CreditGRPOConfig
 from .diagnostics import advantage_magnitude, credit_metrics, gather_all, unscored_answers
 from .model_parts import vocab_size
-from .recorders import recorded_final_hidden, recorded_rollout
+from .recorders import recorded_final_hidden
 from .reference import DeviationReference, copy_initial_model
 from .statistics_sources import EXTRA_FORWARDS, EXTRA_REFERENCE_FORWARDS, TOKEN_CREDIT_LOG_FORWARDS, StatisticsSources
 from .token_credit_log import TokenCreditLog, TokenCreditPreview, TokenCreditPreviews, token_credit_step
 from .trl_compat import (
-    GENERATION_ATTRIBUTES,
     NORMALISER_AT_GENERATION,
     check_trainer_attributes,
     check_trl_surfaces,
-    runs_scoring_forward,
     torch_fused_head,
 )
 
@@ -181,16 +179,7 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         # Generation-batch statistics take the policy's entropies and hidden states from TRL's old-log-prob forward where
         # it runs one, else from `generate` where TRL generates in one call (see `statistics_sources`).
-        with recorded_rollout(
-            self.model,
-            self._policy(),
-            self._generation_statistics,
-            one_generate_call=not any(getattr(self, name) for name in GENERATION_ATTRIBUTES),
-            scoring_forward=runs_scoring_forward(
-                self.args, self.num_iterations, self.use_vllm, self.vllm_importance_sampling_correction
-            ),
-            keep_hidden=self.deviation_reference is not None,
-        ) as (generation, scoring):
+        with self._recorded_rollout() as (generation, scoring):
             batch = super()._generate_and_score_completions(inputs)
         num_generations = self.num_generations if self.model.training else self.num_generations_eval
         rewards = (self._last_rewards_per_func * self.reward_weights.to(self._last_rewards_per_func.device)).nansum(1)
@@ -223,16 +212,19 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
 
     # ----------------------------------------------------------------------------------------- the stack
 
-    def _credit_batch(self, batch, statistics) -> CreditBatch:
-        """The methods' view of `batch`: its advantages, starting from TRL's loss mask (completion mask x tool mask,
-        soft where an earlier stage weighed tokens), with `statistics`."""
+    def _run_stack(self, batch, methods, statistics, last_stage: bool, record_metrics: bool = True) -> StackCredit:
+        """Run `methods` in order on `batch`: each method's function between the registry's checks of its batch and
+        its result, each seeing the advantages and loss mask the methods before it produced
+        (`CreditBatch.followed_by`), starting from the batch's advantages and TRL's loss mask (completion mask x
+        tool mask, soft where an earlier stage weighed tokens). Logs each method's metrics (and, at the
+        `last_stage`, `credit/adv_abs_mean`) when `record_metrics`."""
         weights_BT = loss_weights(batch)
         mask_BT = weights_BT.bool()
         sequence_B = batch.get(SEQUENCE_ADVANTAGES, batch["advantages"]).float()
         advantages_BT = batch["advantages"].float()
         if advantages_BT.dim() == 1:
             advantages_BT = sequence_B.unsqueeze(1) * mask_BT
-        return CreditBatch(
+        credit_batch = CreditBatch(
             advantages_BT,
             sequence_B,
             mask_BT,
@@ -245,14 +237,6 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
             group_index_B=batch.get(GROUP_INDEX),
             rewards_B=batch.get(REWARDS),
         )
-
-    def _run_stack(self, batch, methods, statistics, last_stage: bool, record_metrics: bool = True) -> StackCredit:
-        """Run `methods` in order on `batch`: each method's function between the registry's checks of its batch and
-        its result, each seeing the advantages and loss mask the methods before it produced
-        (`CreditBatch.followed_by`). Logs each method's metrics (and, at the `last_stage`, `credit/adv_abs_mean`)
-        when `record_metrics`."""
-        credit_batch = self._credit_batch(batch, statistics)
-        mask_BT, sequence_B = credit_batch.mask_BT, credit_batch.sequence_advantages_B
         loss_weights_BT, statistic_BT = None, None
         mode = "train" if self.model.training else "eval"
         for method, hyperparameters in methods:
@@ -332,7 +316,8 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
         # TRL's fused head returns no maximum logit: min-p's logit gap is streamed from the final hidden states of this
         # very forward, recorded from the backbone around it (no second backbone forward).
         records_hidden = loss_forward is not None and self._records_hidden
-        with torch_fused_head(), recorded_final_hidden(self._policy(), records_hidden) as hidden:
+        recording = recorded_final_hidden(self._policy()) if records_hidden else nullcontext([])
+        with torch_fused_head(), recording as hidden:
             logps_BT, entropy_BT, aux_loss = super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, *args, **kwargs
             )

@@ -63,7 +63,8 @@ from ..methods import (
 from .batch_layout import sequence_inputs, statistic_key, valid_mask
 from .lm_head_statistics import TokenStatistics, hellinger_and_entropy, token_statistics
 from .model_parts import completion_hidden, full_lm_head, logit_transform, unsharded_root
-from .recorders import recorded_final_hidden
+from .recorders import recorded_final_hidden, recorded_rollout
+from .trl_compat import GENERATION_ATTRIBUTES, runs_scoring_forward
 
 # TRL's own bookkeeping among them: how many images and tiles each row has, never passed to the model.
 _ROW_COUNTS = ("num_images", "num_tiles")
@@ -95,6 +96,22 @@ class StatisticsSources:
 
     def _policy(self):
         return self.accelerator.unwrap_model(self.model)
+
+    def _recorded_rollout(self):
+        """A context manager yielding the records of TRL's generation of a batch that the generation statistics can
+        use (`recorders.recorded_rollout`); `(None, None)` without generation statistics."""
+        if not self._generation_statistics:
+            return nullcontext((None, None))
+        return recorded_rollout(
+            self.model,
+            self._policy(),
+            self._generation_statistics,
+            one_generate_call=not any(getattr(self, name) for name in GENERATION_ATTRIBUTES),
+            scoring_forward=runs_scoring_forward(
+                self.args, self.num_iterations, self.use_vllm, self.vllm_importance_sampling_correction
+            ),
+            keep_hidden=self.deviation_reference is not None,
+        )
 
     @torch.no_grad()
     def policy_logps_and_entropy(
