@@ -364,8 +364,12 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
         return rewards_per_func
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card, extended with what trained (`trl_credit.reports.model_card.trainer_model_card`): the base model, the
-        set-up, each method with its hyperparameters and paper, the reward and evaluation results, training plots."""
+        """TRL's card (its hook, with `_tag_names`, `_name`, `_paper`), extended with what trained
+        (`trl_credit.reports.model_card.trainer_model_card`): the base model, the set-up, each method with its
+        hyperparameters and paper, the reward and evaluation results, training plots.
+
+        The library's one use of the tooling: TRL calls this hook at each checkpoint and in `push_to_hub`, so the
+        full card is rendered here, importing the card module only when a card is written."""
         if not self.is_world_process_zero():
             return
         from huggingface_hub import ModelCard
