@@ -48,7 +48,7 @@ from .batch_layout import (
     statistic_key,
 )
 from .config import CreditGRPOConfig
-from .diagnostics import advantage_magnitude, credit_metrics, gather_all, unscored_answers
+from .diagnostics import advantage_magnitude, credit_metrics, gather_all, unscored_answers, unscored_counters
 from .model_parts import vocab_size
 from .recorders import recorded_final_hidden
 from .reference import DeviationReference, copy_initial_model
@@ -121,6 +121,7 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
         check_trainer_attributes(self)
         self.deviation_reference = DeviationReference(self, initial_copy, deviations[0]) if deviations else None
         self._vocab_size = vocab_size(self.accelerator.unwrap_model(self.model))
+        self._unscored_counters = unscored_counters(self.reward_funcs)
         # Forwards the credit methods run, counted where they run (`_count_forward`), logged once per step.
         self.forward_counts = Counter({EXTRA_FORWARDS: 0})
         if self.deviation_reference is not None:
@@ -358,9 +359,10 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards_per_func  # (all processes' rows, reward funcs): for `REWARDS`
-        mode = "train" if self.model.training else "eval"
-        for name, total in unscored_answers(self.reward_funcs, self.accelerator).items():
-            self._metrics[mode][name].append(total)
+        if self._unscored_counters:
+            mode = "train" if self.model.training else "eval"
+            for name, total in unscored_answers(self._unscored_counters, self.accelerator).items():
+                self._metrics[mode][name].append(total)
         return rewards_per_func
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):

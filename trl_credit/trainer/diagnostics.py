@@ -66,16 +66,18 @@ def advantage_magnitude(accelerator, advantages_BT, mask_BT) -> float:
     return (total[0] / total[1]).item() if total[1] > 0 else float("nan")
 
 
-def unscored_answers(reward_funcs, accelerator) -> dict[str, float]:
-    """Answers the reward functions that count them could not score (timeouts, unparseable LaTeX), by metric name,
-    summed over processes. A reward function counts them in an `unscored` attribute with
-    `snapshot_and_reset() -> {name: count}` (`rewards.RewardStats`); every process holds the same reward functions, so
-    all or none run the reduction."""
-    counters = [
+def unscored_counters(reward_funcs) -> list:
+    """The counters of the answers the reward functions could not score (timeouts, unparseable LaTeX): a reward
+    function counts them in an `unscored` attribute with `snapshot_and_reset() -> {name: count}`
+    (`rewards.RewardStats`)."""
+    return [
         f.unscored for f in reward_funcs if callable(getattr(getattr(f, "unscored", None), "snapshot_and_reset", None))
     ]
-    if not counters:
-        return {}
+
+
+def unscored_answers(counters, accelerator) -> dict[str, float]:
+    """The unscored answers the `counters` counted since the last call, by metric name, summed over processes (every
+    process holds the same reward functions, so all or none run the reduction)."""
     counts = Counter()
     for counter in counters:
         counts.update(counter.snapshot_and_reset())
