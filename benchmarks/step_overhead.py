@@ -41,7 +41,7 @@ Reported per method, as ratios to `grpo`:
   step time: the generation-batch statistics (rollout forward, deviation pass), the no-grad forward of each
   micro-batch that methods dropping tokens from the loss need with a tool mask, the streamed logit gap, and the
   reshaping itself
-  (`_apply_credit`: the method's function and its metrics);
+  (`_run_stack`: the method's function and its metrics);
 * extra forwards: the forwards the method added per optimizer step, as the trainer logs them (`credit/extra_forwards`,
   counted where they run: 0 where TRL's forward or `generate` was reused), with the deviation reference's
   (`credit/extra_reference_forwards`) as "+ N ref";
@@ -257,10 +257,10 @@ def timing_worker(args) -> dict:
 
 
 PARTS = {  # the trainer's calls that are a method's own cost (none of them nests another) -> label
-    "generation_statistics": "generation-batch statistics",
+    "_generation_batch_statistics": "generation-batch statistics",
     "policy_logps_and_entropy": "no-grad micro-batch forward",
-    "policy_logit_gap": "streamed logit gap",
-    "_apply_credit": "reshaping",
+    "_policy_logit_gap": "streamed logit gap",
+    "_run_stack": "reshaping",
 }
 
 
@@ -289,9 +289,8 @@ def instrument_parts(pacers: dict) -> dict:
 
         setattr(owner, name, timed)
 
-    for name in ("generation_statistics", "policy_logps_and_entropy", "policy_logit_gap"):
-        wrap(credit_trainer, name)  # module functions, looked up by the trainer at call time
-    wrap(credit_trainer.CreditGRPOTrainer, "_apply_credit")
+    for name in PARTS:
+        wrap(credit_trainer.CreditGRPOTrainer, name)  # methods, looked up on the trainer at call time
     return totals
 
 

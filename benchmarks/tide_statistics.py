@@ -6,7 +6,7 @@ Random LM heads (`V x H`, std 2/sqrt(H), so next-token distributions are peaked 
 a few nats), a reference head and hidden states perturbed from the policy's. For each (N, V):
 
 * time: streamed (`hellinger_and_entropy` with the trainer's default chunks, 1024 tokens x 16384 vocabulary rows)
-  and naive (`hellinger_and_entropy_naive`) interleaved in one process, repeated, median; ratio naive / streamed.
+  and naive (`tests/reference_formulas.hellinger_and_entropy_naive`) interleaved in one process, repeated, median; ratio naive / streamed.
   Cases without the naive path are timed once (their absolute time feeds the scaling section);
 * extra peak memory: each implementation's first call in a fresh process (after a warm-up on tiny inputs); once
   the inputs exist the process's peak-RSS mark is reset (`echo 5 > /proc/self/clear_refs`), the function runs, and
@@ -54,7 +54,10 @@ def make_inputs(n: int, v: int, h: int, seed: int = 0):
 
 
 def implementations(args):
-    from trl_credit.trainer.lm_head_statistics import hellinger_and_entropy, hellinger_and_entropy_naive
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the naive form is a test reference
+    from reference_formulas import hellinger_and_entropy_naive
+
+    from trl_credit.trainer.lm_head_statistics import hellinger_and_entropy
 
     return {
         "streamed": lambda *x: hellinger_and_entropy(

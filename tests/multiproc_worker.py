@@ -131,9 +131,9 @@ class RecordingTrainer(CreditGRPOTrainer):
             self._record(batch, None)
         return batch
 
-    def _apply_credit(self, batch, methods, statistics, record_metrics=True):
+    def _run_stack(self, batch, methods, statistics, last_stage, record_metrics=True):
         self.head_layouts.append(("credit", head_layout(self._unwrapped())))
-        updates, statistic_BT = super()._apply_credit(batch, methods, statistics, record_metrics)
+        credit = super()._run_stack(batch, methods, statistics, last_stage, record_metrics)
         if record_metrics:  # not the token-credit log's preview
             forward = {
                 "logps_BT": statistics.get("policy_logps"),
@@ -142,9 +142,9 @@ class RecordingTrainer(CreditGRPOTrainer):
                 "rollout_logps_BT": statistics.get("rollout_logps"),
                 "rollout_entropy_BT": statistics.get("rollout_entropy"),
             }
-            record = {**batch, "advantages": updates["credit_sequence_advantages"]}
-            self._record(record, updates["advantages"], **{k: v for k, v in forward.items() if v is not None})
-        return updates, statistic_BT
+            record = {**batch, "advantages": credit.sequence_B}
+            self._record(record, credit.advantages_BT, **{k: v for k, v in forward.items() if v is not None})
+        return credit
 
 
 class _MaskRankOneCompletions(GRPOTrainer):
@@ -288,7 +288,7 @@ def _uneven_mask_statistics(policy, reference, input_ids, rank):
     from contextlib import nullcontext
     from types import SimpleNamespace
 
-    from trl_credit.trainer.sources import deviation_and_entropy
+    from trl_credit.trainer.statistics_sources import StatisticsSources
 
     batch = {
         "prompt_ids": input_ids[:, :3],
@@ -296,18 +296,18 @@ def _uneven_mask_statistics(policy, reference, input_ids, rank):
         "completion_ids": input_ids[:, 3:],
         "completion_mask": torch.ones_like(input_ids[:, 3:]) * (rank == 0),
     }
-    context = SimpleNamespace(  # what the function reads of the trainer; one row per chunk: two chunks per rank
-        accelerator=SimpleNamespace(unwrap_model=lambda model: model),
-        model=policy,
-        temperature=1.0,
-        args=SimpleNamespace(
-            gradient_checkpointing_kwargs=None, statistics_token_chunk_size=4, statistics_vocab_chunk_size=32
-        ),
-        _forward_batch_size=lambda: 1,
-        forward_counts=Counter(),  # the deviation pass counts its forwards there
+    # What the deviation pass reads of the trainer; one row per chunk: two chunks per rank.
+    context = StatisticsSources()
+    context.accelerator = SimpleNamespace(unwrap_model=lambda model: model)
+    context.model = policy
+    context.temperature = 1.0
+    context.args = SimpleNamespace(
+        gradient_checkpointing_kwargs=None, statistics_token_chunk_size=4, statistics_vocab_chunk_size=32
     )
-    reference_side = SimpleNamespace(model_and_context=lambda: (reference, nullcontext()))
-    deviation_BT, _ = deviation_and_entropy(context, batch, reference_side)
+    context._forward_batch_size = lambda: 1
+    context.forward_counts = Counter()  # the deviation pass counts its forwards there
+    context.deviation_reference = SimpleNamespace(model_and_context=lambda: (reference, nullcontext()))
+    deviation_BT, _ = context._deviation_and_entropy(batch)
     return int((deviation_BT > 0).sum())
 
 

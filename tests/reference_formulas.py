@@ -246,3 +246,35 @@ def hicra_loop(adv, ids, mask, texts, grams, alpha=0.2):
             a = float(adv[i])
             out[i, t] = a + alpha * abs(a) if planning else a
     return out
+
+
+@torch.no_grad()
+def hellinger_and_entropy_naive(
+    hidden_NH,
+    ref_hidden_NH,
+    weight_VH,
+    ref_weight_VH=None,
+    bias_V=None,
+    ref_bias_V=None,
+    temperature=1.0,
+    transform=None,
+    ref_transform=None,
+):
+    """Squared Hellinger distance and policy entropy per token from both full `(N, V)` logit matrices (the streamed
+    kernels' reference). `transform(logits, temperature)`: the model's scale, softcap and temperature; by default
+    division by the temperature."""
+    ref_weight_VH = weight_VH if ref_weight_VH is None else ref_weight_VH
+    transform = transform if transform is not None else (lambda logits, temperature: logits / temperature)
+    ref_transform = transform if ref_transform is None else ref_transform
+
+    def log_probs(hidden, weight, bias, apply):
+        logits = hidden.float() @ weight.float().T
+        if bias is not None:
+            logits = logits + bias.float()
+        return torch.log_softmax(apply(logits, temperature), -1)
+
+    logp_NV = log_probs(hidden_NH, weight_VH, bias_V, transform)
+    logq_NV = log_probs(ref_hidden_NH, ref_weight_VH, ref_bias_V, ref_transform)
+    deviation_N = (1.0 - torch.exp(0.5 * (logp_NV + logq_NV)).sum(-1)).clamp(0.0, 1.0)
+    entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
+    return deviation_N, entropy_N

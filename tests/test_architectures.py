@@ -152,7 +152,7 @@ def _close_batch_statistics(record, logp_BTV, mask):
 )
 @pytest.mark.parametrize("family", FAMILIES)
 def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, temperature, generation_kwargs):
-    from trl_credit.trainer import sources
+    from trl_credit.trainer import statistics_sources
 
     tokenizer = make_tiny_tokenizer()
     model = _tiny(family, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
@@ -178,7 +178,9 @@ def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, 
     # records them only when it decodes with a KV cache; without one the policy's backbone runs again.
     forwarded = []
     monkeypatch.setattr(
-        sources, "completion_hidden", lambda m, *a, **k: forwarded.append(m) or completion_hidden(m, *a, **k)
+        statistics_sources,
+        "completion_hidden",
+        lambda m, *a, **k: forwarded.append(m) or completion_hidden(m, *a, **k),
     )
     reference = trainer.deviation_reference.model
     reference_snapshot = _perturbed(reference)
@@ -228,7 +230,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
     """
     from trainer_helpers import FakeVLLMGeneration, make_rollout_func
 
-    from trl_credit.trainer import model_parts, sources
+    from trl_credit.trainer import model_parts, statistics_sources
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     tokenizer = make_tiny_tokenizer()
@@ -263,7 +265,9 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
         with_kwargs=True,
     )
     monkeypatch.setattr(
-        sources, "completion_hidden", lambda m, *a, **k: hidden_forwards.append(m) or completion_hidden(m, *a, **k)
+        statistics_sources,
+        "completion_hidden",
+        lambda m, *a, **k: hidden_forwards.append(m) or completion_hidden(m, *a, **k),
     )
     trl_forward = trainer._get_per_token_logps_and_entropies
     monkeypatch.setattr(

@@ -26,9 +26,7 @@ from trl_credit.methods import (
     tampo_advantages,
 )
 from trl_credit.methods.high_entropy import high_entropy_count
-from trl_credit.trainer import credit_trainer
 from trl_credit.trainer.lm_head_statistics import token_statistics
-from trl_credit.trainer.sources import policy_logps_and_entropy
 
 BASELINES = ["stapo", "tampo", "minp_support", "ar_lopti", "clip_cov", "high_entropy", "entropy_adv"]
 PAPERS = {
@@ -487,11 +485,8 @@ def test_logit_gap_statistic_equals_full_logits(monkeypatch, make_trainer, tool_
     trainer_class = ToolMasked if tool_mask else CreditGRPOTrainer
     trainer = make_trainer("minp_support", trainer_class, max_steps=1, temperature=0.7)
     forwards = []  # the trainer's own no-grad forwards of the micro-batch
-    monkeypatch.setattr(
-        credit_trainer,
-        "policy_logps_and_entropy",
-        lambda *a, **k: forwards.append(1) or policy_logps_and_entropy(*a, **k),
-    )
+    scoring = trainer.policy_logps_and_entropy
+    monkeypatch.setattr(trainer, "policy_logps_and_entropy", lambda *a, **k: forwards.append(1) or scoring(*a, **k))
     checked = []
     original = trainer._forward_statistics
 

@@ -20,17 +20,11 @@ MAX_LINES = 400
 
 MODULES = sorted(path.relative_to(PACKAGE).as_posix() for path in PACKAGE.rglob("*.py"))
 
-# The two outputs of the trainer that the tooling formats, imported where they are written: the model card TRL writes at
-# each checkpoint (`create_model_card`) and the token-credit records of `log_token_credit` (appended, and those of the
-# steps a resumed run trains again dropped). Nothing else.
+# The library imports nothing from the tooling but the full credit card, written where TRL writes its card
+# (`create_model_card`). The trainer writes the token-credit records itself (their schema is
+# `trainer/token_credit_records.py`, which `reports/token_view` reads back).
 LIBRARY_USES_OF_TOOLING = {
     "trainer/credit_trainer.py": ["trl_credit.reports.model_card", "trl_credit.reports.model_card.trainer_model_card"],
-    "trainer/token_credit_log.py": [
-        "trl_credit.reports.token_view",
-        "trl_credit.reports.token_view.append_token_credit",
-        "trl_credit.reports.token_view.drop_token_credit_after",
-        "trl_credit.reports.token_view.token_credit_records_from_batch",
-    ],
 }
 
 

@@ -12,7 +12,7 @@ from conftest import (
 )
 
 from trl_credit import CreditGRPOTrainer
-from trl_credit.trainer.sources import valid_mask
+from trl_credit.trainer.batch_layout import valid_mask
 
 peft = pytest.importorskip(
     "peft", reason="needs peft: pip install -e '.[peft]'"

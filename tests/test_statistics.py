@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from reference_formulas import hellinger_and_entropy_naive
 
 from trl_credit.trainer.lm_head_statistics import (
     LogitTransform,
     hellinger_and_entropy,
-    hellinger_and_entropy_naive,
     token_statistics,
 )
 

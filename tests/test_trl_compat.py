@@ -260,7 +260,10 @@ def test_trl_runs_its_old_log_prob_forward_exactly_when_runs_scoring_forward_say
     prompts = [row for row in tiny_prompt_dataset() for _ in range(trainer.num_generations)]
     with torch_fused_head():
         batch = trainer._generate_and_score_completions(prompts[: 4 * trainer.args.steps_per_generation])
-    assert ("old_per_token_logps" in batch) == trl_compat.runs_scoring_forward(trainer)
+    runs = trl_compat.runs_scoring_forward(
+        trainer.args, trainer.num_iterations, trainer.use_vllm, trainer.vllm_importance_sampling_correction
+    )
+    assert ("old_per_token_logps" in batch) == runs
 
 
 @pytest.mark.parametrize(
@@ -331,3 +334,83 @@ def test_trainers_change_trl_only_inside_their_own_scoring_calls(monkeypatch, tm
     assert all(function is fallback for function in seen)
     assert trl_utils._ChunkedLogProbFunction is kernel
     assert loss_forward_hooks == [0]
+
+
+def _private_names_the_package_touches() -> dict[str, set[str]]:
+    """Private attribute names of `trl_credit/` (read with `ast`) that may belong to another package, with the modules
+    using them: every one read or set on an object, and every method or class attribute the package's classes define
+    (an override of TRL's when TRL's classes have it). Names the package only sets on `self` or `cls` are its own."""
+    import ast
+
+    import trl_credit
+
+    package = Path(trl_credit.__file__).resolve().parent
+    found: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        module = path.relative_to(package).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Attribute):
+                on_self = isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+                if not (isinstance(node.ctx, ast.Store) and on_self):
+                    names.append(node.attr)
+            elif isinstance(node, ast.ClassDef):
+                for statement in node.body:
+                    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        names.append(statement.name)
+                    elif isinstance(statement, (ast.Assign, ast.AnnAssign)):
+                        targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+                        names.extend(t.id for t in targets if isinstance(t, ast.Name))
+            for name in names:
+                if name.startswith("_") and not name.startswith("__"):
+                    found.setdefault(name, set()).add(module)
+    return found
+
+
+def test_every_private_trl_or_transformers_surface_the_package_touches_is_listed(tmp_path):
+    """A private attribute of TRL's or transformers' objects (by the installed objects: a built `GRPOTrainer`, its
+    model, config and arguments, TRL's and transformers' trainer classes and TRL's trainer utilities) used anywhere in
+    `trl_credit/` must be in `trl_compat.PRIVATE_SURFACES`, and every listed one must exist."""
+    import transformers
+
+    tokenizer = make_tiny_tokenizer()
+    trainer = GRPOTrainer(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=trl.GRPOConfig(
+            output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4, num_generations=4
+        ),
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    owners = (
+        GRPOTrainer,
+        trl.GRPOConfig,
+        transformers.Trainer,
+        trl_utils,
+        trainer,
+        trainer.model,
+        trainer.model.config,
+    )
+    touched = _private_names_the_package_touches()
+    theirs = {name: modules for name, modules in touched.items() if any(hasattr(o, name) for o in owners)}
+    unlisted = {name: sorted(modules) for name, modules in theirs.items() if name not in trl_compat.PRIVATE_SURFACES}
+    assert unlisted == {}, "add these to trl_compat.PRIVATE_SURFACES, saying what each is used for"
+    missing = [name for name in trl_compat.PRIVATE_SURFACES if not any(hasattr(o, name) for o in owners)]
+    assert missing == []
+
+
+def test_the_private_surface_reader_sees_reads_overrides_and_foreign_writes(tmp_path, monkeypatch):
+    # The reader on a package written for it: a read, an override, a write to another object; not a write to self.
+    import trl_credit
+
+    (tmp_path / "mod.py").write_text(
+        "class T:\n"
+        "    _tag_names = []\n"
+        "    def _compute_loss(self):\n"
+        "        self._own = 1\n"
+        "        self._metrics['train']\n"
+        "        other._kernel = None\n"
+    )
+    monkeypatch.setattr(trl_credit, "__file__", str(tmp_path / "__init__.py"))
+    assert set(_private_names_the_package_touches()) == {"_tag_names", "_compute_loss", "_metrics", "_kernel"}

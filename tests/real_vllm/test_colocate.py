@@ -5,7 +5,7 @@ of `tests/reference_formulas.py`) from the batch vLLM generated, with the statis
 it; TRL's importance-sampling correction is on and its ratio is `exp(old - sampling)` of the policy's log-probs and
 vLLM's sampling log-probs; after TRL's weight sync vLLM holds exactly the trainer's weights.
 None of the five methods reads vLLM's sampling log-probs: their rollout statistics are the policy's, from TRL's
-old-log-prob forward (`trl_credit/trainer/sources.py`), and that forward runs because the IS correction is on, so
+old-log-prob forward (`trl_credit/trainer/statistics_sources.py`), and that forward runs because the IS correction is on, so
 `credit/extra_forwards` is 0 for all five.
 """
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 
@@ -63,3 +64,32 @@ def advantage_magnitude(accelerator, advantages_BT, mask_BT) -> float:
     total = torch.stack([advantages_BT[mask_BT].abs().sum(), mask_BT.sum().float()])
     total = accelerator.reduce(total.to(accelerator.device), reduction="sum")
     return (total[0] / total[1]).item() if total[1] > 0 else float("nan")
+
+
+def unscored_counters(reward_funcs) -> list:
+    """The counters of the answers the reward functions could not score (timeouts, unparseable LaTeX): a reward
+    function counts them in an `unscored` attribute with `snapshot_and_reset() -> {name: count}`
+    (`rewards.RewardStats`)."""
+    return [
+        f.unscored for f in reward_funcs if callable(getattr(getattr(f, "unscored", None), "snapshot_and_reset", None))
+    ]
+
+
+def unscored_answers(counters, accelerator) -> dict[str, float]:
+    """The unscored answers the `counters` counted since the last call, by metric name, summed over processes (every
+    process holds the same reward functions, so all or none run the reduction)."""
+    counts = Counter()
+    for counter in counters:
+        counts.update(counter.snapshot_and_reset())
+    totals = accelerator.reduce(torch.tensor(list(counts.values()), device=accelerator.device), "sum")
+    return {name: float(total) for name, total in zip(counts, totals.tolist())}
+
+
+def gather_all(accelerator, values_N: torch.Tensor) -> torch.Tensor:
+    """The values of every process, concatenated in process order (a collective): `CreditBatch.gather`."""
+    # One padding element keeps every process's tensor non-empty, whatever its mask.
+    padded_N = torch.cat([values_N.float().flatten(), values_N.new_zeros(1, dtype=torch.float32)])
+    sizes = accelerator.gather(torch.tensor([values_N.numel()], device=values_N.device))
+    gathered = accelerator.gather(accelerator.pad_across_processes(padded_N, dim=0))
+    rows = gathered.view(len(sizes), -1)
+    return torch.cat([row[:size] for row, size in zip(rows, sizes.tolist())])

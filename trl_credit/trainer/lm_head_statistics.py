@@ -200,28 +200,3 @@ def token_statistics(
     if token_ids_N is None:
         return TokenStatistics(None, entropy_N, None, sum_sq_probs_N)
     return TokenStatistics(logps_N, entropy_N, logit_gap_N, sum_sq_probs_N)
-
-
-@torch.no_grad()
-def hellinger_and_entropy_naive(
-    hidden_NH,
-    ref_hidden_NH,
-    weight_VH,
-    ref_weight_VH=None,
-    bias_V=None,
-    ref_bias_V=None,
-    temperature=1.0,
-    transform: LogitTransform = LogitTransform(),
-    ref_transform: LogitTransform | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference implementation that materialises both `(N, V)` logit matrices (tests and benchmarks)."""
-    ref_weight_VH = weight_VH if ref_weight_VH is None else ref_weight_VH
-    ref_transform = transform if ref_transform is None else ref_transform
-    vocab_size = weight_VH.shape[0]
-    logp_NV = torch.log_softmax(_logits(hidden_NH, weight_VH, bias_V, 0, vocab_size, transform, temperature), -1)
-    logq_NV = torch.log_softmax(
-        _logits(ref_hidden_NH, ref_weight_VH, ref_bias_V, 0, vocab_size, ref_transform, temperature), -1
-    )
-    deviation_N = (1.0 - torch.exp(0.5 * (logp_NV + logq_NV)).sum(-1)).clamp(0.0, 1.0)
-    entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
-    return deviation_N, entropy_N

@@ -4,7 +4,8 @@ Each recorder is a context manager that hooks the policy (or its backbone) for t
 removed after it: the final hidden states of a forward (`recorded_final_hidden`), the hidden states `generate`
 scored each sampled token with (`recorded_generation_hidden`), and the entropies and hidden states of TRL's
 old-log-prob forward (`recorded_scoring_forward`), both set up for a batch's generation by `recorded_rollout`.
-`sources` decides which record covers a batch.
+`statistics_sources` decides which record covers a batch. Each takes the module it hooks (`policy`: the unwrapped
+policy, whose backbone is hooked; `model`: the module TRL's scoring forward calls).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from ..methods import (
 )
 from .batch_layout import valid_mask
 from .model_parts import backbone
-from .trl_compat import output_cache, runs_scoring_forward
+from .trl_compat import output_cache
 
 # Generation statistics of the rollout policy's full next-token distribution (beyond the sampled token's log-prob).
 ROLLOUT_DISTRIBUTION = (
@@ -35,9 +36,9 @@ ROLLOUT_DISTRIBUTION = (
 
 
 @contextmanager
-def _policy_backbone_hook(trainer, hook):
+def _policy_backbone_hook(policy, hook):
     """Run `hook(module, args, output)` after every forward of the policy's backbone inside the block."""
-    handle = backbone(trainer.accelerator.unwrap_model(trainer.model)).register_forward_hook(hook)
+    handle = backbone(policy).register_forward_hook(hook)
     try:
         yield
     finally:
@@ -45,13 +46,13 @@ def _policy_backbone_hook(trainer, hook):
 
 
 @contextmanager
-def recorded_final_hidden(trainer, enabled: bool = True):
+def recorded_final_hidden(policy, enabled: bool = True):
     """Yield a list that receives the `(b, L, H)` final hidden states (detached) of every forward of the policy's
     backbone run inside the block, in call order; TRL's fused LM head calls the backbone once per row chunk, so
     concatenating the list gives the batch's hidden states. Records nothing when not `enabled`."""
     recorded = []
     hook = lambda module, args, output: recorded.append(output.last_hidden_state.detach())  # noqa: E731
-    with _policy_backbone_hook(trainer, hook) if enabled else nullcontext():
+    with _policy_backbone_hook(policy, hook) if enabled else nullcontext():
         yield recorded
 
 
@@ -96,24 +97,12 @@ class GenerationHidden:
         return torch.nn.functional.pad(torch.stack(scoring, dim=1), (0, 0, 0, completion_len - generated))
 
 
-def generates_in_one_call(trainer) -> bool:
-    """Whether TRL samples the batch with one `model.generate` call, one sequence per row: its plain path, not vLLM,
-    continuous batching, a `rollout_func` or a tool loop. Vision-language models take the forward (not tested)."""
-    return not (
-        trainer.use_vllm
-        or trainer.use_transformers_continuous_batching
-        or trainer.rollout_func is not None
-        or trainer.tools
-        or trainer._is_vlm
-    )
-
-
 @contextmanager
-def recorded_generation_hidden(trainer, enabled: bool = True):
+def recorded_generation_hidden(policy, enabled: bool = True):
     """Yield a `GenerationHidden` that records the policy's backbone during `generate` inside the block (or None
     when not `enabled`)."""
     record = GenerationHidden() if enabled else None
-    with _policy_backbone_hook(trainer, record) if enabled else nullcontext():
+    with _policy_backbone_hook(policy, record) if enabled else nullcontext():
         yield record
 
 
@@ -172,35 +161,42 @@ class ScoringForward:
 
 
 @contextmanager
-def recorded_scoring_forward(trainer, enabled: bool = True, keep_hidden: bool = False):
-    """Yield a `ScoringForward` that records the policy's fused-LM-head forwards inside the block (or None when not
-    `enabled`). Hooks `trainer.model`, the module TRL's scoring forward calls."""
+def recorded_scoring_forward(model, policy, enabled: bool = True, keep_hidden: bool = False):
+    """Yield a `ScoringForward` that records the fused-LM-head forwards of `model` (the module TRL's scoring forward
+    calls) inside the block, with the final hidden states of `policy`'s backbone (or None when not `enabled`)."""
     if not enabled:
         yield None
         return
     record = ScoringForward(keep_hidden)
-    handle = trainer.model.register_forward_hook(record.model_hook, with_kwargs=True)
+    handle = model.register_forward_hook(record.model_hook, with_kwargs=True)
     try:
-        with _policy_backbone_hook(trainer, record.backbone_hook):
+        with _policy_backbone_hook(policy, record.backbone_hook):
             yield record
     finally:
         handle.remove()
 
 
 @contextmanager
-def recorded_rollout(trainer, statistics: tuple[str, ...], keep_hidden: bool = False):
+def recorded_rollout(
+    model,
+    policy,
+    statistics: tuple[str, ...],
+    one_generate_call: bool,
+    scoring_forward: bool,
+    keep_hidden: bool = False,
+):
     """Yield `(GenerationHidden or None, ScoringForward or None)`: the records of TRL's generation of a batch inside
-    the block that the generation-batch `statistics` can use. `generate` is recorded where TRL samples in one call;
-    TRL's old-log-prob forward where it runs one and a statistic reads the rollout policy's full distribution
-    (keeping its hidden states when `keep_hidden` or for `rollout_sum_sq_probs`). Nothing without `statistics`."""
+    the block that the generation-batch `statistics` can use. `generate` is recorded where TRL samples in one call
+    (`one_generate_call`); TRL's old-log-prob forward where it runs one (`scoring_forward`) and a statistic reads the
+    rollout policy's full distribution (keeping its hidden states when `keep_hidden` or for `rollout_sum_sq_probs`).
+    Nothing without `statistics`."""
     if not statistics:
         yield None, None
         return
-    record = generates_in_one_call(trainer)
-    score = any(name in ROLLOUT_DISTRIBUTION for name in statistics) and runs_scoring_forward(trainer)
+    score = scoring_forward and any(name in ROLLOUT_DISTRIBUTION for name in statistics)
     keep_hidden = keep_hidden or ROLLOUT_SUM_SQ_PROBS in statistics
     with (
-        recorded_generation_hidden(trainer, record) as generation,
-        recorded_scoring_forward(trainer, score, keep_hidden) as scoring,
+        recorded_generation_hidden(policy, one_generate_call) as generation,
+        recorded_scoring_forward(model, policy, score, keep_hidden) as scoring,
     ):
         yield generation, scoring

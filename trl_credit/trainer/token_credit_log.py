@@ -1,6 +1,10 @@
 """The token-credit log: per-token credit of a few completions of a training batch, appended to
 `output_dir/token_credit.jsonl` for `trl-credit inspect` (`log_token_credit=True`).
 
+The trainer publishes the rows to record (`CreditGRPOTrainer.token_credit_preview`, a `TokenCreditPreview`) for each
+training generation batch that TRL's next log entry reports (`token_credit_step`); `TokenCreditLog`, the callback the
+trainer adds, writes them at the end of the step (the schema: `token_credit_records`).
+
 A run resumed from `checkpoint-N` trains steps N + 1, ... again, and logs them again: when training begins, the
 records of steps after the state's global step (written by the run that was interrupted, or by an earlier run in the
 same folder) are dropped, so that each step's records appear once, those of the run that trained it.
@@ -8,25 +12,103 @@ same folder) are dropped, so that each step's records appear once, those of the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import TrainerCallback
 from transformers.utils import logging
 
-from .batch_layout import SEQUENCE_ADVANTAGES, valid_mask
+from .batch_layout import REWARDS, SEQUENCE_ADVANTAGES, valid_mask
 from .recorders import recorded_final_hidden
-from .sources import TOKEN_CREDIT_LOG_FORWARDS, policy_logps_and_entropy
+from .statistics_sources import TOKEN_CREDIT_LOG_FORWARDS
+from .token_credit_records import append_token_credit, drop_token_credit_after, token_credit_records_from_batch
 from .trl_compat import MULTIMODAL_KEYS
 
 logger = logging.get_logger(__name__)
 
 
-class DropRecordsAfterResumedStep(TrainerCallback):
-    """When training begins (from scratch or from a checkpoint), drop the token-credit records of later steps."""
+@dataclass
+class TokenCreditPreview:
+    """Rows of a training generation batch as the training forward credits them, to be recorded under `step`.
+
+    `batch`: those rows of the batch's tensors (advantages and loss weights as the training forward writes them);
+    `logps_bT` / `entropy_bT`: the policy's, before it moved; `statistic_bT`: the last method's per-token statistic.
+    """
+
+    step: int
+    batch: dict[str, torch.Tensor]
+    logps_bT: torch.Tensor
+    entropy_bT: torch.Tensor
+    statistic_bT: torch.Tensor | None
+
+
+def token_credit_step(args, state, num_iterations: int) -> int | None:
+    """The step under which a training generation batch generated now is recorded, or None if it is not.
+
+    Steps are TRL's (1-based): the first optimizer step trained on the batch, and the step whose log entry reports its
+    rewards (TRL's next logging step); the batch is recorded when that entry falls within the steps it serves.
+    """
+    first_step = state.global_step + 1
+    steps_served = max(1, args.steps_per_generation * num_iterations // args.gradient_accumulation_steps)
+    logging_steps = state.logging_steps
+    if first_step == 1 and args.logging_first_step:
+        logged_step = 1
+    else:
+        logged_step = int(-(-first_step // logging_steps) * logging_steps)  # the next multiple: ceiling division
+    return logged_step if logged_step < first_step + steps_served else None
+
+
+class TokenCreditPreviews:
+    """The trainer's side of the log (`CreditGRPOTrainer` inherits it): the rows it publishes as
+    `token_credit_preview`."""
+
+    @torch.no_grad()
+    def _preview_token_credit(self, batch, statistic_BT, step: int) -> TokenCreditPreview:
+        """A few rows of a training generation `batch`, spread over it so that several prompt groups appear, credited
+        as the first training forward will credit them (the policy has not moved yet), for the token-credit log.
+
+        Every process runs the small no-grad forward (collective under ZeRO-3); the training-forward stage runs
+        without its metrics. Image inputs are not laid out per row: then every row is scored and the sampled ones kept.
+        """
+        num_rows = batch["completion_ids"].size(0)
+        rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
+        sub = {
+            key: value[rows]
+            for key, value in batch.items()
+            if isinstance(value, torch.Tensor)
+            and value.dim() >= 1
+            and value.size(0) == num_rows
+            and key not in MULTIMODAL_KEYS
+        }
+        has_images = any(key in batch for key in MULTIMODAL_KEYS)
+        with recorded_final_hidden(self._policy(), self._records_hidden) as hidden:
+            logps_bT, entropy_bT = self.policy_logps_and_entropy(
+                batch if has_images else sub, self._forward_batch_size(), counted_as=TOKEN_CREDIT_LOG_FORWARDS
+            )
+        if has_images:
+            logps_bT, entropy_bT = logps_bT[rows], entropy_bT[rows]
+            hidden = [torch.cat(hidden)[rows]] if hidden else hidden
+        statistic_bT = None if statistic_BT is None else statistic_BT[rows]
+        if self._training_forward_methods:
+            statistics = self._forward_statistics(sub, logps_bT, entropy_bT, hidden)
+            credit = self._run_stack(sub, self._training_forward_methods, statistics, True, record_metrics=False)
+            sub.update({"advantages": credit.advantages_BT, SEQUENCE_ADVANTAGES: credit.sequence_B})
+            if credit.loss_weights_BT is not None:
+                sub["tool_mask"] = sub.get("tool_mask", 1.0) * credit.loss_weights_BT
+            statistic_bT = credit.statistic_BT if credit.statistic_BT is not None else statistic_bT
+        return TokenCreditPreview(step, sub, logps_bT, entropy_bT, statistic_bT)
+
+
+class TokenCreditLog(TrainerCallback):
+    """Writes the trainer's `token_credit_preview` once, at the end of the step (the main process writes), and, when
+    training begins (from scratch or from a checkpoint), drops the records of later steps."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer  # read: `token_credit_preview`, `credit_method`, `processing_class`, `accelerator`
+        self._written: TokenCreditPreview | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:  # the process that writes the records
-            from ..reports.token_view import drop_token_credit_after
-
             dropped = drop_token_credit_after(args.output_dir, state.global_step)
             if dropped:
                 logger.warning(
@@ -35,91 +117,37 @@ class DropRecordsAfterResumedStep(TrainerCallback):
                     "this run records those steps again"
                 )
 
+    def on_step_end(self, args, state, control, **kwargs):
+        preview = self.trainer.token_credit_preview
+        if preview is None or preview is self._written:
+            return
+        self._written = preview
+        if self.trainer.accelerator.is_main_process:
+            append_token_credit(args.output_dir, self.records(preview))
 
-def log_token_credit(trainer, batch, statistic_BT) -> None:
-    """Log `batch` (a training generation batch) when TRL's next log entry reports it.
+    def records(self, preview: TokenCreditPreview) -> list[dict]:
+        """The token-credit records of `preview`'s rows (`token_credit_records.token_credit_record` each)."""
+        rows = {key: value.cpu() for key, value in preview.batch.items()}
+        mask_bT = valid_mask(rows)
+        advantages_b = rows.get(SEQUENCE_ADVANTAGES, rows["advantages"])
+        advantages_bT = rows["advantages"] if rows["advantages"].dim() == 2 else advantages_b.unsqueeze(1) * mask_bT
+        tokenizer = self.trainer.processing_class
 
-    Steps are TRL's (1-based): the first optimizer step trained on this batch, and the step whose log entry reports its
-    rewards (TRL's next logging step); the batch is recorded when that entry falls within the steps it serves.
-    `statistic_BT`: the last generation-batch method's per-token statistic, or None.
-    """
-    args = trainer.args
-    first_step = trainer.state.global_step + 1
-    generate_every = args.steps_per_generation * trainer.num_iterations
-    steps_served = max(1, generate_every // args.gradient_accumulation_steps)
-    logging_steps = trainer.state.logging_steps
-    logged_step = (
-        1
-        if first_step == 1 and args.logging_first_step
-        else int(-(-first_step // logging_steps) * logging_steps)  # the next multiple: ceiling division
-    )
-    if logged_step < first_step + steps_served:
-        _append_token_credit(trainer, batch, statistic_BT, logged_step)
+        def decode(ids_bT, m_bT):
+            return [tokenizer.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(ids_bT, m_bT)]
 
-
-@torch.no_grad()
-def _append_token_credit(trainer, batch, statistic_BT, step: int) -> None:
-    """Append per-token credit of a few completions to `output_dir/token_credit.jsonl`, labelled `step`.
-
-    Rows are spread over the local batch so that several prompt groups appear; methods of the training
-    forward are applied to them as the first training forward will (the policy has not moved yet). Every
-    process runs the small forward (ZeRO-3 forwards are collective); only the main process writes.
-    """
-    from ..reports.token_view import append_token_credit, token_credit_records_from_batch
-
-    num_rows = batch["completion_ids"].size(0)
-    rows = torch.linspace(0, num_rows - 1, min(trainer.args.token_credit_samples, num_rows)).round().long().unique()
-    sub = {
-        key: value[rows]
-        for key, value in batch.items()
-        if isinstance(value, torch.Tensor)
-        and value.dim() >= 1
-        and value.size(0) == num_rows
-        and key not in MULTIMODAL_KEYS
-    }
-    # Image inputs are not laid out per row: then every row is scored and the sampled ones kept.
-    has_images = any(key in batch for key in MULTIMODAL_KEYS)
-    with recorded_final_hidden(trainer, trainer._records_hidden) as hidden:
-        logps_bT, entropy_bT = policy_logps_and_entropy(
-            trainer, batch if has_images else sub, trainer._forward_batch_size(), counted_as=TOKEN_CREDIT_LOG_FORWARDS
+        return token_credit_records_from_batch(
+            step=preview.step,
+            method=self.trainer.credit_method,
+            prompts=decode(rows["prompt_ids"], rows["prompt_mask"]),
+            completions=decode(rows["completion_ids"], rows["completion_mask"]),
+            rewards_B=rows[REWARDS],
+            advantages_B=advantages_b,
+            completion_ids_BT=rows["completion_ids"],
+            token_advantages_BT=advantages_bT,
+            logps_BT=preview.logps_bT.cpu(),
+            entropies_BT=preview.entropy_bT.cpu(),
+            mask_BT=mask_bT,
+            tokenizer=tokenizer,
+            statistic_BT=None if preview.statistic_bT is None else preview.statistic_bT.cpu(),
         )
-    if has_images:
-        logps_bT, entropy_bT = logps_bT[rows], entropy_bT[rows]
-        hidden = [torch.cat(hidden)[rows]] if hidden else hidden
-    if statistic_BT is not None:
-        statistic_BT = statistic_BT[rows]
-    if trainer._training_forward_methods:
-        forward_statistics = trainer._forward_statistics(sub, logps_bT, entropy_bT, hidden)
-        updates, forward_statistic = trainer._apply_credit(
-            sub, trainer._training_forward_methods, forward_statistics, record_metrics=False
-        )
-        sub.update(updates)
-        statistic_BT = forward_statistic if forward_statistic is not None else statistic_BT
-    mask_bT = valid_mask(sub)
-    advantages_b = sub.get(SEQUENCE_ADVANTAGES, sub["advantages"])
-    token_advantages = sub["advantages"] if sub["advantages"].dim() == 2 else advantages_b.unsqueeze(1) * mask_bT
-    if not trainer.accelerator.is_main_process:
-        return
-    first_row = trainer.accelerator.process_index * num_rows
-    rewards_per_func = trainer._last_rewards_per_func[first_row + rows.to(trainer._last_rewards_per_func.device)]
-    rewards_b = (rewards_per_func * trainer.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
-    tokenizer = trainer.processing_class
-    decode = lambda ids_bT, m_bT: [  # noqa: E731
-        tokenizer.decode(ids[m.bool()], skip_special_tokens=True) for ids, m in zip(ids_bT, m_bT)
-    ]
-    records = token_credit_records_from_batch(
-        step=step,
-        method=trainer.credit_method,
-        prompts=decode(sub["prompt_ids"], sub["prompt_mask"]),
-        completions=decode(sub["completion_ids"], sub["completion_mask"]),
-        rewards_B=rewards_b.cpu(),
-        advantages_B=advantages_b.cpu(),
-        completion_ids_BT=sub["completion_ids"].cpu(),
-        token_advantages_BT=token_advantages.cpu(),
-        logps_BT=logps_bT.cpu(),
-        entropies_BT=entropy_bT.cpu(),
-        mask_BT=mask_bT.cpu(),
-        tokenizer=tokenizer,
-        statistic_BT=None if statistic_BT is None else statistic_BT.cpu(),
-    )
-    append_token_credit(trainer.args.output_dir, records)

@@ -28,6 +28,10 @@ on both supported releases.
   give the rollout statistics, with no second policy forward.
 * transformers: the backbone's output cache (`output_cache`) and its forward keyword (`cache_keyword`).
 
+`PRIVATE_SURFACES` names every private attribute of TRL's and transformers' objects the package uses, overrides or
+sets, with what for; `tests/test_trl_compat.py` walks `trl_credit/` with `ast` and fails on one missing from it (an
+attribute counts as TRL's or transformers' when their installed objects have it).
+
 What differs between the two supported releases lives here too. TRL 1.15's fused LM head runs a Triton kernel and
 leaves it undefined when Triton cannot be imported: on a machine without Triton (the CPU wheels of torch) every
 `GRPOTrainer` forward fails with `AttributeError: 'NoneType' object has no attribute 'apply'`, and with Triton
@@ -78,6 +82,25 @@ LOGIT_TRANSFORM_KEYS = (
 GENERATION_ATTRIBUTES = ("use_vllm", "use_transformers_continuous_batching", "rollout_func", "tools", "_is_vlm")
 NORMALISER_AT_GENERATION = ("cispo", "dapo", "vespo")  # normalised by `num_items_in_batch`
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # the same in TRL 1.15 and 1.16
+PRIVATE_SURFACES = {
+    # GRPOTrainer's methods the trainer overrides (each calls `super()`), and the ones it calls.
+    "_generate_and_score_completions": "overridden: the generation stage runs on TRL's generation batch",
+    "_compute_loss": "overridden: hands the micro-batch to the training-forward stage, then TRL's loss",
+    "_get_per_token_logps_and_entropies": "overridden: TRL's scoring forward, whose log-probs the methods read",
+    "_calculate_rewards": "overridden: keeps the rewards per function and logs the unscored answers",
+    "_save_checkpoint": "overridden: saves the previous-policy reference with the checkpoint",
+    "_load_optimizer_and_scheduler": "overridden: loads the previous-policy reference on resume",
+    "_get_output_dir": "called: the folder of the checkpoint being saved",
+    # GRPOTrainer's attributes.
+    "_metrics": "appended to: the credit metrics, logged with TRL's own",
+    "_is_vlm": "read: whether TRL generates for a vision-language model (`GENERATION_ATTRIBUTES`)",
+    "_tag_names": "set: the Hub tags of the card TRL writes",
+    "_name": "set: the trainer's name in the card",
+    "_paper": "set: the paper the card cites",
+    # transformers and TRL modules.
+    "_attn_implementation": "read from the policy's config: the reference model loads with the same attention",
+    "_ChunkedLogProbFunction": "swapped inside `torch_fused_head` on TRL 1.15 (its fused head's kernel)",
+}
 _OVERRIDDEN = (
     "_generate_and_score_completions",
     "_compute_loss",
@@ -129,14 +152,12 @@ def check_trainer_attributes(trainer: GRPOTrainer) -> None:
         raise _unsupported(f"builds a GRPOTrainer without the attributes {missing}")
 
 
-def runs_scoring_forward(trainer) -> bool:
+def runs_scoring_forward(args, num_iterations: int, use_vllm: bool, vllm_importance_sampling_correction: bool) -> bool:
     """Whether TRL's `_generate_and_score_completions` runs its no-grad old-log-prob forward of the policy (the same
-    condition in TRL 1.15 and 1.16). Only decides whether to record: `ScoringForward.statistics` checks the record
-    against the batch."""
-    generate_every = trainer.args.steps_per_generation * trainer.num_iterations
-    return trainer.args.gradient_accumulation_steps % generate_every != 0 or (
-        trainer.use_vllm and trainer.vllm_importance_sampling_correction
-    )
+    condition in TRL 1.15 and 1.16), from the trainer's `args` and attributes of those names. Only decides whether to
+    record: `ScoringForward.statistics` checks the record against the batch."""
+    generate_every = args.steps_per_generation * num_iterations
+    return args.gradient_accumulation_steps % generate_every != 0 or (use_vllm and vllm_importance_sampling_correction)
 
 
 def output_cache(output):

@@ -1,9 +1,9 @@
 """The token-credit view: where a credit method put the advantage, token by token, for a few sampled completions.
 
 Each token's background shows its weight `w = Â/A` on a diverging scale centred at 1 (white), on a log2 axis: red
-tokens got less credit than GRPO would give them, blue tokens more. `records` holds the schema of the
-`token_credit.jsonl` file the trainer writes and reads it back; `page` renders it as a self-contained HTML page
-(`trl-credit inspect`), `figure` as a PNG, both with the colours of `colour_scale`. Importing the package imports
+tokens got less credit than GRPO would give them, blue tokens more. `records` reads back the `token_credit.jsonl` file
+the trainer writes (its schema: `trl_credit.trainer.token_credit_records`); `page` renders it as a self-contained HTML
+page (`trl-credit inspect`), `figure` as a PNG, both with the colours of `colour_scale`. Importing the package imports
 neither TRL, torch nor matplotlib.
 """
 

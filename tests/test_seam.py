@@ -1,0 +1,59 @@
+"""The trainer a newcomer reads in one sitting: the path from TRL's hand-off to a method's function, traced on a real
+training step (`step_trace`), and the size of the trainer's functions (read with `ast`)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+from step_trace import PACKAGE, trace_training_step
+
+MAX_HOPS = 4
+MAX_FUNCTION_LINES = 60
+# The config's field checks are the settings route's (`trainer/config.py`), reshaped with the registry.
+FUNCTION_LENGTH_EXCEPTIONS = {"trainer/config.py"}
+
+
+def test_taco_is_at_most_four_hops_from_trls_hand_off_in_the_trainer_and_its_method_file(make_trainer):
+    """From the scoring call TRL's `_compute_loss` makes for its forward down to `taco`, on one real step."""
+    trainer = make_trainer("taco", max_steps=1)
+    step = trace_training_step(trainer, "taco")
+    assert len(step.paths_to_target) == 1  # one micro-batch, one loss forward
+    (path,) = step.paths_to_target
+    print(f"\nTRL -> {' -> '.join(name for _, name in path)}")
+    print(f"distinct package functions on the step: {len(step.package_functions)} ({len(step.seam_functions)} inside")
+    print("TRL's scoring call of the loss)")
+    assert len(path) <= MAX_HOPS, path
+    assert {module for module, _ in path} == {"trainer/credit_trainer.py", "methods/taco.py"}
+    assert path[0][1] == "CreditGRPOTrainer._get_per_token_logps_and_entropies" and path[-1][1] == "taco"
+
+
+def _functions_over_the_limit(module: str) -> list[tuple[str, int]]:
+    tree = ast.parse((PACKAGE / module).read_text())
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
+TRAINER_MODULES = sorted(
+    path.relative_to(PACKAGE).as_posix()
+    for path in (PACKAGE / "trainer").glob("*.py")
+    if path.relative_to(PACKAGE).as_posix() not in FUNCTION_LENGTH_EXCEPTIONS
+)
+
+
+@pytest.mark.parametrize("module", TRAINER_MODULES)
+def test_no_function_of_the_trainer_is_over_60_lines(module):
+    assert _functions_over_the_limit(module) == []
+
+
+def test_the_length_reader_counts_a_function_from_its_def_to_its_last_line(tmp_path, monkeypatch):
+    import step_trace
+
+    (tmp_path / "long.py").write_text("def f():\n" + "    x = 1\n" * 60 + "\n\ndef g():\n    pass\n")
+    monkeypatch.setattr(step_trace, "PACKAGE", tmp_path)
+    monkeypatch.setitem(globals(), "PACKAGE", tmp_path)
+    assert _functions_over_the_limit("long.py") == [("f", 61)]

@@ -1,0 +1,301 @@
+"""Where each statistic comes from: TRL's own forward path, once per batch, and what each source costs.
+
+* The policy at generation, from the first of these sources that covers the batch (every process takes the same one):
+  1. TRL's old-log-prob forward, where it runs one (vLLM's importance-sampling correction, or
+     `gradient_accumulation_steps` not a multiple of `steps_per_generation * num_iterations`). TRL's fused LM head
+     computes the policy's entropies in that forward and `_get_per_token_logps_and_entropies` drops them; they and the
+     backbone's final hidden states are recorded from it (`recorded_scoring_forward`): no second policy forward.
+  2. Where TRL samples the batch with one `generate` call (its plain path), the final hidden states `generate`
+     computed are recorded from the backbone (`recorded_generation_hidden`), and the LM head is streamed over them
+     with the model's output transform and the sampling temperature: no second policy forward.
+  3. Elsewhere (an on-policy `rollout_func`, continuous batching, tools, vision-language models, without TRL's
+     scoring forward) the policy runs one no-grad forward over the batch, TRL's `_get_per_token_logps_and_entropies`
+     (with the multimodal inputs) or its backbone.
+  All sources equal TRL's forward: `tests/test_architectures.py` checks them per architecture, with left padding,
+  sampling options and prefill chunking, on TRL's vLLM branch and its off-policy branch.
+  * `rollout_logps` / `rollout_entropy`: TRL's scoring forward, that LM-head stream, or TRL's forward;
+    `rollout_logps` is TRL's `old_per_token_logps` when it ran.
+  * `rollout_sum_sq_probs`: the LM head streamed over the final hidden states of the same source (recorded from TRL's
+    scoring forward, from `generate`, or from TRL's forward in case 3): no second policy forward.
+  * `rollout_mean_entropy`: the token mean of `rollout_entropy` over the generation batch, summed over processes.
+  * `reference_deviation` / `previous_policy_deviation`: the policy's and the reference's final hidden states (one
+    no-grad forward of the reference) streamed through both LM heads and output transforms. The same pass gives the
+    policy's full-vocabulary entropy, which is then `rollout_entropy`.
+* `policy_logps` / `policy_entropy` come from the training forward itself: TRL's forward of its loss, handed over in
+  `CreditGRPOTrainer._get_per_token_logps_and_entropies` (see `CreditGRPOTrainer.credit_in_loss_forward`).
+* `policy_logit_gap`: TRL's fused LM head does not expose the maximum logit (its `outputs` are log-probs, entropy,
+  `log_sum_sq_probs`, `mean_logits`, `is_top1`), so the final hidden states of that same forward are recorded from
+  its backbone (`recorded_final_hidden`) and the LM head is streamed over them once more, under no_grad, with the
+  model's output transform and the sampling temperature (`_policy_logit_gap`): no second backbone forward and no
+  `(B, T, V)` logits, one extra LM-head pass over the valid tokens.
+
+Cost: every forward the sources add is counted where it runs (`_count_forward`) into `forward_counts`, which
+the trainer logs once per optimizer step: `EXTRA_FORWARDS` (a forward of the policy over a batch or micro-batch:
+case 3, the policy side of a deviation without a recorded source, the no-grad forward of a micro-batch with a tool
+mask), `EXTRA_REFERENCE_FORWARDS` (the deviation reference's forward) and `TOKEN_CREDIT_LOG_FORWARDS` (the policy
+forward over the few rows of the token-credit log). LM-head streams over recorded hidden states are not forwards.
+
+Every process runs the same forwards and LM-head gathers whatever its masks, so ZeRO-3 and FSDP2 stay in step.
+
+The sources are the methods of `StatisticsSources`, which `CreditGRPOTrainer` inherits: each reads the trainer's model,
+accelerator and arguments.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from contextlib import nullcontext
+
+import torch
+from trl.models.utils import disable_gradient_checkpointing
+
+from ..methods import (
+    POLICY_ENTROPY,
+    POLICY_LOGIT_GAP,
+    POLICY_LOGPS,
+    PREVIOUS_POLICY_DEVIATION,
+    REFERENCE_DEVIATION,
+    ROLLOUT_ENTROPY,
+    ROLLOUT_LOGPS,
+    ROLLOUT_MEAN_ENTROPY,
+    ROLLOUT_SUM_SQ_PROBS,
+)
+from .batch_layout import sequence_inputs, statistic_key, valid_mask
+from .lm_head_statistics import TokenStatistics, hellinger_and_entropy, token_statistics
+from .model_parts import completion_hidden, full_lm_head, logit_transform, unsharded_root
+from .recorders import recorded_final_hidden, recorded_rollout
+from .trl_compat import GENERATION_ATTRIBUTES, runs_scoring_forward
+
+# TRL's own bookkeeping among them: how many images and tiles each row has, never passed to the model.
+_ROW_COUNTS = ("num_images", "num_tiles")
+# Logged per optimizer step: forwards over a batch or micro-batch that the credit methods add to TRL's (see above).
+EXTRA_FORWARDS = "credit/extra_forwards"
+EXTRA_REFERENCE_FORWARDS = "credit/extra_reference_forwards"
+TOKEN_CREDIT_LOG_FORWARDS = "credit/token_credit_log_forwards"
+
+
+def completion_positions(batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
+    """`(B, T, H)`: the final hidden states of prompt + completion at the positions that score the completion."""
+    prompt_len, completion_len = batch["prompt_ids"].size(1), batch["completion_ids"].size(1)
+    # The hidden state at position p predicts token p + 1: completion token t is scored at prompt_len - 1 + t.
+    return hidden_BLH[:, prompt_len - 1 : prompt_len - 1 + completion_len]
+
+
+class StatisticsSources:
+    """The statistics sources of `CreditGRPOTrainer` (a `GRPOTrainer`): its methods read `model`, `accelerator`,
+    `args`, `temperature`, `deviation_reference` and TRL's `_get_per_token_logps_and_entropies`."""
+
+    forward_counts: Counter  # forwards the sources ran since the last optimizer step, by metric name
+
+    def _count_forward(self, counted_as: str = EXTRA_FORWARDS) -> None:
+        """Count one forward of a model over a batch (in however many row chunks) under the metric `counted_as`."""
+        self.forward_counts[counted_as] += 1
+
+    def _forward_batch_size(self) -> int:
+        return self.args.per_device_train_batch_size if self.model.training else self.args.per_device_eval_batch_size
+
+    def _policy(self):
+        return self.accelerator.unwrap_model(self.model)
+
+    def _recorded_rollout(self):
+        """A context manager yielding the records of TRL's generation of a batch that the generation statistics can
+        use (`recorders.recorded_rollout`); `(None, None)` without generation statistics."""
+        if not self._generation_statistics:
+            return nullcontext((None, None))
+        return recorded_rollout(
+            self.model,
+            self._policy(),
+            self._generation_statistics,
+            one_generate_call=not any(getattr(self, name) for name in GENERATION_ATTRIBUTES),
+            scoring_forward=runs_scoring_forward(
+                self.args, self.num_iterations, self.use_vllm, self.vllm_importance_sampling_correction
+            ),
+            keep_hidden=self.deviation_reference is not None,
+        )
+
+    @torch.no_grad()
+    def policy_logps_and_entropy(
+        self, batch, batch_size: int | None = None, counted_as: str = EXTRA_FORWARDS
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """TRL's own no-grad forward of the policy over `batch`: sampled-token log-probs and entropies, `(B, T)`."""
+        self._count_forward(counted_as)
+        input_ids, attention_mask, multimodal = sequence_inputs(batch)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps_BT, entropy_BT, _ = self._get_per_token_logps_and_entropies(
+                self.model,
+                input_ids,
+                attention_mask,
+                batch["completion_ids"].size(1),
+                batch_size=batch_size,
+                compute_entropy=True,
+                **multimodal,
+            )
+        return logps_BT.float(), entropy_BT.float()
+
+    def _on_every_process(self, found: bool, device) -> bool:
+        """Whether `found` holds on every process: the sources' forwards and head gathers are collective under ZeRO-3
+        and FSDP2, so every process must take the same path."""
+        return bool(self.accelerator.gather(torch.tensor([found], device=device)).all())
+
+    @torch.no_grad()
+    def _policy_logit_gap(self, batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
+        """`(B, T)` sampled token's logit minus the policy's largest logit at each completion position, zero where
+        masked, from the final hidden states `hidden_BLH` of prompt + completion."""
+        return self._streamed_policy_statistics(batch, completion_positions(batch, hidden_BLH)).logit_gap
+
+    @torch.no_grad()
+    def _streamed_policy_statistics(self, batch, hidden_BTH: torch.Tensor) -> TokenStatistics:
+        """The policy's sampled-token log-probs, entropies and logit gaps to the largest logit, `(B, T)` each, zero
+        where masked, from its final hidden states at the completion positions: the LM head streamed over the valid
+        tokens with the model's output transform and the sampling temperature, as TRL's forward scores them."""
+        policy = self._policy()
+        valid_BT = valid_mask(batch)
+        with unsharded_root(policy), full_lm_head(policy) as (weight_VH, bias_V):
+            streamed_N = token_statistics(
+                hidden_BTH[valid_BT],
+                weight_VH,
+                bias_V,
+                token_ids_N=batch["completion_ids"][valid_BT],
+                temperature=self.temperature,
+                token_chunk_size=self.args.statistics_token_chunk_size,
+                vocab_chunk_size=self.args.statistics_vocab_chunk_size,
+                transform=logit_transform(policy),
+            )
+
+        def per_token(values_N: torch.Tensor) -> torch.Tensor:
+            values_BT = torch.zeros(valid_BT.shape, device=values_N.device)
+            values_BT[valid_BT] = values_N
+            return values_BT
+
+        return TokenStatistics(*(per_token(values_N) for values_N in streamed_N))
+
+    def _recorded_policy_hidden(self, batch, generation, scoring):
+        """`(entropy_BT or None, hidden_BTH or None)` from the records of TRL's generation of `batch`: TRL's scoring
+        forward first, else `generate`'s hidden states; a record counts only where every process has one."""
+        device = batch["completion_ids"].device
+        if scoring is not None:
+            scored = scoring.statistics(batch)
+            if self._on_every_process(scored is not None, device):
+                return scored
+        if generation is not None:
+            hidden_BTH = generation.completion_hidden(batch)
+            if self._on_every_process(hidden_BTH is not None, device):
+                return None, hidden_BTH
+        return None, None
+
+    def _generation_batch_statistics(self, batch, names, generation=None, scoring=None) -> dict[str, torch.Tensor]:
+        """The requested generation-batch statistics, `(B, T)` float32 each, zero at masked positions.
+
+        `scoring`: the `ScoringForward` recorded while TRL generated and scored `batch`, if any; `generation`: the
+        `GenerationHidden` recorded while TRL generated it, if any. Recorded or not on every process alike: both
+        follow the config.
+        """
+        scored_entropy_BT, policy_hidden_BTH = self._recorded_policy_hidden(batch, generation, scoring)
+        statistics = {}
+        deviation = next((name for name in names if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)), None)
+        if deviation is not None:  # at most one reference per run; the same pass gives the policy's entropy
+            statistics[deviation], statistics[ROLLOUT_ENTROPY] = self._deviation_and_entropy(batch, policy_hidden_BTH)
+        if ROLLOUT_LOGPS in names and "old_per_token_logps" in batch:
+            statistics[ROLLOUT_LOGPS] = batch["old_per_token_logps"].float()  # TRL's own old-log-prob forward
+        # The batch's mean entropy is taken from the per-token entropies.
+        needed = {*names, ROLLOUT_ENTROPY} if ROLLOUT_MEAN_ENTROPY in names else set(names)
+        if ROLLOUT_ENTROPY in needed and scored_entropy_BT is not None:
+            statistics.setdefault(ROLLOUT_ENTROPY, scored_entropy_BT)
+        if any(n in needed and n not in statistics for n in (ROLLOUT_LOGPS, ROLLOUT_ENTROPY, ROLLOUT_SUM_SQ_PROBS)):
+            if policy_hidden_BTH is None:
+                # sum_v p_v^2 is streamed from the final hidden states of TRL's forward, recorded as it runs.
+                with recorded_final_hidden(self._policy(), ROLLOUT_SUM_SQ_PROBS in needed) as hidden:
+                    logps_BT, entropy_BT = self.policy_logps_and_entropy(batch, self._forward_batch_size())
+                statistics.setdefault(ROLLOUT_LOGPS, logps_BT)
+                statistics.setdefault(ROLLOUT_ENTROPY, entropy_BT)
+                if hidden:
+                    policy_hidden_BTH = completion_positions(batch, torch.cat(hidden))
+            if policy_hidden_BTH is not None:
+                streamed = self._streamed_policy_statistics(batch, policy_hidden_BTH)
+                statistics.setdefault(ROLLOUT_LOGPS, streamed.logps)
+                statistics.setdefault(ROLLOUT_ENTROPY, streamed.entropy)
+                statistics.setdefault(ROLLOUT_SUM_SQ_PROBS, streamed.sum_sq_probs)
+        mask_BT = valid_mask(batch)
+        if ROLLOUT_MEAN_ENTROPY in names:  # over every valid token of every process (a collective)
+            entropy_BT = statistics[ROLLOUT_ENTROPY]
+            totals = torch.stack([torch.where(mask_BT, entropy_BT, 0.0).sum(), mask_BT.sum().float()])
+            total, count = self.accelerator.reduce(totals, reduction="sum").tolist()
+            statistics[ROLLOUT_MEAN_ENTROPY] = torch.full_like(entropy_BT, total / count if count else 0.0)
+        return {name: torch.where(mask_BT, statistics[name], 0.0) for name in names}
+
+    @torch.no_grad()
+    def _deviation_and_entropy(self, batch, policy_hidden_BTH=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token squared Hellinger distance from `deviation_reference` and policy entropy, `(B, T)` each.
+
+        `policy_hidden_BTH`: the policy's final hidden states at the completion positions, when TRL's scoring forward
+        or generation recorded them; otherwise the policy's backbone runs here.
+        """
+        policy = self._policy()
+        reference_model, reference_context = self.deviation_reference.model_and_context()
+        multimodal = {key: value for key, value in sequence_inputs(batch)[2].items() if key not in _ROW_COUNTS}
+        valid_BT = valid_mask(batch)
+        deviation_BT = torch.zeros(valid_BT.shape, device=valid_BT.device)
+        entropy_BT = torch.zeros(valid_BT.shape, device=valid_BT.device)
+        # Image inputs are not laid out per row (TRL slices them by image counts), so they go in one chunk.
+        step = valid_BT.size(0) if multimodal else self._forward_batch_size()
+        self._count_forward(EXTRA_REFERENCE_FORWARDS)
+        if policy_hidden_BTH is None:
+            self._count_forward(EXTRA_FORWARDS)
+        with (
+            disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
+            unsharded_root(policy),
+            unsharded_root(reference_model) if reference_model is not policy else nullcontext(),
+        ):
+            # Every chunk runs on every process, even one without a valid token: the forwards and head gathers are
+            # collective under ZeRO-3 and FSDP2.
+            for start in range(0, valid_BT.size(0), step):
+                rows = slice(start, start + step)
+                chunk = [
+                    batch[key][rows] for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+                ]
+                rows_valid_bT = valid_BT[rows]
+                if policy_hidden_BTH is None:
+                    hidden_nH = completion_hidden(policy, *chunk, **multimodal)[rows_valid_bT]
+                else:
+                    hidden_nH = policy_hidden_BTH[rows][rows_valid_bT]
+                with reference_context:
+                    ref_hidden_nH = completion_hidden(reference_model, *chunk, **multimodal)[rows_valid_bT]
+                deviation_BT[rows][rows_valid_bT], entropy_BT[rows][rows_valid_bT] = self._hellinger_and_entropy(
+                    policy, reference_model, hidden_nH, ref_hidden_nH
+                )
+        return deviation_BT, entropy_BT
+
+    def _hellinger_and_entropy(self, policy, reference_model, hidden_nH, ref_hidden_nH):
+        """`(deviation_n, entropy_n)` of the valid tokens of one chunk, both LM heads streamed."""
+        with (
+            full_lm_head(policy) as (weight_VH, bias_V),
+            full_lm_head(reference_model) as (ref_weight_VH, ref_bias_V),
+        ):
+            return hellinger_and_entropy(
+                hidden_nH,
+                ref_hidden_nH,
+                weight_VH,
+                ref_weight_VH,
+                bias_V,
+                ref_bias_V,
+                temperature=self.temperature,
+                token_chunk_size=self.args.statistics_token_chunk_size,
+                vocab_chunk_size=self.args.statistics_vocab_chunk_size,
+                transform=logit_transform(policy),
+                ref_transform=logit_transform(reference_model),
+            )
+
+    def _batch_statistics(self, batch) -> dict[str, torch.Tensor]:
+        return {name: batch[statistic_key(name)] for name in self._generation_statistics}
+
+    def _forward_statistics(self, batch, logps_BT, entropy_BT, hidden=None) -> dict[str, torch.Tensor]:
+        """Statistics of the training forward; `hidden`: the final hidden states recorded from that forward."""
+        mask_BT = valid_mask(batch)
+        statistics = {
+            POLICY_LOGPS: torch.where(mask_BT, logps_BT, 0.0),
+            POLICY_ENTROPY: torch.where(mask_BT, entropy_BT, 0.0),
+        }
+        if self._records_hidden:
+            statistics[POLICY_LOGIT_GAP] = self._policy_logit_gap(batch, torch.cat(hidden))
+        statistics.update(self._batch_statistics(batch))
+        return statistics
