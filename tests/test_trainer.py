@@ -268,17 +268,20 @@ def test_config_validation_names_bad_value(tmp_path, method, settings, message):
         tiny_config(method, tmp_path, **settings)
 
 
-def test_credit_kwargs_and_a_declared_field_set_the_same_hyperparameter(tmp_path):
+def test_a_hyperparameter_lands_in_credit_kwargs_whichever_way_it_is_given(tmp_path):
     cpu = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False)
     config = CreditGRPOConfig(**cpu, credit_method="taco", credit_kwargs={"taco_alpha": 0.5})
-    assert config.credit_hyperparameters()["taco_alpha"] == 0.5  # not the default 0.01
-    assert TACOConfig(**cpu, taco_alpha=0.5).credit_hyperparameters()["taco_alpha"] == 0.5
-    config = TACOConfig(**cpu, credit_kwargs={"taco_alpha": "0.5"})  # reaches the field, as its declared type
-    assert config.taco_alpha == 0.5 and config.credit_kwargs is None
-    with pytest.raises(ValueError, match=r"taco_alpha is set twice: TACOConfig\(taco_alpha=0.2\) and credit_kwargs"):
-        TACOConfig(**cpu, taco_alpha=0.2, credit_kwargs={"taco_alpha": 0.5})
-    with pytest.raises(ValueError, match="TACOConfig holds the hyperparameters of 'taco', which credit_method 'eapo'"):
+    assert config.credit_kwargs == {"taco_alpha": 0.5, "taco_lambda": 0.9}  # resolved, the default included
+    assert TACOConfig(**cpu, taco_alpha=0.5).credit_kwargs == config.credit_kwargs
+    assert TACOConfig(**cpu, credit_kwargs={"taco_alpha": "0.5"}).credit_kwargs == config.credit_kwargs
+    assert config.method_hyperparameters(config.credit_methods[0]) == config.credit_kwargs
+    # Given both ways, even at its default value, nothing says which should win.
+    with pytest.raises(ValueError, match=r"taco_alpha is set twice: TACOConfig\(taco_alpha=0.01\) and credit_kwargs"):
+        TACOConfig(**cpu, taco_alpha=0.01, credit_kwargs={"taco_alpha": 0.5})
+    with pytest.raises(ValueError, match="TACOConfig trains credit_method 'taco', got 'eapo'; use CreditGRPOConfig"):
         TACOConfig(**cpu, credit_method="eapo")
+    with pytest.raises(AttributeError, match=r"no field 'taco_alpha'.*config.credit_kwargs\['taco_alpha'\]"):
+        config.taco_alpha
 
 
 def test_a_method_dropping_tokens_under_a_generation_normaliser_warns_once(tmp_path):

@@ -7,7 +7,6 @@ fallback for its fused LM head applies only inside the trainer's own scoring cal
 from .config import CreditGRPOConfig  # noqa: F401
 from .credit_trainer import CreditGRPOTrainer  # noqa: F401
 from .pairs import (  # noqa: F401
-    METHODS,
     EAPOConfig,
     EAPOTrainer,
     TACOConfig,
