@@ -281,7 +281,7 @@ def test_a_hyperparameter_lands_in_credit_kwargs_whichever_way_it_is_given(tmp_p
     with pytest.raises(ValueError, match="TACOConfig trains credit_method 'taco', got 'eapo'; use CreditGRPOConfig"):
         TACOConfig(**cpu, credit_method="eapo")
     with pytest.raises(AttributeError, match=r"no field 'taco_alpha'.*config.credit_kwargs\['taco_alpha'\]"):
-        config.taco_alpha
+        _ = config.taco_alpha
 
 
 def test_a_method_dropping_tokens_under_a_generation_normaliser_warns_once(tmp_path):

@@ -209,10 +209,12 @@ def _check_arguments(name: str, arguments: type) -> None:
         owner = next((m.name for m in CREDIT_METHODS.values() if m.name != name and f.name in m.argument_names), None)
         if owner is not None:
             raise ValueError(f"credit method {name!r}: hyperparameter {f.name!r} is already declared by {owner!r}")
-        if f.name in BATCH_FIELDS or not supported_type(declared_types[f.name]):
+        if f.name in BATCH_FIELDS:
+            raise ValueError(f"credit method {name!r}: hyperparameter {f.name!r} is a field of CreditBatch")
+        if not supported_type(declared_types[f.name]):
             raise ValueError(
-                f"credit method {name!r}: hyperparameter {f.name!r} is a batch field or has type "
-                f"{declared_types[f.name]}; use bool, int, float, str, a Literal, an optional or a list of these"
+                f"credit method {name!r}: hyperparameter {f.name!r} has type {declared_types[f.name]}; use bool, int, "
+                "float, str, a Literal, an optional or a list of these"
             )
 
 
