@@ -69,11 +69,14 @@ class CreditMethod:
                 else:
                     key, _, meaning = line.strip().partition(": ")
                     entries[key] = meaning
-        return (display, summary, sections) if colon else (self.name, display, sections)
+        if colon and len(display.split()) <= 4:  # a name, not the start of a sentence that holds a colon
+            return display, summary, sections
+        return self.name, " ".join(first.split()), sections
 
     @property
     def display_name(self) -> str:
-        """Its name in plots, cards and tables: the docstring's text before the first `: ` (else `name`)."""
+        """Its name in plots, cards and tables: the docstring's text before the first `: ` (at most four words; else
+        `name`)."""
         return self._described[0]
 
     @property
