@@ -24,39 +24,35 @@ _PAIRS: dict[str, tuple[type[CreditGRPOConfig], type[CreditGRPOTrainer]]] = {}
 
 
 def paper_pair(method_name: str, recipe: str) -> tuple[type[CreditGRPOConfig], type[CreditGRPOTrainer]]:
-    """The config and trainer classes of one method, named after its display name (`TACOConfig`, `TACOTrainer`) and
-    defined in this module, so that pickles (training_args.bin) find them by qualified name.
-
-    Args:
-        method_name: the registered method the pair trains with.
-        recipe: what else of the paper's recipe the config's docstring should say (TRL's defaults that match it).
-    """
+    """The config and trainer of method `method_name`, named after its display name (`TACOConfig`, `TACOTrainer`)
+    and defined in this module, so that pickles (training_args.bin) find them by qualified name; `recipe` is what
+    else of the paper's recipe the config's docstring says."""
     method = get_credit_method(method_name)
     prefix = method.display_name.replace("-", "")
+    help_text = f"Upper clipping bound epsilon_high; the paper's recipe uses clip-higher (0.2 / {PAPER_EPSILON_HIGH})."
     config_class = dataclasses.make_dataclass(
         f"{prefix}Config",
         [
             ("credit_method", str, field(default=method_name, metadata={"help": f"Fixed to {method_name!r}."})),
-            ("epsilon_high", float | None, field(default=PAPER_EPSILON_HIGH, metadata={"help": _CLIP_HIGHER_HELP})),
+            ("epsilon_high", float | None, field(default=PAPER_EPSILON_HIGH, metadata={"help": help_text})),
         ],
         bases=(CreditGRPOConfig,),
         namespace={
+            "__module__": __name__,
             "__doc__": f"Configuration for [`{prefix}Trainer`]: [`CreditGRPOConfig`] with `credit_method="
             f'"{method_name}"` and the paper\'s recipe: clip-higher `epsilon_high={PAPER_EPSILON_HIGH}`, {recipe}. '
-            f"{method.display_name}'s hyperparameters are keywords too ({_keywords(method)}); they land in "
-            "`credit_kwargs`.",
-            "__module__": __name__,
-            "__post_init__": _pinned_post_init(method_name),
+            f"Its hyperparameters are keywords too (`{prefix}Config({method.argument_names[0]}=...)`); they land "
+            "in `credit_kwargs`.",
         },
     )
-    config_class.__init__ = _taking_hyperparameters(config_class.__init__, method.argument_names)
+    config_class.__init__ = _pinned_init(config_class.__init__, method_name, method.argument_names)
     trainer_class = types.new_class(
         f"{prefix}Trainer",
         (CreditGRPOTrainer,),
         {"credit_method": method_name},
         lambda namespace: namespace.update(
-            __doc__=f"GRPO with {method.display_name}: {method.summary}",
             __module__=__name__,
+            __doc__=f"GRPO with {method.display_name}: {method.summary}",
             config_class=config_class,
         ),
     )
@@ -64,42 +60,26 @@ def paper_pair(method_name: str, recipe: str) -> tuple[type[CreditGRPOConfig], t
     return config_class, trainer_class
 
 
-_CLIP_HIGHER_HELP = (
-    f"Upper clipping bound epsilon_high; the paper's recipe uses clip-higher (0.2 / {PAPER_EPSILON_HIGH})."
-)
-
-
-def _keywords(method) -> str:
-    return ", ".join(f"`{name}`" for name in method.argument_names) or "none"
-
-
-def _pinned_post_init(method_name: str):
-    def __post_init__(self):
-        if self.credit_method != method_name:
-            raise ValueError(
-                f"{type(self).__name__} trains credit_method {method_name!r}, got {self.credit_method!r}; "
-                "use CreditGRPOConfig to choose the method"
-            )
-        CreditGRPOConfig.__post_init__(self)
-
-    return __post_init__
-
-
-def _taking_hyperparameters(generated_init, argument_names: tuple[str, ...]):
-    """The dataclass's `__init__`, also taking the method's hyperparameters as keywords, which join `credit_kwargs`
-    (one given both ways is an error: nothing says which should win)."""
+def _pinned_init(generated_init, method_name: str, argument_names: tuple[str, ...]):
+    """The dataclass's `__init__`, refusing another method and taking the method's hyperparameters as keywords,
+    which join `credit_kwargs` (one given both ways is an error, whatever the values: nothing says which wins)."""
 
     @functools.wraps(generated_init)
     def __init__(self, *args, **kwargs):
+        if kwargs.get("credit_method", method_name) != method_name:
+            raise ValueError(
+                f"{type(self).__name__} trains credit_method {method_name!r}, got {kwargs['credit_method']!r}; use "
+                "CreditGRPOConfig to choose the method"
+            )
         given = {name: kwargs.pop(name) for name in argument_names if name in kwargs}
+        credit_kwargs = parse_credit_kwargs(kwargs.get("credit_kwargs")) or {}
+        if set(given) & set(credit_kwargs):
+            name = min(set(given) & set(credit_kwargs))
+            raise ValueError(
+                f"{name} is set twice: {type(self).__name__}({name}={given[name]!r}) and "
+                f"credit_kwargs[{name!r}] = {credit_kwargs[name]!r}"
+            )
         if given:
-            credit_kwargs = parse_credit_kwargs(kwargs.get("credit_kwargs")) or {}
-            twice = sorted(set(given) & set(credit_kwargs))
-            if twice:
-                raise ValueError(
-                    f"{twice[0]} is set twice: {type(self).__name__}({twice[0]}={given[twice[0]]!r}) and "
-                    f"credit_kwargs[{twice[0]!r}] = {credit_kwargs[twice[0]]!r}"
-                )
             kwargs["credit_kwargs"] = {**credit_kwargs, **given}
         generated_init(self, *args, **kwargs)
 
