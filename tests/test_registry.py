@@ -180,3 +180,17 @@ def test_a_registration_made_by_a_test(credit_method_registry):
 
 def test_leaves_the_registry_with_that_test():
     assert "registered_by_a_test" not in CREDIT_METHODS
+
+
+def test_the_labs_statistic_lives_with_the_lab():
+    """`task_decisive` is the credit lab's: the library neither lists nor names it, and only the lab's trainer supplies
+    it."""
+    from trl_credit.experiments.lab.trainer import LabTrainer
+    from trl_credit.trainer import CreditGRPOTrainer
+
+    assert TASK_DECISIVE not in STATISTICS and TASK_DECISIVE not in CreditGRPOTrainer.supplied_statistics
+    assert TASK_DECISIVE in LabTrainer.supplied_statistics
+    for folder in ("methods", "trainer"):
+        assert not [p for p in (PACKAGE / folder).rglob("*.py") if TASK_DECISIVE in p.read_text()]
+    with pytest.raises(ValueError, match="statistics must be names"):
+        register_credit_method("unnamed_statistic", statistics=("not a name",))
