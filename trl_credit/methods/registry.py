@@ -298,7 +298,8 @@ def _run_stack(
             f"advantages_B must have shape (B,) and mask_BT (B, T), got {tuple(advantages_B.shape)} and {tuple(mask_BT.shape)}"
         )
     fields = {k: v for k, v in named.items() if k in BATCH_FIELDS and k != "advantages_BT"}
-    statistics = {k: v for k, v in named.items() if isinstance(v, torch.Tensor) and k not in BATCH_FIELDS}
+    owned = {name for method in stack for name in method.argument_names}  # a tensor given for one is refused there
+    statistics = {k: v for k, v in named.items() if isinstance(v, torch.Tensor) and k not in BATCH_FIELDS | owned}
     values = {k: v for k, v in named.items() if k not in BATCH_FIELDS and k not in statistics}
     hyperparameters = stack_hyperparameters(stack, values)
     if fields.get("rewards_B") is not None:
