@@ -8,7 +8,7 @@ trl-credit grpo --method eapo+examples/custom_credit_method.py:surprise_boost   
 from dataclasses import dataclass, field
 
 from trl_credit import CreditBatch, CreditResult, register_credit_method
-from trl_credit.methods import ROLLOUT_LOGPS
+from trl_credit.methods import ROLLOUT_LOGPS, check_fields
 
 
 @dataclass
@@ -17,19 +17,25 @@ class SurpriseBoostArguments:
         default=1.5, metadata={"help": "Largest weight, given to the most surprising token (>= 1)."}
     )
 
+    def __post_init__(self):
+        check_fields(self, surprise_boost_max=(lambda b: b >= 1.0, ">= 1"))
+
 
 @register_credit_method(
     "surprise_boost",
     statistics=(ROLLOUT_LOGPS,),
     arguments=SurpriseBoostArguments,
-    checks={"surprise_boost_max": (lambda b: b >= 1.0, ">= 1")},
-    display_name="Surprise boost",
-    summary="Up to `surprise_boost_max` times more credit for the rarest sampled tokens.",
-    diagnostics={"mean_surprise": "mean -log p of the sampled tokens under the rollout policy"},
-    token_statistic=("surprise", "-log p of the sampled token under the rollout policy"),
     paper={"title": "My Surprise Boost", "id": "2601.00001", "citation": "@misc{boost, title = {My Surprise Boost}}"},
 )
 def surprise_boost(batch: CreditBatch, surprise_boost_max: float) -> CreditResult:
+    """Surprise boost: Up to `surprise_boost_max` times more credit for the rarest sampled tokens.
+
+    Metrics:
+        mean_surprise: mean -log p of the sampled tokens under the rollout policy
+
+    Token statistic:
+        surprise: -log p of the sampled token under the rollout policy
+    """
     surprise_BT = -batch[ROLLOUT_LOGPS]  # -log p of the sampled token, from the rollout policy
     top_B = surprise_BT.masked_fill(~batch.mask_BT, 0.0).amax(dim=1, keepdim=True).clamp(min=1e-6)
     weights_BT = 1.0 + (surprise_boost_max - 1.0) * surprise_BT / top_B  # in [1, surprise_boost_max]

@@ -193,7 +193,7 @@ def test_runs_that_would_differ_in_more_than_the_method_are_refused(tmp_path):
 def test_method_settings_go_to_their_methods_runs_only(tmp_path):
     config = CompareConfig(methods=["grpo", "taco", "eapo+taco"], seeds=[0], output_dir=str(tmp_path))
     parsed = _parsed_runs(config, ["--taco-alpha", "0.05", "--max_steps", "3"])
-    assert parsed["taco"][1].taco_alpha == 0.05
+    assert parsed["taco"][1].credit_kwargs["taco_alpha"] == 0.05
     assert parsed["eapo+taco"][1].credit_kwargs["taco_alpha"] == 0.05
     assert parsed["grpo"][1].credit_kwargs in (None, {}) and "taco_alpha" not in str(parsed["grpo"][3])
     assert {args[1].max_steps for args in parsed.values()} == {3}

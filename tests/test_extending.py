@@ -118,8 +118,16 @@ def test_a_trainer_pinned_to_a_user_method_takes_its_card_metadata_from_the_regi
 
 
 def test_undeclared_metrics_and_reserved_names_are_refused():
+    def reserved_metric(batch):
+        """Reserved metric: logs a metric under a name the trainer logs for every method.
+
+        Metrics:
+            mean_weight: mine
+        """
+        return batch.advantages_BT
+
     with pytest.raises(ValueError, match=r"the trainer logs \['mean_weight'\] for every method"):
-        register_credit_method("reserved_metric", diagnostics={"mean_weight": "mine"})
+        register_credit_method("reserved_metric")(reserved_metric)
 
     @register_credit_method("undeclared_metric")
     def undeclared_metric(batch):

@@ -313,7 +313,9 @@ def test_hicra_registration_and_errors():
         method.hyperparameters({"hicra_alpha": 1})
     with pytest.raises(ValueError, match="hicra_grams must be a non-empty list of non-blank phrases"):
         method.hyperparameters({"hicra_grams": ["  "]})
-    assert method.hyperparameters({"hicra_grams": '["notice that", "wait"]'})["hicra_grams"] == ["notice that", "wait"]
+    assert method.hyperparameters({"hicra_grams": ("notice that", "wait")})["hicra_grams"] == ["notice that", "wait"]
+    with pytest.raises(ValueError, match="hicra_grams must be a list, got 'notice that'"):
+        method.hyperparameters({"hicra_grams": "notice that"})  # a string is no list of one phrase
     with pytest.raises(ValueError, match="decoded texts"):
         hicra_advantages(torch.ones(1), torch.ones(1, 2), completion_ids_BT=torch.ones(1, 2, dtype=torch.long))
 

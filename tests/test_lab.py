@@ -26,8 +26,9 @@ from trl_credit.experiments.lab.metrics import (
     welch_difference,
     within_step_spread,
 )
+from trl_credit.experiments.lab.statistics import TASK_DECISIVE
 from trl_credit.experiments.lab.tasks import COMPLETION_LENGTH, FORK_POSITION, RARE_TOKEN, TASKS, VOCABULARY, get_task
-from trl_credit.methods import TASK_DECISIVE, CreditBatch
+from trl_credit.methods import CreditBatch
 
 # ---------------------------------------------------------------------------------------------- tasks
 

@@ -3,13 +3,13 @@ shape, and a registration lives as long as the test that made it."""
 
 import ast
 import collections
-import dataclasses
 import importlib
 from pathlib import Path
 
 import pytest
 import torch
 
+from trl_credit.experiments.lab.statistics import TASK_DECISIVE
 from trl_credit.methods import (
     COMMON_DIAGNOSTICS,
     CREDIT_METHODS,
@@ -23,7 +23,6 @@ from trl_credit.methods import (
     ROLLOUT_MEAN_ENTROPY,
     ROLLOUT_SUM_SQ_PROBS,
     STATISTICS,
-    TASK_DECISIVE,
     register_credit_method,
 )
 
@@ -117,20 +116,64 @@ def every_statistic(B=3, T=5, seed=0):
 
 
 @pytest.mark.parametrize("name", BUILT_IN)
-def test_one_shape_per_method_checked_once(name):
-    """`<name>_advantages` is the registered function on plain tensors, and each hyperparameter is checked once, by
-    its registration's check, on the way in."""
+def test_one_shape_per_method_checked_once(name, monkeypatch):
+    """`<name>_advantages` is the registered function on plain tensors, and its hyperparameters are checked once, by
+    its arguments dataclass, on the way in."""
     method = CREDIT_METHODS[name]
     assert getattr(importlib.import_module(method.function.__module__), f"{name}_advantages") == method.on_tensors
     calls = collections.Counter()
-
-    def counted(name, ok):
-        return lambda value: calls.update([name]) or ok(value)
-
-    checks = {key: (counted(key, ok), words) for key, (ok, words) in method.checks.items()}
+    checked = getattr(method.arguments, "__post_init__", None)  # none where every value is allowed (OTB's bool)
+    if checked is not None:
+        monkeypatch.setattr(method.arguments, "__post_init__", lambda self: calls.update([name]) or checked(self))
     advantages_B, mask_BT, named = every_statistic()
-    result = dataclasses.replace(method, checks=checks).on_tensors(advantages_B, mask_BT, **named)
-    assert calls == collections.Counter(list(method.checks)) and result.advantages_BT.shape == mask_BT.shape
+    result = method.on_tensors(advantages_B, mask_BT, **named)
+    assert calls == collections.Counter([name] if checked else []) and result.advantages_BT.shape == mask_BT.shape
+
+
+def _documented(docstring: str):
+    def function(batch):
+        return batch.advantages_BT
+
+    function.__doc__ = docstring
+    return function
+
+
+def test_what_a_method_shows_is_read_from_its_docstring(credit_method_registry):
+    register_credit_method("documented")(
+        _documented(
+            """Documented one: Gives each token its response's
+            advantage, unchanged.
+
+            Metrics:
+                first_metric: the first meaning
+                second_metric: a meaning that runs on
+                    over two lines
+
+            Token statistic:
+                echo: the advantage itself
+            """
+        )
+    )
+    method = CREDIT_METHODS["documented"]
+    assert (method.display_name, method.summary) == (
+        "Documented one",
+        "Gives each token its response's advantage, unchanged.",
+    )
+    assert method.diagnostics == {
+        "first_metric": "the first meaning",
+        "second_metric": "a meaning that runs on over two lines",
+    }
+    assert method.token_statistic == ("echo", "the advantage itself")
+    register_credit_method("bare")(_documented(None))
+    bare = CREDIT_METHODS["bare"]
+    assert (bare.display_name, bare.summary, bare.diagnostics, bare.token_statistic) == ("bare", "", {}, None)
+
+
+def test_moved_registration_keywords_say_where_they_went():
+    with pytest.raises(TypeError, match=r"does not take \['summary'\]: start the function's docstring with"):
+        register_credit_method("moved", summary="old style")
+    with pytest.raises(TypeError, match=r"\['checks'\]: check the values in the arguments dataclass's __post_init__"):
+        register_credit_method("moved", checks={})
 
 
 def test_a_registration_made_by_a_test(credit_method_registry):
@@ -140,3 +183,17 @@ def test_a_registration_made_by_a_test(credit_method_registry):
 
 def test_leaves_the_registry_with_that_test():
     assert "registered_by_a_test" not in CREDIT_METHODS
+
+
+def test_the_labs_statistic_lives_with_the_lab():
+    """`task_decisive` is the credit lab's: the library neither lists nor names it, and only the lab's trainer supplies
+    it."""
+    from trl_credit.experiments.lab.trainer import LabTrainer
+    from trl_credit.trainer import CreditGRPOTrainer
+
+    assert TASK_DECISIVE not in STATISTICS and TASK_DECISIVE not in CreditGRPOTrainer.supplied_statistics
+    assert TASK_DECISIVE in LabTrainer.supplied_statistics
+    for folder in ("methods", "trainer"):
+        assert not [p for p in (PACKAGE / folder).rglob("*.py") if TASK_DECISIVE in p.read_text()]
+    with pytest.raises(ValueError, match="statistics must be names"):
+        register_credit_method("unnamed_statistic", statistics=("not a name",))

@@ -150,6 +150,29 @@ def test_parity_with_grpo_trainer(tmp_path, method, neutral):
         torch.testing.assert_close(p_credit, p_plain, atol=1e-6, rtol=1e-5, msg=name)
 
 
+def test_the_pairs_are_importable_by_qualified_name_and_pickle(tmp_path):
+    """training_args.bin pickles the config: each pair's classes live where their qualified name says."""
+    import pickle
+
+    import trl_credit
+    from trl_credit.trainer import pairs, trainer_pair
+
+    for config_cls, trainer_cls in [(TACOConfig, TACOTrainer), (EAPOConfig, EAPOTrainer), (TIDEConfig, TIDETrainer)]:
+        assert getattr(pairs, config_cls.__qualname__) is config_cls and config_cls.__module__ == pairs.__name__
+        assert getattr(pairs, trainer_cls.__qualname__) is trainer_cls and trainer_cls.__module__ == pairs.__name__
+        assert trainer_cls.config_class is config_cls and config_cls.__doc__ and trainer_cls.__doc__
+        assert trainer_pair(trainer_cls._credit_method) == (config_cls, trainer_cls)
+    config = TACOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, taco_alpha=0.05)
+    copy = pickle.loads(pickle.dumps(config))
+    assert type(copy) is TACOConfig and copy.credit_kwargs == config.credit_kwargs == {
+        "taco_alpha": 0.05,
+        "taco_lambda": 0.9,
+    }
+    assert trainer_pair("eapo+taco") == (CreditGRPOConfig, CreditGRPOTrainer)
+    with pytest.raises(AttributeError, match=r"trl_credit.METHODS is gone: trl_credit.trainer_pair\(method\)"):
+        _ = trl_credit.METHODS
+
+
 def test_single_method_trainers_use_their_configs_and_paper_metadata(tmp_path):
     tokenizer = make_tiny_tokenizer()
     for trainer_cls, config_cls, method in [
@@ -268,17 +291,20 @@ def test_config_validation_names_bad_value(tmp_path, method, settings, message):
         tiny_config(method, tmp_path, **settings)
 
 
-def test_credit_kwargs_and_a_declared_field_set_the_same_hyperparameter(tmp_path):
+def test_a_hyperparameter_lands_in_credit_kwargs_whichever_way_it_is_given(tmp_path):
     cpu = dict(output_dir=str(tmp_path), use_cpu=True, bf16=False)
     config = CreditGRPOConfig(**cpu, credit_method="taco", credit_kwargs={"taco_alpha": 0.5})
-    assert config.credit_hyperparameters()["taco_alpha"] == 0.5  # not the default 0.01
-    assert TACOConfig(**cpu, taco_alpha=0.5).credit_hyperparameters()["taco_alpha"] == 0.5
-    config = TACOConfig(**cpu, credit_kwargs={"taco_alpha": "0.5"})  # reaches the field, as its declared type
-    assert config.taco_alpha == 0.5 and config.credit_kwargs is None
-    with pytest.raises(ValueError, match=r"taco_alpha is set twice: TACOConfig\(taco_alpha=0.2\) and credit_kwargs"):
-        TACOConfig(**cpu, taco_alpha=0.2, credit_kwargs={"taco_alpha": 0.5})
-    with pytest.raises(ValueError, match="TACOConfig holds the hyperparameters of 'taco', which credit_method 'eapo'"):
+    assert config.credit_kwargs == {"taco_alpha": 0.5, "taco_lambda": 0.9}  # resolved, the default included
+    assert TACOConfig(**cpu, taco_alpha=0.5).credit_kwargs == config.credit_kwargs
+    assert TACOConfig(**cpu, credit_kwargs={"taco_alpha": "0.5"}).credit_kwargs == config.credit_kwargs
+    assert config.method_hyperparameters(config.credit_methods[0]) == config.credit_kwargs
+    # Given both ways, even at its default value, nothing says which should win.
+    with pytest.raises(ValueError, match=r"taco_alpha is set twice: TACOConfig\(taco_alpha=0.01\) and credit_kwargs"):
+        TACOConfig(**cpu, taco_alpha=0.01, credit_kwargs={"taco_alpha": 0.5})
+    with pytest.raises(ValueError, match="TACOConfig trains credit_method 'taco', got 'eapo'; use CreditGRPOConfig"):
         TACOConfig(**cpu, credit_method="eapo")
+    with pytest.raises(AttributeError, match=r"no field 'taco_alpha'.*config.credit_kwargs\['taco_alpha'\]"):
+        _ = config.taco_alpha
 
 
 def test_a_method_dropping_tokens_under_a_generation_normaliser_warns_once(tmp_path):

@@ -2,8 +2,8 @@
 arguments, read from a YAML recipe and flags, each value checked and, when wrong, named as it was given.
 
 Arguments are parsed with TRL's `TrlParser` over `CreditScriptArguments`, the method's config (`TACOConfig`, ...),
-`ModelConfig`, and the hyperparameter dataclass of every other method of the stack, whose values go to
-`credit_kwargs`: YAML values are defaults and flags override them. Without `--config`, the packaged
+`ModelConfig`, and the hyperparameter dataclass of every method of the stack, whose values go to `credit_kwargs`:
+YAML values are defaults and flags override them. Without `--config`, the packaged
 `configs/quickstart.yaml` supplies the defaults.
 """
 
@@ -168,10 +168,9 @@ def _stack(method: str):
     return [get_credit_method(name) for name in parse_credit_methods(method)]
 
 
-def _method_argument_classes(method: str, config_class) -> list[type]:
-    """The hyperparameter dataclasses of the stack's methods that `config_class` does not declare as fields."""
-    declared = set(config_class.__dataclass_fields__)
-    return [m.arguments for m in _stack(method) if m.arguments is not None and not set(m.argument_names) <= declared]
+def _method_argument_classes(method: str) -> list[type]:
+    """The hyperparameter dataclasses of the stack's methods: the parser converts their flags and YAML keys."""
+    return [m.arguments for m in _stack(method) if m.arguments is not None]
 
 
 def build_parser(method: str):
@@ -184,7 +183,7 @@ def build_parser(method: str):
         CreditScriptArguments,
         config_class,
         ModelConfig,
-        *_method_argument_classes(method, config_class),
+        *_method_argument_classes(method),
     )
     parser = TrlParser(
         dataclass_types,
@@ -279,11 +278,9 @@ def _check_names(parser, method: str, sources: _Sources) -> None:
 
 
 def _merge_method_arguments(training_args, method_args: list, sources: _Sources) -> None:
-    """Move the hyperparameters of the stack's methods given as YAML keys or flags into `credit_kwargs`, and
-    resolve and check the whole stack again."""
-    # Entries the config declares as fields (`TACOConfig.taco_alpha`) were merged into them when it was built.
-    declared = type(training_args).__dataclass_fields__
-    kwargs = {name: value for name, value in sources.credit_kwargs.items() if name not in declared}
+    """Move the hyperparameters of the stack's methods given as YAML keys or flags (converted by the parser) into
+    `credit_kwargs`, beside those given there, and resolve and check the whole stack again."""
+    kwargs = dict(sources.credit_kwargs)
     for arguments in method_args:
         kwargs.update({name: value for name, value in vars(arguments).items() if sources.given(name)})
     training_args.credit_kwargs = kwargs

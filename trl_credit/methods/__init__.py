@@ -1,10 +1,11 @@
 """The token-level credit methods: one file each, pure tensor functions (no TRL import), and their registry.
 
-Each method file holds a method's hyperparameters, the statistics it reads and the registered function that reshapes
-the advantage, plus `<name>_advantages`, the same function on plain tensors ([`CreditMethod.on_tensors`]). Around
-them: `batch.py` (the statistics by name, [`CreditBatch`], [`CreditResult`]), `settings.py` (hyperparameter
-conversion and checks), `validation.py` (the checks around every call), `registry.py` (registration, lookup, stacks)
-and `user_modules.py` (importing a user's method file). Importing this package registers the built-in methods.
+Each method file holds a method's hyperparameters (a dataclass that checks itself), the statistics it reads and the
+registered function that reshapes the advantage, whose docstring says what the method shows, plus `<name>_advantages`,
+the same function on plain tensors ([`CreditMethod.on_tensors`]). Around them: `batch.py` (the statistics by name,
+[`CreditBatch`], [`CreditResult`]), `settings.py` (hyperparameter checks and conversion), `validation.py` (the checks
+around every call), `registry.py` (registration, lookup, stacks) and `user_modules.py` (importing a user's method
+file). Importing this package registers the built-in methods.
 """
 
 from .ar_lopti import ARLoptiArguments, ar_lopti_advantages
@@ -21,7 +22,6 @@ from .batch import (
     ROLLOUT_MEAN_ENTROPY,
     ROLLOUT_SUM_SQ_PROBS,
     STATISTICS,
-    TASK_DECISIVE,
     CreditBatch,
     CreditResult,
 )
@@ -36,8 +36,6 @@ from .otb import OTBArguments, otb_advantages, otb_baselines, otb_path_variance
 from .registry import (
     COMMON_DIAGNOSTICS,
     CREDIT_METHODS,
-    GRPO_DISPLAY_NAME,
-    GRPO_SUMMARY,
     CreditMethod,
     apply_credit_method,
     apply_credit_stack,
@@ -46,7 +44,7 @@ from .registry import (
     register_credit_method,
     stack_hyperparameters,
 )
-from .settings import SettingError
+from .settings import SettingError, check_fields, in_range
 from .stapo import STAPOArguments, stapo_advantages
 from .stare import STAREArguments, stare_advantages, stare_selection_size
 from .taco import TACOArguments, taco_advantages, taco_tail_risk
@@ -62,8 +60,6 @@ __all__ = [
     "DEFAULT_COMPARISON",
     "DISTANCES",
     "GENERATION_STATISTICS",
-    "GRPO_DISPLAY_NAME",
-    "GRPO_SUMMARY",
     "HICRA_PAPER_GRAMS",
     "LOSS_FORWARD_STATISTICS",
     "POLICY_ENTROPY",
@@ -76,7 +72,6 @@ __all__ = [
     "ROLLOUT_MEAN_ENTROPY",
     "ROLLOUT_SUM_SQ_PROBS",
     "STATISTICS",
-    "TASK_DECISIVE",
     "CreditBatch",
     "CreditMethod",
     "CreditResult",
@@ -96,6 +91,8 @@ __all__ = [
     "TACOArguments",
     "TIDEArguments",
     "apply_credit_method",
+    "check_fields",
+    "in_range",
     "apply_credit_stack",
     "ar_lopti_advantages",
     "clip_cov_advantages",

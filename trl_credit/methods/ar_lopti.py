@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .batch import ROLLOUT_LOGPS, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import in_range
+from .settings import check_fields, in_range
 
 AR_LOPTI_PAPER = paper(
     "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs",
@@ -44,19 +44,20 @@ class ARLoptiArguments:
         },
     )
 
+    def __post_init__(self):
+        check_fields(self, ar_lopti_alpha=in_range(0.0, 1.0))
 
-@register_credit_method(
-    "ar_lopti",
-    statistics=(ROLLOUT_LOGPS,),
-    arguments=ARLoptiArguments,
-    checks={"ar_lopti_alpha": in_range(0.0, 1.0)},
-    paper=AR_LOPTI_PAPER,
-    display_name="AR-Lopti",
-    summary="Scales every advantage by (1 - alpha) + alpha * p under the rollout policy.",
-    diagnostics={"prob_mean": "mean rollout probability p of the sampled tokens"},
-    token_statistic=("rollout_prob", "probability p of the sampled token under the rollout policy"),
-)
+
+@register_credit_method("ar_lopti", statistics=(ROLLOUT_LOGPS,), arguments=ARLoptiArguments, paper=AR_LOPTI_PAPER)
 def ar_lopti(batch: CreditBatch, ar_lopti_alpha: float) -> CreditResult:
+    """AR-Lopti: Scales every advantage by (1 - alpha) + alpha * p under the rollout policy.
+
+    Metrics:
+        prob_mean: mean rollout probability p of the sampled tokens
+
+    Token statistic:
+        rollout_prob: probability p of the sampled token under the rollout policy
+    """
     rollout_probs_BT = batch[ROLLOUT_LOGPS].exp()
     return CreditResult(
         advantages_BT=batch.advantages_BT * ((1.0 - ar_lopti_alpha) + ar_lopti_alpha * rollout_probs_BT),

@@ -28,9 +28,6 @@ ROLLOUT_SUM_SQ_PROBS = "rollout_sum_sq_probs"
 ROLLOUT_MEAN_ENTROPY = "rollout_mean_entropy"
 REFERENCE_DEVIATION = "reference_deviation"  # squared Hellinger distance to the frozen initial model
 PREVIOUS_POLICY_DEVIATION = "previous_policy_deviation"  # ... to the policy of the previous generation batch
-# 1.0 on the tokens the task's ground truth marks as deciding the reward, else 0. The trainer cannot compute it: only a
-# trainer that knows the task supplies it (the credit lab's `LabTrainer`).
-TASK_DECISIVE = "task_decisive"
 
 LOSS_FORWARD_STATISTICS = (POLICY_LOGPS, POLICY_ENTROPY, POLICY_LOGIT_GAP)
 GENERATION_STATISTICS = (
@@ -41,7 +38,8 @@ GENERATION_STATISTICS = (
     REFERENCE_DEVIATION,
     PREVIOUS_POLICY_DEVIATION,
 )
-STATISTICS = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS + (TASK_DECISIVE,)
+# What `CreditGRPOTrainer` supplies. A trainer that knows more (the credit lab's ground truth) adds its own names.
+STATISTICS = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
 
 
 # Statistics with a bounded range: a streamed computation may round slightly outside it, anything further is a bug

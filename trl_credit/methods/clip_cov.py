@@ -35,7 +35,7 @@ import torch
 
 from .batch import POLICY_LOGPS, ROLLOUT_LOGPS, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import SettingError
+from .settings import SettingError, check_fields
 
 CLIP_COV_PAPER = paper(
     "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
@@ -69,7 +69,13 @@ class ClipCovArguments:
     )
 
     def __post_init__(self):
-        # The one check across two fields; `checks` below require each bound to be finite.
+        # Each value on its own, then the one check across two fields (both bounds finite by then).
+        check_fields(
+            self,
+            clip_cov_ratio=(lambda r: 0.0 < r <= 1.0, "in (0, 1]"),
+            clip_cov_lb=(math.isfinite, "finite"),
+            clip_cov_ub=(math.isfinite, "finite"),
+        )
         if (
             math.isfinite(self.clip_cov_lb)
             and math.isfinite(self.clip_cov_ub)
@@ -101,23 +107,20 @@ def clip_cov_generator(seed: int, step: int, valid_BT: torch.Tensor) -> torch.Ge
     "clip_cov",
     statistics=(POLICY_LOGPS, ROLLOUT_LOGPS),
     arguments=ClipCovArguments,
-    checks={
-        "clip_cov_ratio": (lambda r: 0.0 < r <= 1.0, "in (0, 1]"),
-        "clip_cov_lb": (math.isfinite, "finite"),
-        "clip_cov_ub": (math.isfinite, "finite"),
-    },
     paper=CLIP_COV_PAPER,
-    display_name="Clip-Cov",
-    summary="Zeroes the advantage of a random few tokens whose advantage-log-prob covariance lies in (lb, ub).",
-    diagnostics={
-        "detached_fraction": "fraction of valid tokens whose advantage was zeroed",
-        "candidate_fraction": "fraction of valid tokens with covariance in (lb, ub), not clipped by PPO",
-    },
-    token_statistic=("covariance", "centred covariance (A - mean A)(log p - mean log p) over the micro-batch"),
 )
 def clip_cov(
     batch: CreditBatch, clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float, clip_cov_seed: int
 ) -> CreditResult:
+    """Clip-Cov: Zeroes the advantage of a random few tokens whose advantage-log-prob covariance lies in (lb, ub).
+
+    Metrics:
+        detached_fraction: fraction of valid tokens whose advantage was zeroed
+        candidate_fraction: fraction of valid tokens with covariance in (lb, ub), not clipped by PPO
+
+    Token statistic:
+        covariance: centred covariance (A - mean A)(log p - mean log p) over the micro-batch
+    """
     advantages_BT, logps_BT, old_logps_BT = batch.advantages_BT, batch[POLICY_LOGPS], batch[ROLLOUT_LOGPS]
     weights_BT = batch.loss_weights_BT  # verl's `response_mask`, as the earlier methods of a stack left it
     in_loss_BT = weights_BT > 0

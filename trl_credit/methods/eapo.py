@@ -21,7 +21,7 @@ import torch
 
 from .batch import ROLLOUT_ENTROPY, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import FINITE_NON_NEGATIVE
+from .settings import FINITE_NON_NEGATIVE, check_fields
 
 _EPS = 1e-8
 
@@ -51,6 +51,12 @@ class EAPOArguments:
     )
 
     def __post_init__(self):
+        check_fields(
+            self,
+            eapo_kappa=FINITE_NON_NEGATIVE,
+            eapo_kappa_decay_steps=(lambda n: n >= 0, ">= 0"),
+            eapo_quantiles=(_valid_quantiles, "two values lo, hi with 0 <= lo < hi <= 1"),
+        )
         self.eapo_quantiles = [float(q) for q in self.eapo_quantiles]  # YAML and `--credit_kwargs` may give strings
 
 
@@ -84,27 +90,19 @@ def eapo_normalized_entropy(entropy_BT: torch.Tensor, q_lo: float, q_hi: float) 
     return ((entropy_BT - q_lo) / (q_hi - q_lo + _EPS)).clamp(0.0, 1.0)
 
 
-@register_credit_method(
-    "eapo",
-    statistics=(ROLLOUT_ENTROPY,),
-    arguments=EAPOArguments,
-    checks={
-        "eapo_kappa": FINITE_NON_NEGATIVE,
-        "eapo_kappa_decay_steps": (lambda n: n >= 0, ">= 0"),
-        "eapo_quantiles": (_valid_quantiles, "two values lo, hi with 0 <= lo < hi <= 1"),
-    },
-    paper=EAPO_PAPER,
-    display_name="EAPO",
-    summary="Moves credit towards high-entropy tokens in successes and low-entropy tokens in failures, mean weight 1 "
-    "per response.",
-    diagnostics={
-        "q_lo": "low entropy quantile of the generation batch (all processes)",
-        "q_hi": "high entropy quantile of the generation batch (all processes)",
-        "kappa": "strength kappa at this step (after the optional decay)",
-    },
-    token_statistic=("normalized_entropy", "h = clamp((H - q_lo) / (q_hi - q_lo), 0, 1) of the rollout policy"),
-)
+@register_credit_method("eapo", statistics=(ROLLOUT_ENTROPY,), arguments=EAPOArguments, paper=EAPO_PAPER)
 def eapo(batch: CreditBatch, eapo_kappa: float, eapo_kappa_decay_steps: int, eapo_quantiles) -> CreditResult:
+    """EAPO: Moves credit towards high-entropy tokens in successes and low-entropy tokens in failures, mean weight 1
+    per response.
+
+    Metrics:
+        q_lo: low entropy quantile of the generation batch (all processes)
+        q_hi: high entropy quantile of the generation batch (all processes)
+        kappa: strength kappa at this step (after the optional decay)
+
+    Token statistic:
+        normalized_entropy: h = clamp((H - q_lo) / (q_hi - q_lo), 0, 1) of the rollout policy
+    """
     entropy_BT, valid_BT = batch[ROLLOUT_ENTROPY], batch.mask_BT
     # Quantiles over every valid token of the generation batch, on every process.
     entropy_N = batch.gather(entropy_BT[valid_BT])

@@ -23,7 +23,7 @@ import torch
 
 from .batch import POLICY_ENTROPY, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import FINITE_NON_NEGATIVE
+from .settings import FINITE_NON_NEGATIVE, check_fields
 
 ENTROPY_ADV_PAPER = paper(
     "Reasoning with Exploration: An Entropy Perspective",
@@ -50,25 +50,30 @@ class EntropyAdvArguments:
         metadata={"help": "EntropyAdv: the bonus is at most |A| / kappa. > 1, so no advantage changes sign."},
     )
 
+    def __post_init__(self):
+        check_fields(
+            self,
+            entropy_adv_alpha=FINITE_NON_NEGATIVE,
+            entropy_adv_kappa=(lambda k: 1.0 < k < math.inf, "finite and > 1"),
+        )
+
 
 @register_credit_method(
     "entropy_adv",
     statistics=(POLICY_ENTROPY,),
     arguments=EntropyAdvArguments,
-    checks={
-        "entropy_adv_alpha": FINITE_NON_NEGATIVE,
-        "entropy_adv_kappa": (lambda k: 1.0 < k < math.inf, "finite and > 1"),
-    },
     paper=ENTROPY_ADV_PAPER,
-    display_name="EntropyAdv",
-    summary="Adds a bounded entropy bonus min(alpha * H, |A| / kappa) to every token's advantage.",
-    diagnostics={
-        "mean_bonus": "mean entropy bonus psi over valid tokens",
-        "bounded_fraction": "fraction of valid tokens whose bonus hit the bound |A| / kappa",
-    },
-    token_statistic=("bonus", "entropy bonus psi = min(alpha * H, |A| / kappa)"),
 )
 def entropy_adv(batch: CreditBatch, entropy_adv_alpha: float, entropy_adv_kappa: float) -> CreditResult:
+    """EntropyAdv: Adds a bounded entropy bonus min(alpha * H, |A| / kappa) to every token's advantage.
+
+    Metrics:
+        mean_bonus: mean entropy bonus psi over valid tokens
+        bounded_fraction: fraction of valid tokens whose bonus hit the bound |A| / kappa
+
+    Token statistic:
+        bonus: entropy bonus psi = min(alpha * H, |A| / kappa)
+    """
     advantages_BT, entropy_BT, valid_BT = batch.advantages_BT, batch[POLICY_ENTROPY], batch.mask_BT
     entropy_bonus_BT = entropy_adv_alpha * entropy_BT
     bound_BT = advantages_BT.abs() / entropy_adv_kappa

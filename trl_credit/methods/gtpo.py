@@ -40,7 +40,7 @@ import torch
 
 from .batch import ROLLOUT_ENTROPY, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE
+from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE, check_fields
 
 GTPO_PAPER = paper(
     "GTPO: Trajectory-Based Policy Optimization in Large Language Models",
@@ -89,6 +89,15 @@ class GTPOArguments:
             "PAD_ID); default: the tokenizer's pad token id."
         },
     )
+
+    def __post_init__(self):
+        check_fields(
+            self,
+            gtpo_conflict_weight=FINITE_POSITIVE,
+            gtpo_entropy_threshold=(lambda value: value >= 0.0, ">= 0 (inf filters no completion)"),
+            gtpo_entropy_scale=FINITE_NON_NEGATIVE,
+            gtpo_pad_id=(lambda value: value is None or value >= 0, "None (the tokenizer's pad id) or an id >= 0"),
+        )
 
 
 def _compact(ids_BT: torch.Tensor, valid_BT: torch.Tensor, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,29 +192,7 @@ def _pad_id(batch: CreditBatch, gtpo_pad_id: int | None) -> int:
     return int(pad_id)
 
 
-@register_credit_method(
-    "gtpo",
-    statistics=(ROLLOUT_ENTROPY,),
-    arguments=GTPOArguments,
-    checks={
-        "gtpo_conflict_weight": FINITE_POSITIVE,
-        "gtpo_entropy_threshold": (lambda value: value >= 0.0, ">= 0 (inf filters no completion)"),
-        "gtpo_entropy_scale": FINITE_NON_NEGATIVE,
-        "gtpo_pad_id": (lambda value: value is None or value >= 0, "None (the tokenizer's pad id) or an id >= 0"),
-    },
-    paper=GTPO_PAPER,
-    display_name="GTPO",
-    summary="Skips the negative and amplifies the positive update of tokens shared at the start or end of a group's "
-    "positive and negative completions; drops completions above an entropy threshold, shapes A - gamma * H.",
-    diagnostics={
-        "conflict_fraction": "fraction of valid tokens in a conflict run (from the start or from the end)",
-        "skipped_fraction": "fraction of valid tokens whose negative update is skipped (conflicts of A < 0 completions)",
-        "amplified_fraction": "fraction of valid tokens whose positive update is amplified (conflicts of A > 0)",
-        "filtered_fraction": "fraction of valid tokens in completions above the entropy threshold (no update)",
-        "mean_entropy": "mean over valid tokens of their completion's mean entropy H_i",
-    },
-    token_statistic=("conflict_weight", "d: the conflict factor, W or W^2 on a positive, 0 on a negative conflict"),
-)
+@register_credit_method("gtpo", statistics=(ROLLOUT_ENTROPY,), arguments=GTPOArguments, paper=GTPO_PAPER)
 def gtpo(
     batch: CreditBatch,
     gtpo_conflict_weight: float,
@@ -214,6 +201,19 @@ def gtpo(
     gtpo_conflict_normalization: bool,
     gtpo_pad_id: int | None,
 ) -> CreditResult:
+    """GTPO: Skips the negative and amplifies the positive update of tokens shared at the start or end of a group's
+    positive and negative completions; drops completions above an entropy threshold, shapes A - gamma * H.
+
+    Metrics:
+        conflict_fraction: fraction of valid tokens in a conflict run (from the start or from the end)
+        skipped_fraction: fraction of valid tokens whose negative update is skipped (conflicts of A < 0 completions)
+        amplified_fraction: fraction of valid tokens whose positive update is amplified (conflicts of A > 0)
+        filtered_fraction: fraction of valid tokens in completions above the entropy threshold (no update)
+        mean_entropy: mean over valid tokens of their completion's mean entropy H_i
+
+    Token statistic:
+        conflict_weight: d: the conflict factor, W or W^2 on a positive, 0 on a negative conflict
+    """
     if batch.completion_ids_BT is None or batch.group_index_B is None:
         raise ValueError("credit method 'gtpo' reads the completion ids and the prompt groups; the batch has none")
     mask_BT = batch.mask_BT

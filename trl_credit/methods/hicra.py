@@ -32,7 +32,7 @@ import torch
 
 from .batch import CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import in_range
+from .settings import check_fields, in_range
 
 HICRA_PAPER = paper(
     "Emergent Hierarchical Reasoning in LLMs through Reinforcement Learning",
@@ -61,6 +61,13 @@ class HICRAArguments:
             "whole words. Default: the paper's three examples."
         },
     )
+
+    def __post_init__(self):
+        check_fields(
+            self,
+            hicra_alpha=in_range(0.0, 1.0, high_open=True),
+            hicra_grams=(_check_grams, "a non-empty list of non-blank phrases"),
+        )
 
 
 def _gram_pattern(grams: Sequence[str]) -> re.Pattern:
@@ -104,26 +111,19 @@ def _check_grams(grams) -> bool:
     return len(grams) > 0 and all(isinstance(gram, str) and gram.split() for gram in grams)
 
 
-@register_credit_method(
-    "hicra",
-    statistics=(),
-    arguments=HICRAArguments,
-    checks={
-        "hicra_alpha": in_range(0.0, 1.0, high_open=True),
-        "hicra_grams": (_check_grams, "a non-empty list of non-blank phrases"),
-    },
-    paper=HICRA_PAPER,
-    display_name="HICRA",
-    summary="Amplifies the advantage of planning tokens, those inside strategic grams of the decoded completion: "
-    "A + alpha * |A|.",
-    diagnostics={
-        "planning_fraction": "fraction of valid tokens that are planning tokens (inside a strategic gram)",
-        "planning_fraction_pos": "the same among positive-advantage tokens",
-        "completions_with_planning": "fraction of completions with at least one planning token",
-    },
-    token_statistic=("planning", "1 on planning tokens (inside a strategic gram), else 0"),
-)
+@register_credit_method("hicra", statistics=(), arguments=HICRAArguments, paper=HICRA_PAPER)
 def hicra(batch: CreditBatch, hicra_alpha: float, hicra_grams: list[str]) -> CreditResult:
+    """HICRA: Amplifies the advantage of planning tokens, those inside strategic grams of the decoded completion:
+    A + alpha * |A|.
+
+    Metrics:
+        planning_fraction: fraction of valid tokens that are planning tokens (inside a strategic gram)
+        planning_fraction_pos: the same among positive-advantage tokens
+        completions_with_planning: fraction of completions with at least one planning token
+
+    Token statistic:
+        planning: 1 on planning tokens (inside a strategic gram), else 0
+    """
     if batch.completion_ids_BT is None or batch.token_texts is None:
         raise ValueError("credit method 'hicra' reads the completion ids and their decoded texts; the batch has none")
     mask_BT = batch.mask_BT

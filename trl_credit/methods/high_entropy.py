@@ -31,7 +31,7 @@ import torch
 
 from .batch import POLICY_ENTROPY, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import in_range
+from .settings import check_fields, in_range
 
 HIGH_ENTROPY_PAPER = paper(
     "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning",
@@ -56,6 +56,9 @@ class HighEntropyArguments:
         },
     )
 
+    def __post_init__(self):
+        check_fields(self, high_entropy_top_ratio=in_range(0.0, 1.0))
+
 
 def high_entropy_count(num_valid: int, top_ratio: float) -> int:
     """`max(1, int(rho * N + 0.9999))`, the official code's ceiling of `rho * N`."""
@@ -66,15 +69,18 @@ def high_entropy_count(num_valid: int, top_ratio: float) -> int:
     "high_entropy",
     statistics=(POLICY_ENTROPY,),
     arguments=HighEntropyArguments,
-    checks={"high_entropy_top_ratio": in_range(0.0, 1.0)},
     paper=HIGH_ENTROPY_PAPER,
     drops_tokens=True,
-    display_name="80/20",
-    summary="Keeps in the loss only the 20 % highest-entropy tokens of each micro-batch.",
-    diagnostics={"entropy_threshold": "lowest kept entropy (mean over micro-batches)"},
-    token_statistic=("entropy", "current-policy entropy H (nats)"),
 )
 def high_entropy(batch: CreditBatch, high_entropy_top_ratio: float) -> CreditResult:
+    """80/20: Keeps in the loss only the 20 % highest-entropy tokens of each micro-batch.
+
+    Metrics:
+        entropy_threshold: lowest kept entropy (mean over micro-batches)
+
+    Token statistic:
+        entropy: current-policy entropy H (nats)
+    """
     entropy_BT, valid_BT = batch[POLICY_ENTROPY], batch.mask_BT
     # The k valid tokens of highest entropy; a stable sort keeps the earlier of tied tokens.
     kept_BT = torch.zeros_like(valid_BT)

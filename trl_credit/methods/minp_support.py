@@ -32,7 +32,7 @@ import torch
 
 from .batch import POLICY_LOGIT_GAP, CreditBatch, CreditResult
 from .registry import get_credit_method, register_credit_method
-from .settings import FINITE_POSITIVE, in_range
+from .settings import FINITE_POSITIVE, check_fields, in_range
 from .taco import TACO_PAPER
 
 
@@ -60,6 +60,14 @@ class MinPSupportArguments:
         metadata={"help": "Min-p support: weight only positive-advantage tokens (others keep weight 1)."},
     )
 
+    def __post_init__(self):
+        check_fields(
+            self,
+            minp_support_min_p=in_range(0.0, 1.0, low_open=True, high_open=True),
+            minp_support_tau=FINITE_POSITIVE,
+            minp_support_min_weight=in_range(0.0, 1.0),
+        )
+
 
 def minp_support_margin(logit_gap_BT: torch.Tensor, min_p: float) -> torch.Tensor:
     """`m = (z_y - max_v z_v) - log(min_p)`: `m >= 0` exactly when the token is in the min-p set."""
@@ -71,22 +79,8 @@ def minp_support_margin(logit_gap_BT: torch.Tensor, min_p: float) -> torch.Tenso
     "minp_support",
     statistics=(POLICY_LOGIT_GAP,),
     arguments=MinPSupportArguments,
-    checks={
-        "minp_support_min_p": in_range(0.0, 1.0, low_open=True, high_open=True),
-        "minp_support_tau": FINITE_POSITIVE,
-        "minp_support_min_weight": in_range(0.0, 1.0),
-    },
     paper=TACO_PAPER,
     drops_tokens=True,
-    display_name="min-p support",
-    summary="Down-weights in the loss positive-advantage tokens outside the min-p support set, smoothly in their "
-    "logit margin.",
-    diagnostics={
-        "support_weight": "mean loss weight over valid tokens",
-        "in_support_fraction_pos": "fraction of positive-advantage tokens inside the min-p set",
-        "margin_mean_pos": "mean min-p margin m over positive-advantage tokens",
-    },
-    token_statistic=("margin", "m = z_y - max_v z_v - log min_p (logits z); the token is in the set when m >= 0"),
 )
 def minp_support(
     batch: CreditBatch,
@@ -95,6 +89,17 @@ def minp_support(
     minp_support_min_weight: float,
     minp_support_only_positive_advantage: bool,
 ) -> CreditResult:
+    """min-p support: Down-weights in the loss positive-advantage tokens outside the min-p support set, smoothly in
+    their logit margin.
+
+    Metrics:
+        support_weight: mean loss weight over valid tokens
+        in_support_fraction_pos: fraction of positive-advantage tokens inside the min-p set
+        margin_mean_pos: mean min-p margin m over positive-advantage tokens
+
+    Token statistic:
+        margin: m = z_y - max_v z_v - log min_p (logits z); the token is in the set when m >= 0
+    """
     valid_BT = batch.mask_BT
     margin_BT = minp_support_margin(batch[POLICY_LOGIT_GAP], minp_support_min_p)
     support_BT = minp_support_min_weight + (1.0 - minp_support_min_weight) * torch.exp(

@@ -118,18 +118,20 @@ def otb_baselines(
     statistics=(ROLLOUT_LOGPS, ROLLOUT_SUM_SQ_PROBS),
     arguments=OTBArguments,
     paper=OTB_PAPER,
-    display_name="OTB",
-    summary="Advantage estimator: each token gets its raw reward minus the group's per-position baseline, weighted by "
-    "the cumulative path variance 1 - 2p + sum p^2 (must come first in a stack).",
-    diagnostics={
-        "mean_baseline": "mean baseline B_t over valid tokens",
-        "mean_path_variance": "mean cumulative path variance W_t over valid tokens",
-        "zero_tail_fraction": "fraction of valid tokens left without a baseline by the zero-tail rule",
-    },
-    token_statistic=("baseline", "the group's optimal token baseline B_t at the token's position"),
     estimates_advantages=True,
 )
 def otb(batch: CreditBatch, otb_handle_zero_tail: bool) -> CreditResult:
+    """OTB: Advantage estimator: each token gets its raw reward minus the group's per-position baseline, weighted by
+    the cumulative path variance 1 - 2p + sum p^2 (must come first in a stack).
+
+    Metrics:
+        mean_baseline: mean baseline B_t over valid tokens
+        mean_path_variance: mean cumulative path variance W_t over valid tokens
+        zero_tail_fraction: fraction of valid tokens left without a baseline by the zero-tail rule
+
+    Token statistic:
+        baseline: the group's optimal token baseline B_t at the token's position
+    """
     mask_BT = batch.mask_BT
     path_variance_BT = otb_path_variance(batch[ROLLOUT_LOGPS], batch[ROLLOUT_SUM_SQ_PROBS], mask_BT)
     baselines_BT, zero_tail_BT = otb_baselines(

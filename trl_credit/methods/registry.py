@@ -1,62 +1,98 @@
-"""The credit-method registry: what the package knows about each method, how a method is registered, found by
-name and run, alone or in a stack.
+"""The credit-method registry: a method is its name, the statistics it reads, its arguments dataclass, its paper and
+its function; `@register_credit_method` records them, [`get_credit_method`] finds them, stacks run in order.
 
-A credit method is one file holding three things:
-
-* its hyperparameters, a dataclass of config fields with `help` and the paper's defaults;
-* the per-token statistics it reads (the names in `batch.py`);
-* a pure function from a [`CreditBatch`] to a [`CreditResult`]: new `(B, T)` token advantages and, where the
-  official method drops tokens from the loss, a per-token loss mask.
-
-`@register_credit_method` makes it available as `credit_method="name"` in Python, YAML and the CLI, and
-[`CreditMethod.on_tensors`] runs it on plain tensors. Methods stack (`"eapo+taco"`): each sees the token advantages and
-the loss mask the previous one returned. Nothing here imports TRL.
+What a method shows (its display name and summary, the meaning of its metrics, its statistic in the token-credit view)
+is read from its function's docstring ([`CreditMethod.display_name`] says how). Nothing here imports TRL.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import inspect
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .batch import LOSS_FORWARD_STATISTICS, STATISTICS, CreditBatch, CreditResult
-from .settings import Check, SettingError, resolve_settings, supported_type
-from .user_modules import import_user_module
+from .batch import LOSS_FORWARD_STATISTICS, CreditBatch, CreditResult
+from .settings import SettingError, resolve_settings, supported_type
+from .user_modules import import_registering_module
 from .validation import check_result, checked_batch
 
-# What `on_tensors` takes by name besides statistics and hyperparameters: the batch's other fields.
-TENSOR_FIELDS = frozenset(f.name for f in dataclasses.fields(CreditBatch)) - {
+# `CreditBatch` fields that `on_tensors` takes by name, besides the statistics (the other tensors it is given).
+BATCH_FIELDS = frozenset(f.name for f in dataclasses.fields(CreditBatch)) - {
     "sequence_advantages_B",
     "mask_BT",
     "statistics",
 }
 
+# What the trainer logs for every method of a stack, as `name/metric`, besides the method's own metrics.
+COMMON_DIAGNOSTICS = {
+    "mean_weight": "mean factor Â / A by which the method multiplied the incoming advantages (valid tokens, A != 0)",
+    "weight_std": "standard deviation of that factor",
+    "weight_max": "largest factor",
+    "kept_fraction": "mean loss-mask weight over the tokens the method saw in the loss (methods that drop tokens)",
+}
+
+CREDIT_METHODS: dict[str, CreditMethod] = {}
+
 
 @dataclass(frozen=True, eq=False)
 class CreditMethod:
-    """A registered credit method: everything the package knows about it. Build it with [`register_credit_method`].
-
-    Plots, the token-credit view, model cards, `--help` and the documentation tables read these fields; no other
-    module names a method.
-    """
+    """A registered credit method. Build it with [`register_credit_method`]."""
 
     name: str
     function: Callable[..., CreditResult | torch.Tensor]
     statistics: tuple[str, ...] | Callable[[dict], tuple[str, ...]]
     arguments: type | None = None
-    checks: Mapping[str, Check] = field(default_factory=dict)
     paper: Mapping[str, str] | None = None
     drops_tokens: bool = False
-    display_name: str = ""
-    summary: str = ""
-    diagnostics: Mapping[str, str] = field(default_factory=dict)
-    token_statistic: tuple[str, str] | None = None
     estimates_advantages: bool = False
+
+    @functools.cached_property
+    def _described(self) -> tuple[str, str, dict[str, dict[str, str]]]:
+        """The function's docstring: a first paragraph `Display name: summary`, then sections (`Metrics:`,
+        `Token statistic:`) of indented `name: meaning` lines, a meaning continued on more deeply indented lines."""
+        first, _, rest = inspect.cleandoc(self.function.__doc__ or "").partition("\n\n")
+        display, colon, summary = " ".join(first.split()).partition(": ")
+        sections, entries = {}, None
+        for line in rest.splitlines():
+            if line.strip() and not line[0].isspace():
+                entries = sections.setdefault(line.strip().rstrip(":").lower(), {})
+            elif entries is not None and line.strip():
+                if line.startswith(" " * 8) and entries:
+                    entries[next(reversed(entries))] += " " + line.strip()
+                else:
+                    key, _, meaning = line.strip().partition(": ")
+                    entries[key] = meaning
+        if colon and len(display.split()) <= 4:  # a name, not the start of a sentence that holds a colon
+            return display, summary, sections
+        return self.name, " ".join(first.split()), sections
+
+    @property
+    def display_name(self) -> str:
+        """Its name in plots, cards and tables: the docstring's text before the first `: ` (at most four words; else
+        `name`)."""
+        return self._described[0]
+
+    @property
+    def summary(self) -> str:
+        """One line saying what it does (the rest of the docstring's first paragraph)."""
+        return self._described[1]
+
+    @property
+    def diagnostics(self) -> dict[str, str]:
+        """`{metric: meaning}` of every metric it returns (logged as `name/metric`), its docstring's `Metrics:`."""
+        return self._described[2].get("metrics", {})
+
+    @property
+    def token_statistic(self) -> tuple[str, str] | None:
+        """`(name, meaning)` of the statistic it returns for the token-credit view, its docstring's `Token statistic:`."""
+        return next(iter(self._described[2].get("token statistic", {}).items()), None)
 
     @property
     def argument_names(self) -> tuple[str, ...]:
@@ -66,28 +102,22 @@ class CreditMethod:
         return dataclasses.fields(self.arguments) if self.arguments else ()
 
     def hyperparameters(self, values: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """Every hyperparameter of the method: `values` (by field name) coerced to the declared types, the rest
-        their defaults, passed through the `arguments` dataclass and checked by the registration's `checks`.
-
-        Raises [`SettingError`] naming the first unknown, mistyped or out-of-range hyperparameter.
-        """
-        values = dict(values or {})
-        for name in values:
+        """Every hyperparameter: `values` (by field name) converted to the declared types, the rest their defaults,
+        checked by the arguments dataclass. [`SettingError`] names the first unknown or bad one."""
+        for name in values or {}:
             if name not in self.argument_names:
                 raise SettingError(name, _not_owned(name, [self]))
-        return resolve_settings(self.arguments, self.checks, values)
+        return resolve_settings(self.arguments, dict(values or {}))
 
     def statistics_for(self, hyperparameters: Mapping[str, Any]) -> tuple[str, ...]:
-        statistics = self.statistics(dict(hyperparameters)) if callable(self.statistics) else self.statistics
-        return tuple(statistics)
+        return tuple(self.statistics(dict(hyperparameters)) if callable(self.statistics) else self.statistics)
 
     def reads_training_forward(self, hyperparameters: Mapping[str, Any]) -> bool:
         """Whether the method runs in the training forward (it reads the current policy) or at generation."""
         return any(name in LOSS_FORWARD_STATISTICS for name in self.statistics_for(hyperparameters))
 
     def __call__(self, batch: CreditBatch, hyperparameters: Mapping[str, Any]) -> CreditResult:
-        """Run the method on `batch` with resolved `hyperparameters` (from [`hyperparameters`]), validating the batch
-        and what the method returned (errors name the method)."""
+        """Run on `batch` with resolved `hyperparameters`, checking the batch and the result (errors name it)."""
         batch = checked_batch(self, batch, hyperparameters)
         result = self.function(batch, **hyperparameters)
         result = result if isinstance(result, CreditResult) else CreditResult(advantages_BT=result)
@@ -97,62 +127,13 @@ class CreditMethod:
     def on_tensors(self, advantages_B: torch.Tensor | None, mask_BT: torch.Tensor, **named) -> CreditResult:
         """The method on one process's plain tensors, as the trainer runs it: its whole [`CreditResult`].
 
-        Args:
-            advantages_B: `(B,)` sequence advantages `A_i`, which every valid token carries unless `advantages_BT` is
-                given; None for an advantage estimator (it reads `rewards_B` and `group_index_B`).
-            mask_BT: `(B, T)` valid completion positions (bool or 0/1).
-            **named: each statistic the method reads, by its name (`policy_logps=logps_BT`, `(B, T)` each); its
-                hyperparameters, by field name (`taco_alpha=0.5`; the others keep their defaults); any other field of
-                [`CreditBatch`] (`advantages_BT`, `vocab_size`, `step`, `clip_range`, `loss_weights_BT`,
-                `group_index_B`, `rewards_B`, `gather`).
-
-        The hyperparameters are checked once, by the registration's `checks`. Batch-global reductions (EAPO's
-        quantiles) span the tensors passed in. For example
-        `get_credit_method("taco").on_tensors(advantages_B, mask_BT, policy_logps=logps_BT,
-        policy_entropy=entropy_BT, taco_alpha=0.05).advantages_BT`.
+        `advantages_B` is `(B,)` (None for an advantage estimator), `mask_BT` `(B, T)`; `named` holds each statistic
+        it reads (`policy_logps=logps_BT`: every tensor that is not a [`CreditBatch`] field is a statistic), its
+        hyperparameters by field name (`taco_alpha=0.05`, the others keep their defaults) and any other field of
+        [`CreditBatch`] (`vocab_size`, `step`, `rewards_B`, `group_index_B`, ...). Batch-global reductions span the
+        tensors passed in.
         """
-        batch, values = tensor_batch(advantages_B, mask_BT, named)
-        hyperparameters = self.hyperparameters(values)
-        with torch.no_grad():
-            return self(batch, hyperparameters)
-
-
-def tensor_batch(
-    advantages_B: torch.Tensor | None, mask_BT: torch.Tensor, named: Mapping[str, Any]
-) -> tuple[CreditBatch, dict[str, Any]]:
-    """The [`CreditBatch`] of plain tensors that [`CreditMethod.on_tensors`] describes, and what is left of `named`:
-    the hyperparameters."""
-    statistics = {name: value for name, value in named.items() if name in STATISTICS}
-    fields = {name: value for name, value in named.items() if name in TENSOR_FIELDS}
-    hyperparameters = {name: value for name, value in named.items() if name not in statistics and name not in fields}
-    if advantages_B is None:  # an advantage estimator ignores the incoming advantages
-        advantages_B = torch.zeros(mask_BT.shape[:1])
-    if advantages_B.dim() != 1 or mask_BT.dim() != 2 or mask_BT.size(0) != advantages_B.size(0):
-        raise ValueError(
-            f"advantages_B must have shape (B,) and mask_BT (B, T), got {tuple(advantages_B.shape)} and {tuple(mask_BT.shape)}"
-        )
-    advantages_BT = fields.pop("advantages_BT", None)
-    if fields.get("rewards_B") is not None:
-        fields["rewards_B"] = fields["rewards_B"].float()
-    batch = CreditBatch.from_sequence_advantages(advantages_B, mask_BT, statistics=statistics, **fields)
-    if advantages_BT is not None:
-        batch = dataclasses.replace(batch, advantages_BT=advantages_BT)
-    return batch, hyperparameters
-
-
-CREDIT_METHODS: dict[str, CreditMethod] = {}
-
-# `grpo` is no registered method: it is the empty stack, every token keeping its response's advantage.
-GRPO_DISPLAY_NAME = "GRPO"
-GRPO_SUMMARY = "Every token of a completion receives the completion's group-normalised advantage."
-
-# What the trainer logs for every method of a stack, as `name/metric`, besides the method's own diagnostics.
-COMMON_DIAGNOSTICS = {
-    "mean_weight": "mean factor Â / A by which the method multiplied the incoming advantages (valid tokens, A != 0)",
-    "weight_std": "standard deviation of that factor",
-    "weight_max": "largest factor",
-    "kept_fraction": "mean loss-mask weight over the tokens the method saw in the loss (methods that drop tokens)",
-}
+        return _run_stack([self], advantages_B, mask_BT, named)[0]
 
 
 def register_credit_method(
@@ -160,69 +141,44 @@ def register_credit_method(
     *,
     statistics: tuple[str, ...] | Callable[[dict], tuple[str, ...]] = (),
     arguments: type | None = None,
-    checks: Mapping[str, Check] | None = None,
     paper: Mapping[str, str] | None = None,
     drops_tokens: bool = False,
-    display_name: str | None = None,
-    summary: str = "",
-    diagnostics: Mapping[str, str] | None = None,
-    token_statistic: tuple[str, str] | None = None,
     estimates_advantages: bool = False,
+    **moved,
 ):
-    """Register `function(batch: CreditBatch, **hyperparameters) -> CreditResult | Tensor` as credit method `name`.
+    """Register `function(batch: CreditBatch, **hyperparameters) -> CreditResult | Tensor` as method `name`.
 
     Args:
-        name: what `credit_method` / `--method` calls it; its diagnostics are logged as `name/...`.
-        statistics: the statistics it reads (the names in `batch.py`), or a function of its
-            hyperparameters returning them.
-        arguments: a dataclass of its hyperparameters (fields with `help` and defaults). They are set through
-            `CreditGRPOConfig(credit_kwargs={...})`, YAML keys or `--flags` of `trl-credit grpo --method name`.
-        checks: `{hyperparameter: (predicate, allowed values in words)}`, checked before training starts.
+        name: what `credit_method` / `--method` calls it; its metrics are logged as `name/...`.
+        statistics: the statistics it reads (the names in `batch.py`, or one a trainer subclass supplies), or a
+            function of its hyperparameters returning them.
+        arguments: the dataclass of its hyperparameters (fields named `<name>_...`, with `help` and defaults; its
+            `__post_init__` checks them with [`check_fields`]).
         paper: `{"title", "id" (arXiv id), "citation" (BibTeX)}`, for the model card.
         drops_tokens: whether it may return a `loss_mask_BT`.
-        display_name: its name in plots, cards and tables (defaults to `name`).
-        summary: one line saying what it does, for cards, `--help` and the methods table.
-        diagnostics: `{metric: meaning}` of every metric it returns (logged as `name/metric`); returning an
-            undeclared one is an error.
-        token_statistic: `(name, meaning)` of the per-token statistic it returns for the token-credit view.
-        estimates_advantages: it computes token advantages from the raw rewards and the groups (`batch.rewards_B`,
-            `batch.group_index_B`) instead of reshaping the incoming ones, so it must come first in a stack.
+        estimates_advantages: it computes token advantages from `batch.rewards_B` and `batch.group_index_B` instead
+            of reshaping the incoming ones, so it must come first in a stack.
 
-    Registering a second, different function under an existing name is an error.
+    The function's docstring gives what the method shows ([`CreditMethod.display_name`]). Registering a second,
+    different function under an existing name is an error.
     """
+    if moved:
+        hints = dict.fromkeys(_MOVED.get(keyword, "it is no keyword of it") for keyword in sorted(moved))
+        raise TypeError(f"register_credit_method() does not take {sorted(moved)}: {'; '.join(hints)}")
     if not name.isidentifier():
         raise ValueError(f"credit method names must be Python identifiers (they prefix metrics), got {name!r}")
-    if not callable(statistics):
-        unknown = [s for s in statistics if s not in STATISTICS]
-        if unknown:
-            raise ValueError(f"unknown statistics {unknown} for credit method {name!r}; choose from {STATISTICS}")
+    if not callable(statistics) and not all(isinstance(s, str) and s.isidentifier() for s in statistics):
+        raise ValueError(f"credit method {name!r}: statistics must be names, got {statistics!r}")
     if arguments is not None:
         _check_arguments(name, arguments)
-        unknown = sorted(set(checks or {}) - {f.name for f in dataclasses.fields(arguments)})
-        if unknown:
-            raise ValueError(f"credit method {name!r} checks {unknown}, which are not fields of {arguments.__name__}")
-
-    reserved = sorted(set(diagnostics or {}) & set(COMMON_DIAGNOSTICS))
-    if reserved:
-        raise ValueError(
-            f"credit method {name!r}: the trainer logs {reserved} for every method; name its metrics otherwise"
-        )
 
     def decorator(function):
-        method = CreditMethod(
-            name,
-            function,
-            statistics if callable(statistics) else tuple(statistics),
-            arguments,
-            dict(checks or {}),
-            paper,
-            drops_tokens,
-            display_name or name,
-            summary,
-            dict(diagnostics or {}),
-            token_statistic,
-            estimates_advantages,
-        )
+        method = CreditMethod(name, function, statistics, arguments, paper, drops_tokens, estimates_advantages)
+        reserved = sorted(set(method.diagnostics) & set(COMMON_DIAGNOSTICS))
+        if reserved:
+            raise ValueError(
+                f"credit method {name!r}: the trainer logs {reserved} for every method; rename its metric"
+            )
         existing = CREDIT_METHODS.get(name)
         if existing is not None and _qualname(existing.function) != _qualname(function):
             raise ValueError(f"credit method {name!r} is already registered by {_qualname(existing.function)}")
@@ -232,9 +188,20 @@ def register_credit_method(
     return decorator
 
 
+_DOCSTRING = (
+    "start the function's docstring with 'Display name: summary.', then list its metrics under 'Metrics:' and its "
+    "token-view statistic under 'Token statistic:', one indented 'name: meaning' line each"
+)
+_MOVED = {
+    "checks": "check the values in the arguments dataclass's __post_init__, e.g. "
+    "check_fields(self, my_max=(lambda v: v >= 1, '>= 1')) (from trl_credit.methods import check_fields)",
+    **dict.fromkeys(("display_name", "summary", "diagnostics", "token_statistic"), _DOCSTRING),
+}
+
+
 def _check_arguments(name: str, arguments: type) -> None:
-    """A method's hyperparameters carry its name (`taco_alpha`), so that TRL's config or another method can never
-    set or read them; their types must be ones that YAML, JSON and flags can be converted to."""
+    """Hyperparameters carry their method's name (`taco_alpha`), so that TRL's config or another method can never
+    set or read them, and have types that flags, YAML and JSON convert to."""
     declared_types = typing.get_type_hints(arguments)
     for f in dataclasses.fields(arguments):
         if not f.name.startswith(f"{name}_"):
@@ -242,14 +209,11 @@ def _check_arguments(name: str, arguments: type) -> None:
                 f"credit method {name!r}: hyperparameter {f.name!r} must start with the method's name "
                 f"({name}_{f.name}), so that no other method and no field of TRL's config can set it"
             )
-        if f.name in STATISTICS or f.name in TENSOR_FIELDS:
-            raise ValueError(
-                f"credit method {name!r}: hyperparameter {f.name!r} is the name of a statistic or a batch field, which "
-                "`on_tensors` takes by the same name"
-            )
         owner = next((m.name for m in CREDIT_METHODS.values() if m.name != name and f.name in m.argument_names), None)
         if owner is not None:
             raise ValueError(f"credit method {name!r}: hyperparameter {f.name!r} is already declared by {owner!r}")
+        if f.name in BATCH_FIELDS:
+            raise ValueError(f"credit method {name!r}: hyperparameter {f.name!r} is a field of CreditBatch")
         if not supported_type(declared_types[f.name]):
             raise ValueError(
                 f"credit method {name!r}: hyperparameter {f.name!r} has type {declared_types[f.name]}; use bool, int, "
@@ -265,26 +229,10 @@ def get_credit_method(name: str) -> CreditMethod:
     """The method registered as `name`; `"package.module:name"` imports the module first (it registers the method)."""
     if ":" in name:
         module_name, name = name.rsplit(":", 1)
-        try:
-            _import_method_module(module_name)
-        except Exception as error:  # noqa: BLE001 - a user module may fail at import in any way: name it in one line
-            reason = " ".join(f"{type(error).__name__}: {error}".split())
-            raise ValueError(f"cannot import credit-method module {module_name!r}: {reason}") from error
+        import_registering_module(module_name, CREDIT_METHODS)
     if name not in CREDIT_METHODS:
         raise ValueError(f"unknown credit method {name!r}; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}")
     return CREDIT_METHODS[name]
-
-
-def _import_method_module(module_name: str) -> None:
-    """Import the user's module that registers methods. If the import raises, the methods it registered before
-    failing are forgotten, with the module itself (`import_user_module`): a retry, the file fixed, starts afresh."""
-    registered = dict(CREDIT_METHODS)
-    try:
-        import_user_module(module_name)
-    except BaseException:
-        CREDIT_METHODS.clear()
-        CREDIT_METHODS.update(registered)
-        raise
 
 
 def parse_credit_methods(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -312,10 +260,8 @@ def _not_owned(name: str, stack: list[CreditMethod]) -> str:
 
 
 def stack_hyperparameters(stack: list[CreditMethod], values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each method's hyperparameters, `{method: {name: value}}`, from `values` keyed by hyperparameter name.
-
-    Every name must belong to a method of the stack; values are coerced and checked by their method.
-    """
+    """Each method's hyperparameters, `{method: {name: value}}`, from `values` keyed by hyperparameter name; every
+    name must belong to a method of the stack."""
     for name in values:
         if not any(name in m.argument_names for m in stack):
             raise SettingError(name, _not_owned(name, stack))
@@ -328,40 +274,52 @@ def apply_credit_method(name: str, advantages_B: torch.Tensor | None, mask_BT: t
 
 
 def apply_credit_stack(
-    spec: str | list[str], advantages_B: torch.Tensor, mask_BT: torch.Tensor, **named
+    spec: str | list[str], advantages_B: torch.Tensor | None, mask_BT: torch.Tensor, **named
 ) -> CreditResult:
-    """Run the stack `spec` (`"ar_lopti+taco+stapo"`) on one process's tensors, as the trainer runs a stage: each
-    method sees the advantages and the loss mask the methods before it produced (`CreditBatch.followed_by`).
+    """Run the stack `spec` (`"ar_lopti+taco+stapo"`) on one process's tensors (`named` as for
+    [`CreditMethod.on_tensors`]), each method seeing what the methods before it produced (`CreditBatch.followed_by`).
 
-    Args:
-        advantages_B, mask_BT, **named: as for [`CreditMethod.on_tensors`]; `named` holds the statistics every method
-            reads and any method's hyperparameters (the others keep their defaults).
-
-    Returns:
-        The last method's advantages, and as `loss_mask_BT` the product of the loss masks the methods returned (None
-        when none did); no metrics.
+    Returns the last method's advantages and, as `loss_mask_BT`, the product of the loss masks the methods returned
+    (None when none did); no metrics.
     """
     stack = [get_credit_method(name) for name in parse_credit_methods(spec)]
-    batch, values = tensor_batch(advantages_B, mask_BT, named)
+    batch, drops_tokens = _run_stack(stack, advantages_B, mask_BT, named)[1:]
+    return CreditResult(batch.advantages_BT, batch.loss_weights_BT if drops_tokens else None)
+
+
+def _run_stack(
+    stack: list[CreditMethod], advantages_B: torch.Tensor | None, mask_BT: torch.Tensor, named: Mapping[str, Any]
+) -> tuple[CreditResult | None, CreditBatch, bool]:
+    """The last method's result, the batch after the stack, and whether a method returned a loss mask."""
+    if advantages_B is None:  # an advantage estimator ignores the incoming advantages
+        advantages_B = torch.zeros(mask_BT.shape[:1])
+    if advantages_B.dim() != 1 or mask_BT.dim() != 2 or mask_BT.size(0) != advantages_B.size(0):
+        raise ValueError(
+            f"advantages_B must have shape (B,) and mask_BT (B, T), got {tuple(advantages_B.shape)} and {tuple(mask_BT.shape)}"
+        )
+    fields = {k: v for k, v in named.items() if k in BATCH_FIELDS and k != "advantages_BT"}
+    owned = {name for method in stack for name in method.argument_names}  # a tensor given for one is refused there
+    statistics = {k: v for k, v in named.items() if isinstance(v, torch.Tensor) and k not in BATCH_FIELDS | owned}
+    values = {k: v for k, v in named.items() if k not in BATCH_FIELDS and k not in statistics}
     hyperparameters = stack_hyperparameters(stack, values)
-    drops_tokens = False
+    if fields.get("rewards_B") is not None:
+        fields["rewards_B"] = fields["rewards_B"].float()
+    batch = CreditBatch.from_sequence_advantages(advantages_B, mask_BT, statistics=statistics, **fields)
+    if named.get("advantages_BT") is not None:
+        batch = dataclasses.replace(batch, advantages_BT=named["advantages_BT"])
+    result, drops_tokens = None, False
     with torch.no_grad():
         for method in stack:
             result = method(batch, hyperparameters[method.name])
             drops_tokens |= result.loss_mask_BT is not None
             batch = batch.followed_by(result)
-    return CreditResult(batch.advantages_BT, batch.loss_weights_BT if drops_tokens else None)
+    return result, batch, drops_tokens
 
 
 def paper(title: str, arxiv_id: str, key: str, authors: str, year: int = 2026) -> dict[str, str]:
-    """The `paper` record of a registration, as TRL's `_paper`: title, arXiv id and a BibTeX entry (the model card
-    cites it)."""
+    """The `paper` record of a registration, as TRL's `_paper`: title, arXiv id and a BibTeX entry."""
     citation = (
-        f"@article{{{key},\n"
-        f"    title        = {{{{{title}}}}},\n"
-        f"    author       = {{{authors}}},\n"
-        f"    year         = {year},\n"
-        f"    eprint       = {{arXiv:{arxiv_id}}},\n"
-        f"}}"
+        f"@article{{{key},\n    title        = {{{{{title}}}}},\n    author       = {{{authors}}},\n"
+        f"    year         = {year},\n    eprint       = {{arXiv:{arxiv_id}}},\n}}"
     )
     return {"title": title, "id": arxiv_id, "citation": citation}

@@ -22,7 +22,7 @@ import torch
 from .batch import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult
 from .eapo import quantile_linear
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import in_range
+from .settings import check_fields, in_range
 
 STAPO_PAPER = paper(
     "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens",
@@ -55,30 +55,35 @@ class STAPOArguments:
         metadata={"help": "STAPO: only positive-advantage tokens are candidates (else every valid token)."},
     )
 
+    def __post_init__(self):
+        check_fields(
+            self,
+            stapo_prob_threshold=in_range(0.0, 1.0, low_open=True, high_open=True),
+            stapo_entropy_quantile=in_range(0.0, 1.0, low_open=True, high_open=True),
+        )
+
 
 @register_credit_method(
     "stapo",
     statistics=(POLICY_LOGPS, POLICY_ENTROPY),
     arguments=STAPOArguments,
-    checks={
-        "stapo_prob_threshold": in_range(0.0, 1.0, low_open=True, high_open=True),
-        "stapo_entropy_quantile": in_range(0.0, 1.0, low_open=True, high_open=True),
-    },
     paper=STAPO_PAPER,
     drops_tokens=True,
-    display_name="STAPO",
-    summary="Drops from the loss positive-advantage tokens with p < 0.002 and entropy below the micro-batch's 10th "
-    "percentile.",
-    diagnostics={
-        "dropped_fraction": "fraction of valid tokens dropped from the loss",
-        "dropped_fraction_pos": "fraction of positive-advantage tokens dropped",
-        "entropy_threshold": "entropy quantile below which a candidate is spurious (mean over micro-batches)",
-    },
-    token_statistic=("entropy", "current-policy entropy H (nats)"),
 )
 def stapo(
     batch: CreditBatch, stapo_prob_threshold: float, stapo_entropy_quantile: float, stapo_only_positive_advantage: bool
 ) -> CreditResult:
+    """STAPO: Drops from the loss positive-advantage tokens with p < 0.002 and entropy below the micro-batch's 10th
+    percentile.
+
+    Metrics:
+        dropped_fraction: fraction of valid tokens dropped from the loss
+        dropped_fraction_pos: fraction of positive-advantage tokens dropped
+        entropy_threshold: entropy quantile below which a candidate is spurious (mean over micro-batches)
+
+    Token statistic:
+        entropy: current-policy entropy H (nats)
+    """
     logps_BT, entropy_BT, valid_BT = batch[POLICY_LOGPS], batch[POLICY_ENTROPY], batch.mask_BT
     positive_BT = valid_BT & (batch.advantages_BT > 0)
     candidate_BT = positive_BT if stapo_only_positive_advantage else valid_BT

@@ -29,7 +29,7 @@ import torch
 
 from .batch import POLICY_LOGPS, ROLLOUT_MEAN_ENTROPY, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import in_range
+from .settings import check_fields, in_range
 
 STARE_PAPER = paper(
     "STARE: Surprisal-Guided Token-Level Advantage Reweighting for Policy Entropy Stability",
@@ -73,6 +73,15 @@ class STAREArguments:
         },
     )
 
+    def __post_init__(self):
+        check_fields(
+            self,
+            stare_top_p_ratio=in_range(0.0, 1.0),
+            stare_reweight_w=(_positive, "finite and > 0"),
+            stare_reweight_m=(_positive, "finite and > 0"),
+            stare_target_entropy=(lambda value: float(value) >= 0.0, ">= 0 (inf: always on)"),
+        )
+
 
 def stare_selection_size(candidate_count: int, top_p_ratio: float) -> int:
     """How many of `candidate_count` tokens are selected: `ceil(count * P)`, at least 1, as the official code rounds
@@ -101,28 +110,7 @@ def _positive(value) -> bool:
     "stare",
     statistics=(POLICY_LOGPS, ROLLOUT_MEAN_ENTROPY),
     arguments=STAREArguments,
-    checks={
-        "stare_top_p_ratio": in_range(0.0, 1.0),
-        "stare_reweight_w": (_positive, "finite and > 0"),
-        "stare_reweight_m": (_positive, "finite and > 0"),
-        "stare_target_entropy": (lambda value: float(value) >= 0.0, ">= 0 (inf: always on)"),
-    },
     paper=STARE_PAPER,
-    display_name="STARE",
-    summary="While the batch's mean entropy is below a target, multiplies by W the advantage of the 10 % "
-    "highest-surprisal positive-advantage tokens of each micro-batch (C2: and by M the negative ones).",
-    diagnostics={
-        "gate_on": "share of micro-batches whose reweighting was on (mean entropy below the target)",
-        "batch_entropy": "mean rollout entropy of the generation batch, which the gate compares with the target",
-        "target_entropy": "the target entropy of the gate",
-        "reweighted_fraction": "fraction of valid tokens whose advantage was reweighted (0 while the gate is off)",
-        "positive_selected_fraction": "fraction of valid tokens in L+ (selected whether or not the gate is on)",
-        "negative_selected_fraction": "fraction of valid tokens in L- (variant C2)",
-    },
-    token_statistic=(
-        "surprisal",
-        "-log p under the current policy; the highest of each advantage sign are reweighted",
-    ),
 )
 def stare(
     batch: CreditBatch,
@@ -132,6 +120,20 @@ def stare(
     stare_reweight_m: float,
     stare_target_entropy: float,
 ) -> CreditResult:
+    """STARE: While the batch's mean entropy is below a target, multiplies by W the advantage of the 10 %
+    highest-surprisal positive-advantage tokens of each micro-batch (C2: and by M the negative ones).
+
+    Metrics:
+        gate_on: share of micro-batches whose reweighting was on (mean entropy below the target)
+        batch_entropy: mean rollout entropy of the generation batch, which the gate compares with the target
+        target_entropy: the target entropy of the gate
+        reweighted_fraction: fraction of valid tokens whose advantage was reweighted (0 while the gate is off)
+        positive_selected_fraction: fraction of valid tokens in L+ (selected whether or not the gate is on)
+        negative_selected_fraction: fraction of valid tokens in L- (variant C2)
+
+    Token statistic:
+        surprisal: -log p under the current policy; the highest of each advantage sign are reweighted
+    """
     advantages_BT, mask_BT = batch.advantages_BT, batch.mask_BT
     # The same value at every valid position of the generation batch; a micro-batch without one reweights nothing.
     has_valid = bool(mask_BT.any())

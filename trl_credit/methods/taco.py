@@ -22,7 +22,7 @@ import torch
 
 from .batch import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import in_range
+from .settings import check_fields, in_range
 
 TACO_PAPER = paper(
     "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
@@ -46,29 +46,29 @@ class TACOArguments:
         metadata={"help": "TACO maximal shrinkage lambda of tail tokens' positive credit. In [0, 1]; 0 is GRPO."},
     )
 
+    def __post_init__(self):
+        check_fields(self, taco_alpha=in_range(0.0, 1.0, low_open=True), taco_lambda=in_range(0.0, 1.0))
+
 
 def taco_tail_risk(logps_BT: torch.Tensor, entropy_BT: torch.Tensor, alpha: float = 0.01) -> torch.Tensor:
     """Tail risk `r = -log p - H + log(alpha)`; `r > 0` exactly when `p < alpha * exp(-H)`."""
     return -logps_BT - entropy_BT + math.log(alpha)
 
 
-@register_credit_method(
-    "taco",
-    statistics=(POLICY_LOGPS, POLICY_ENTROPY),
-    arguments=TACOArguments,
-    checks={"taco_alpha": in_range(0.0, 1.0, low_open=True), "taco_lambda": in_range(0.0, 1.0)},
-    paper=TACO_PAPER,
-    display_name="TACO",
-    summary="Shrinks the positive credit of implausible tail tokens (p < alpha * exp(-H)) by a factor in (1 - lambda, 1].",
-    diagnostics={
-        "tail_fraction": "fraction of valid tokens in the tail (r > 0)",
-        "tail_fraction_pos": "fraction of positive-advantage tokens in the tail (the paper reports about 1.9 %)",
-        "mean_tail_risk": "mean tail risk r = -log p - H + log alpha over valid tokens",
-        "pos_adv_fraction": "fraction of valid tokens with a positive advantage",
-    },
-    token_statistic=("tail_risk", "r = -log p - H + log alpha; the token is in the tail when r > 0"),
-)
+@register_credit_method("taco", statistics=(POLICY_LOGPS, POLICY_ENTROPY), arguments=TACOArguments, paper=TACO_PAPER)
 def taco(batch: CreditBatch, taco_alpha: float, taco_lambda: float) -> CreditResult:
+    """TACO: Shrinks the positive credit of implausible tail tokens (p < alpha * exp(-H)) by a factor in (1 - lambda,
+    1].
+
+    Metrics:
+        tail_fraction: fraction of valid tokens in the tail (r > 0)
+        tail_fraction_pos: fraction of positive-advantage tokens in the tail (the paper reports about 1.9 %)
+        mean_tail_risk: mean tail risk r = -log p - H + log alpha over valid tokens
+        pos_adv_fraction: fraction of valid tokens with a positive advantage
+
+    Token statistic:
+        tail_risk: r = -log p - H + log alpha; the token is in the tail when r > 0
+    """
     logps_BT, entropy_BT = batch[POLICY_LOGPS], batch[POLICY_ENTROPY]
     risk_BT = taco_tail_risk(logps_BT, entropy_BT, taco_alpha)
     weights_BT = 1.0 - taco_lambda * (1.0 - torch.exp(-risk_BT.clamp(min=0.0)))  # exactly 1 outside the tail

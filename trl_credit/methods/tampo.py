@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from .batch import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult
 from .registry import get_credit_method, register_credit_method
-from .settings import FINITE_NON_NEGATIVE, in_range
+from .settings import FINITE_NON_NEGATIVE, check_fields, in_range
 from .taco import TACO_PAPER
 
 
@@ -36,26 +36,31 @@ class TAMPOArguments:
         metadata={"help": "TAMPO: ... and whose current-policy entropy (nats) is <= this. >= 0."},
     )
 
+    def __post_init__(self):
+        check_fields(
+            self,
+            tampo_prob_threshold=in_range(0.0, 1.0, low_open=True),
+            tampo_entropy_threshold=FINITE_NON_NEGATIVE,
+        )
+
 
 @register_credit_method(
     "tampo",
     statistics=(POLICY_LOGPS, POLICY_ENTROPY),
     arguments=TAMPOArguments,
-    checks={
-        "tampo_prob_threshold": in_range(0.0, 1.0, low_open=True),
-        "tampo_entropy_threshold": FINITE_NON_NEGATIVE,
-    },
     paper=TACO_PAPER,
     drops_tokens=True,
-    display_name="TAMPO",
-    summary="Drops from the loss positive-advantage tokens with p <= 0.002 and entropy <= 0.5.",
-    diagnostics={
-        "dropped_fraction": "fraction of valid tokens dropped from the loss",
-        "dropped_fraction_pos": "fraction of positive-advantage tokens dropped",
-    },
-    token_statistic=("entropy", "current-policy entropy H (nats)"),
 )
 def tampo(batch: CreditBatch, tampo_prob_threshold: float, tampo_entropy_threshold: float) -> CreditResult:
+    """TAMPO: Drops from the loss positive-advantage tokens with p <= 0.002 and entropy <= 0.5.
+
+    Metrics:
+        dropped_fraction: fraction of valid tokens dropped from the loss
+        dropped_fraction_pos: fraction of positive-advantage tokens dropped
+
+    Token statistic:
+        entropy: current-policy entropy H (nats)
+    """
     logps_BT, entropy_BT, valid_BT = batch[POLICY_LOGPS], batch[POLICY_ENTROPY], batch.mask_BT
     positive_BT = valid_BT & (batch.advantages_BT > 0)
     truncated_BT = positive_BT & (logps_BT.exp() <= tampo_prob_threshold) & (entropy_BT <= tampo_entropy_threshold)

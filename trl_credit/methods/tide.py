@@ -22,7 +22,7 @@ import torch
 
 from .batch import PREVIOUS_POLICY_DEVIATION, REFERENCE_DEVIATION, ROLLOUT_ENTROPY, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE
+from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE, check_fields
 
 DISTANCES = ("squared_hellinger", "hellinger")
 REFERENCES = ("ref", "old")
@@ -60,6 +60,15 @@ class TIDEArguments:
         },
     )
 
+    def __post_init__(self):
+        check_fields(
+            self,
+            tide_tau=FINITE_POSITIVE,
+            tide_kappa=FINITE_NON_NEGATIVE,
+            tide_distance=(lambda d: d in DISTANCES, f"one of {DISTANCES}"),
+            tide_reference=(lambda r: r in REFERENCES, f"one of {REFERENCES}"),
+        )
+
 
 def tide_entropy_gate(entropy_BT: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Normalised entropy `Hn = clamp(H / log|V|, 0, 1)`."""
@@ -85,30 +94,21 @@ def _tide_statistics(hyperparameters: dict) -> tuple[str, ...]:
     return (deviation, ROLLOUT_ENTROPY)
 
 
-@register_credit_method(
-    "tide",
-    statistics=_tide_statistics,
-    arguments=TIDEArguments,
-    checks={
-        "tide_tau": FINITE_POSITIVE,
-        "tide_kappa": FINITE_NON_NEGATIVE,
-        "tide_distance": (lambda d: d in DISTANCES, f"one of {DISTANCES}"),
-        "tide_reference": (lambda r: r in REFERENCES, f"one of {REFERENCES}"),
-    },
-    paper=TIDE_PAPER,
-    display_name="TIDE",
-    summary="Spreads each response's advantage by a softmax over the entropy-gated Hellinger deviation from a "
-    "reference, mean weight 1 per response.",
-    diagnostics={
-        "mean_deviation": "mean squared Hellinger distance d to the reference over valid tokens",
-        "mean_gate": "mean entropy gate Hn = H / log|V| over valid tokens",
-        "mean_score": "mean gated deviation score s = d * Hn^kappa over valid tokens",
-    },
-    token_statistic=("deviation", "squared Hellinger distance d between the policy and the reference"),
-)
+@register_credit_method("tide", statistics=_tide_statistics, arguments=TIDEArguments, paper=TIDE_PAPER)
 def tide(
     batch: CreditBatch, tide_tau: float, tide_kappa: float, tide_distance: str, tide_reference: str
 ) -> CreditResult:
+    """TIDE: Spreads each response's advantage by a softmax over the entropy-gated Hellinger deviation from a
+    reference, mean weight 1 per response.
+
+    Metrics:
+        mean_deviation: mean squared Hellinger distance d to the reference over valid tokens
+        mean_gate: mean entropy gate Hn = H / log|V| over valid tokens
+        mean_score: mean gated deviation score s = d * Hn^kappa over valid tokens
+
+    Token statistic:
+        deviation: squared Hellinger distance d between the policy and the reference
+    """
     if batch.vocab_size is None or batch.vocab_size < 2:
         raise ValueError(f"tide needs the vocabulary size |V| >= 2 for its entropy gate, got {batch.vocab_size}")
     deviation_BT = batch[_tide_statistics({"tide_reference": tide_reference})[0]]

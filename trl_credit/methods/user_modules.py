@@ -40,3 +40,21 @@ def import_user_module(module: str) -> None:
         # As `import` does: a module that failed is not imported, so that the next attempt (the file fixed) runs it.
         del sys.modules[name]
         raise
+
+
+def import_registering_module(module_name: str, registry: dict) -> None:
+    """Import the user's module that registers methods into `registry`, or `ValueError` in one line. If the import
+    raises, the methods it registered before failing are forgotten with the module: a retry, the file fixed, starts
+    afresh."""
+    registered = dict(registry)
+    try:
+        import_user_module(module_name)
+    except Exception as error:  # noqa: BLE001 - a user module may fail at import in any way: name it in one line
+        registry.clear()
+        registry.update(registered)
+        reason = " ".join(f"{type(error).__name__}: {error}".split())
+        raise ValueError(f"cannot import credit-method module {module_name!r}: {reason}") from error
+    except BaseException:
+        registry.clear()
+        registry.update(registered)
+        raise

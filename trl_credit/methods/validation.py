@@ -24,48 +24,28 @@ _RANGE_TOLERANCE = 1e-4
 def checked_batch(method: CreditMethod, batch: CreditBatch, hyperparameters: Mapping[str, Any]) -> CreditBatch:
     """`batch` with each statistic the method reads checked (shape, finite at valid positions, range) and zeroed
     at masked positions, where whatever padding holds (even NaN) is ignored."""
-    mask_BT = batch.mask_BT
+    name, mask_BT = method.name, batch.mask_BT
     if mask_BT.dim() != 2 or mask_BT.dtype != torch.bool:
-        raise ValueError(
-            f"credit method {method.name!r}: mask_BT must be a (B, T) bool tensor, got {_describe(mask_BT)}"
-        )
-    if batch.sequence_advantages_B.shape != mask_BT.shape[:1]:
-        raise ValueError(
-            f"credit method {method.name!r}: sequence_advantages_B must have shape ({mask_BT.size(0)},), got "
-            f"{tuple(batch.sequence_advantages_B.shape)}"
-        )
-    _check_finite(method.name, "sequence_advantages_B", batch.sequence_advantages_B, None)
+        raise ValueError(f"credit method {name!r}: mask_BT must be a (B, T) bool tensor, got {_describe(mask_BT)}")
+    rows_B = torch.ones(mask_BT.shape[:1], dtype=torch.bool, device=mask_BT.device)  # every row, finite or not
+    _check(name, "sequence_advantages_B", batch.sequence_advantages_B, rows_B)
     if method.estimates_advantages:
         for what, values_B in (("group_index_B", batch.group_index_B), ("rewards_B", batch.rewards_B)):
-            if values_B is None or values_B.shape != mask_BT.shape[:1]:
-                got = "None" if values_B is None else tuple(values_B.shape)
+            if values_B is None:
                 raise ValueError(
-                    f"credit method {method.name!r} estimates advantages from the groups and raw rewards: the batch "
-                    f"must carry {what} of shape ({mask_BT.size(0)},), got {got}"
+                    f"credit method {name!r} estimates advantages from the groups and raw rewards: the batch must "
+                    f"carry {what} of shape ({mask_BT.size(0)},), got None"
                 )
-        _check_finite(method.name, "rewards_B", batch.rewards_B, None)
-    _check_finite(
-        method.name, "advantages_BT", _same_shape(method.name, "advantages_BT", batch.advantages_BT, mask_BT), mask_BT
-    )
-    weights_BT = _same_shape(method.name, "loss_weights_BT", batch.loss_weights_BT, mask_BT).float()
-    if (mask_BT & ~((weights_BT >= 0) & (weights_BT <= 1))).any():  # NaN fails both comparisons
-        raise ValueError(f"credit method {method.name!r}: loss_weights_BT must lie in [0, 1] at valid positions")
+            _check(name, what, values_B, rows_B)
+    _check(name, "advantages_BT", batch.advantages_BT, mask_BT)
+    weights_BT = _check(name, "loss_weights_BT", batch.loss_weights_BT, mask_BT, bounds=(0.0, 1.0))
     statistics = dict(batch.statistics)
-    for name in method.statistics_for(hyperparameters):
-        if name not in statistics:
-            raise ValueError(f"credit method {method.name!r} reads statistic {name!r}, which the batch does not have")
-        values_BT = _same_shape(method.name, f"statistic {name!r}", statistics[name], mask_BT).detach().float()
-        _check_finite(method.name, f"statistic {name!r}", values_BT, mask_BT)
-        statistics[name] = torch.where(mask_BT, values_BT, 0.0)
-        if name in STATISTIC_RANGES:
-            low, high = STATISTIC_RANGES[name]
-            outside_BT = mask_BT & ((values_BT < low - _RANGE_TOLERANCE) | (values_BT > high + _RANGE_TOLERANCE))
-            if outside_BT.any():
-                valid_N = values_BT[mask_BT]
-                raise ValueError(
-                    f"credit method {method.name!r}: statistic {name!r} must lie in [{low:g}, {high:g}] at valid "
-                    f"positions, got values in [{valid_N.min().item():g}, {valid_N.max().item():g}]"
-                )
+    for statistic in method.statistics_for(hyperparameters):
+        if statistic not in statistics:
+            raise ValueError(f"credit method {name!r} reads statistic {statistic!r}, which the batch does not have")
+        bounds = STATISTIC_RANGES.get(statistic)
+        values_BT = _check(name, f"statistic {statistic!r}", statistics[statistic].detach(), mask_BT, bounds, True)
+        statistics[statistic] = torch.where(mask_BT, values_BT, 0.0)
     return dataclasses.replace(
         batch,
         advantages_BT=torch.where(mask_BT, batch.advantages_BT.float(), 0.0),
@@ -76,27 +56,18 @@ def checked_batch(method: CreditMethod, batch: CreditBatch, hyperparameters: Map
 
 def check_result(method: CreditMethod, batch: CreditBatch, result: CreditResult) -> None:
     """Raise unless `result` has the batch's shape, finite advantages at valid positions, a loss mask in [0, 1] only
-    where the method declared `drops_tokens`, and only the metrics its registration declares."""
-    mask_BT = batch.mask_BT
-    if result.advantages_BT.shape != mask_BT.shape:
-        raise ValueError(
-            f"credit method {method.name!r} returned advantages of shape {tuple(result.advantages_BT.shape)}, "
-            f"expected {tuple(mask_BT.shape)}"
-        )
-    _check_finite(method.name, "the returned advantages_BT", result.advantages_BT, mask_BT)
+    where the method declared `drops_tokens`, and only the metrics its docstring lists."""
+    name, mask_BT = method.name, batch.mask_BT
+    _check(name, "the returned advantages_BT", result.advantages_BT, mask_BT)
     if result.loss_mask_BT is not None:
         if not method.drops_tokens:
-            raise ValueError(
-                f"credit method {method.name!r} returned a loss mask but is registered with drops_tokens=False"
-            )
-        loss_mask_BT = _same_shape(method.name, "returned loss mask", result.loss_mask_BT, mask_BT).float()
-        if (mask_BT & ~((loss_mask_BT >= 0) & (loss_mask_BT <= 1))).any():  # NaN fails both comparisons
-            raise ValueError(f"credit method {method.name!r} returned a loss mask outside [0, 1] at valid positions")
+            raise ValueError(f"credit method {name!r} returned a loss mask but is registered with drops_tokens=False")
+        _check(name, "the returned loss mask", result.loss_mask_BT, mask_BT, bounds=(0.0, 1.0))
     undeclared = sorted(set(result.metrics) - set(method.diagnostics))
     if undeclared:
         raise ValueError(
-            f"credit method {method.name!r} logged metrics {undeclared} that its registration does not declare; "
-            "add them to `diagnostics={name: meaning}` of register_credit_method"
+            f"credit method {name!r} logged metrics {undeclared} that its registration does not declare; list them "
+            "under 'Metrics:' in the function's docstring"
         )
 
 
@@ -104,21 +75,37 @@ def _describe(tensor: torch.Tensor) -> str:
     return f"{tensor.dtype} of shape {tuple(tensor.shape)}"
 
 
-def _same_shape(method: str, what: str, tensor: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    if tensor.shape != mask_BT.shape:
+def _check(
+    method: str,
+    what: str,
+    tensor: torch.Tensor,
+    like: torch.Tensor,
+    bounds: tuple[float, float] | None = None,
+    tolerant: bool = False,
+) -> torch.Tensor:
+    """`tensor` as float after checking it has the shape of `like` and is finite (and within `bounds`, `tolerant` of
+    a streamed computation's rounding) wherever `like` (a mask) is true; whatever masked positions hold is ignored."""
+    per_token = like.dim() == 2
+    if tensor.shape != like.shape:
         raise ValueError(
-            f"credit method {method!r}: {what} must have the shape of the mask {tuple(mask_BT.shape)}, got {tuple(tensor.shape)}"
+            f"credit method {method!r}: {what} must have {'the shape of the mask' if per_token else 'shape'} "
+            f"{tuple(like.shape)}, got {tuple(tensor.shape)}"
         )
-    return tensor
-
-
-def _check_finite(method: str, what: str, tensor: torch.Tensor, mask_BT: torch.Tensor | None) -> None:
-    bad = ~torch.isfinite(tensor)
-    if mask_BT is not None:
-        bad &= mask_BT  # whatever masked positions hold is ignored
+    values = tensor.float()
+    bad = ~torch.isfinite(values) & like
     if bad.any():  # one reduction on the common path; the count only for the message
-        where = "" if mask_BT is None else " at valid positions"
-        total = tensor.numel() if mask_BT is None else int(mask_BT.sum())
         raise ValueError(
-            f"credit method {method!r}: {what} has NaN or inf{where} ({int(bad.sum())} of {total} values)"
+            f"credit method {method!r}: {what} has NaN or inf{' at valid positions' if per_token else ''} "
+            f"({int(bad.sum())} of {int(like.sum())} values)"
         )
+    if bounds is not None:
+        low, high = bounds
+        slack = _RANGE_TOLERANCE if tolerant else 0.0
+        outside = like & ((values < low - slack) | (values > high + slack))
+        if outside.any():
+            valid = values[like]
+            raise ValueError(
+                f"credit method {method!r}: {what} must lie in [{low:g}, {high:g}] at valid positions, got values in "
+                f"[{valid.min().item():g}, {valid.max().item():g}]"
+            )
+    return values

@@ -12,7 +12,6 @@ import importlib
 _EXPORTS = {
     "CreditGRPOConfig": ".config",
     "CreditGRPOTrainer": ".credit_trainer",
-    "METHODS": ".pairs",
     "EAPOConfig": ".pairs",
     "EAPOTrainer": ".pairs",
     "TACOConfig": ".pairs",

@@ -8,7 +8,6 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from transformers import TrainingArguments
@@ -80,8 +79,8 @@ class CreditGRPOConfig(GRPOConfig):
     r"""
     Configuration class for [`CreditGRPOTrainer`]: every [`~trl.GRPOConfig`] parameter plus the token-level credit
     method and its hyperparameters. A method's hyperparameters are the fields of its `arguments` dataclass (in its
-    file under `trl_credit/methods/`, with the papers' defaults); they are set through `credit_kwargs`, or as fields
-    of the single-method configs (`TACOConfig(taco_alpha=...)`).
+    file under `trl_credit/methods/`, with the papers' defaults); they live in `credit_kwargs`, whichever way they
+    were given (Python, YAML keys, `--flags`, `TACOConfig(taco_alpha=...)`).
 
     Parameters:
         > Parameters that select the credit method
@@ -97,7 +96,7 @@ class CreditGRPOConfig(GRPOConfig):
             string on the command line); unset ones keep their defaults. Every hyperparameter starts with its
             method's name, so no two methods and no field of TRL's config share one. Values are converted to the
             declared types (`"5e-2"` -> `0.05`) and checked when the config is built. Afterwards this holds every
-            hyperparameter of the stack that the config does not declare as a field, defaults included.
+            hyperparameter of the stack, defaults included: the one record of what trains.
 
         > Parameters that control how statistics are computed
 
@@ -186,32 +185,21 @@ class CreditGRPOConfig(GRPOConfig):
         """The stack, in the order it applies (empty for plain GRPO)."""
         return tuple(get_credit_method(name) for name in parse_credit_methods(self.credit_method))
 
-    def declares(self, method: CreditMethod) -> bool:
-        """Whether this config holds `method`'s hyperparameters as its own fields (`TACOConfig.taco_alpha`)."""
-        return method.arguments is not None and isinstance(self, method.arguments)
-
     def method_hyperparameters(self, method: CreditMethod) -> dict[str, Any]:
-        """`method`'s hyperparameters as they train: its fields, or its entries of `credit_kwargs`."""
-        values = self if self.declares(method) else SimpleNamespace(**(self.credit_kwargs or {}))
-        return {name: getattr(values, name) for name in method.argument_names}
+        """`method`'s hyperparameters as they train: its entries of `credit_kwargs`, the rest their defaults."""
+        given = self.credit_kwargs or {}
+        return method.hyperparameters({name: given[name] for name in method.argument_names if name in given})
 
     def validate_credit_fields(self) -> None:
         """Resolve and check every credit setting; raise `ValueError` naming the first bad one.
 
-        Afterwards each method of the stack has all its hyperparameters, coerced to their declared types: in this
-        config's fields where it declares them, else in `credit_kwargs` (so `to_dict()` records what trains).
+        Afterwards `credit_kwargs` holds every hyperparameter of the stack, converted to its declared type, defaults
+        included (so `to_dict()` records what trains), or None when the stack has none.
         """
         try:
             stack = self.credit_methods
         except ValueError as error:
             raise ValueError(f"credit_method: {error}") from None
-        config_name = type(self).__name__
-        for method in CREDIT_METHODS.values():
-            if self.declares(method) and method not in stack:
-                raise ValueError(
-                    f"{config_name} holds the hyperparameters of {method.name!r}, which credit_method "
-                    f"{self.credit_method!r} does not include; use CreditGRPOConfig"
-                )
         trl_fields = {f.name for f in dataclasses.fields(CreditGRPOConfig)}
         for method in stack:
             taken = sorted(set(method.argument_names) & trl_fields)
@@ -220,44 +208,21 @@ class CreditGRPOConfig(GRPOConfig):
                     f"credit method {method.name!r} declares {taken}, which {CreditGRPOConfig.__name__} (TRL's "
                     "GRPOConfig) also declares: rename the method's hyperparameters"
                 )
-        values = dict(self.credit_kwargs or {})
-        for method in filter(self.declares, stack):
-            for f in method.argument_fields():
-                own = getattr(self, f.name)
-                if f.name in values and values[f.name] != own and own != _default(f):
-                    raise ValueError(
-                        f"{f.name} is set twice: {config_name}({f.name}={own!r}) and "
-                        f"credit_kwargs[{f.name!r}] = {values[f.name]!r}"
-                    )
-                values.setdefault(f.name, own)
-        resolved = stack_hyperparameters(list(stack), values)
-        credit_kwargs = {}
-        for method in stack:
-            for name, value in resolved[method.name].items():
-                if self.declares(method):
-                    setattr(self, name, value)
-                else:
-                    credit_kwargs[name] = value
-        self.credit_kwargs = credit_kwargs or None
-        late_estimators = [m.name for m in stack[1:] if m.estimates_advantages]
-        if late_estimators:
-            raise ValueError(
-                f"credit_method {self.credit_method!r}: {', '.join(late_estimators)} computes the token advantages from "
-                "the rewards, replacing what came before it: it must come first in the stack"
-            )
-        in_forward = [m.reads_training_forward(resolved[m.name]) for m in stack]
-        if in_forward != sorted(in_forward):
-            raise ValueError(
-                f"credit_method {self.credit_method!r}: methods that read the generation batch must come before "
-                "methods that read the training forward ("
-                + ", ".join(
-                    f"{m.name}: {'training forward' if f else 'generation batch'}" for m, f in zip(stack, in_forward)
-                )
-                + ")"
-            )
+        resolved = stack_hyperparameters(list(stack), self.credit_kwargs or {})
+        self.credit_kwargs = {name: value for m in stack for name, value in resolved[m.name].items()} or None
+        check_stack_order(self.credit_method, stack, resolved)
         for name in ("statistics_token_chunk_size", "statistics_vocab_chunk_size", "token_credit_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+
+    def __getattr__(self, name: str):
+        # Reached only for a missing attribute: name where a method's hyperparameter lives.
+        if any(name in method.argument_names for method in CREDIT_METHODS.values()):
+            raise AttributeError(
+                f"{type(self).__name__} has no field {name!r}: a method's hyperparameters are entries of "
+                f"credit_kwargs (config.credit_kwargs[{name!r}])"
+            )
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def validate_trl_fields(self) -> None:
         """Refuse values of TRL's own fields that TRL would fail on only once training runs (after the model has
@@ -290,5 +255,21 @@ def parse_credit_kwargs(value: Any) -> dict[str, Any] | None:
     return value
 
 
-def _default(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+def check_stack_order(spec: str, stack: tuple[CreditMethod, ...], hyperparameters: dict[str, dict]) -> None:
+    """An advantage estimator comes first, and methods that read the generation batch before those that read the
+    training forward; `ValueError` naming the stack otherwise."""
+    late_estimators = [m.name for m in stack[1:] if m.estimates_advantages]
+    if late_estimators:
+        raise ValueError(
+            f"credit_method {spec!r}: {', '.join(late_estimators)} computes the token advantages from the rewards, "
+            "replacing what came before it: it must come first in the stack"
+        )
+    in_forward = [m.reads_training_forward(hyperparameters[m.name]) for m in stack]
+    if in_forward != sorted(in_forward):
+        stages = ", ".join(
+            f"{m.name}: {'training forward' if f else 'generation batch'}" for m, f in zip(stack, in_forward)
+        )
+        raise ValueError(
+            f"credit_method {spec!r}: methods that read the generation batch must come before methods that read the "
+            f"training forward ({stages})"
+        )

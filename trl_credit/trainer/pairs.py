@@ -1,81 +1,98 @@
-"""The public single-method trainer/config pairs: `TACOTrainer`, `EAPOTrainer`, `TIDETrainer`.
+"""The public single-method trainer/config pairs, `TACOTrainer`/`TACOConfig`, `EAPOTrainer`/`EAPOConfig` and
+`TIDETrainer`/`TIDEConfig`: each built by [`paper_pair`] from the method's registration and the papers' recipe.
 
-Each config declares its method's hyperparameters as fields (`TACOConfig(taco_alpha=0.05)`) and re-declares only
-what the paper's recipe changes; each trainer is `CreditGRPOTrainer` pinned to one method (`credit_method="taco"` in the class
-statement), which takes the paper's metadata for model cards and Hub tags from the method's registration.
+A pair's config is [`CreditGRPOConfig`] with `credit_method` fixed to the method and clip-higher on
+(`epsilon_high=0.28`, the recipe all three papers train with); its trainer is `CreditGRPOTrainer` pinned to the
+method, with the paper's metadata for model cards and Hub tags from the registration. The method's hyperparameters
+are keywords of the config that land in `credit_kwargs`, the one place they are kept.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import functools
+import types
+from dataclasses import field
 
-from ..methods import EAPOArguments, TACOArguments, TIDEArguments
-from .config import CreditGRPOConfig
+from ..methods import get_credit_method
+from .config import CreditGRPOConfig, parse_credit_kwargs
 from .credit_trainer import CreditGRPOTrainer
 
-_CLIP_HIGHER_HELP = "Upper clipping bound epsilon_high; the paper's recipe uses clip-higher (0.2 / 0.28)."
+# The clip-higher bound of DAPO's recipe, which TACO, EAPO and TIDE all train with.
+PAPER_EPSILON_HIGH = 0.28
+_PAIRS: dict[str, tuple[type[CreditGRPOConfig], type[CreditGRPOTrainer]]] = {}
 
 
-@dataclass
-class TACOConfig(CreditGRPOConfig, TACOArguments):
-    r"""
-    Configuration for [`TACOTrainer`]: [`CreditGRPOConfig`] with `credit_method="taco"` and the paper's recipe
-    (clip-higher `epsilon_high=0.28`, no KL, token-mean `dapo` aggregation, which are TRL's defaults otherwise).
-    """
-
-    credit_method: str = field(default="taco", metadata={"help": "Token-level credit method (fixed to 'taco')."})
-    epsilon_high: float | None = field(default=0.28, metadata={"help": _CLIP_HIGHER_HELP})
-
-
-@dataclass
-class EAPOConfig(CreditGRPOConfig, EAPOArguments):
-    r"""
-    Configuration for [`EAPOTrainer`]: [`CreditGRPOConfig`] with `credit_method="eapo"` and the paper's recipe
-    (clip-higher `epsilon_high=0.28`, `dapo` loss, `scale_rewards="group"`, `beta=0`).
-    """
-
-    credit_method: str = field(default="eapo", metadata={"help": "Token-level credit method (fixed to 'eapo')."})
-    epsilon_high: float | None = field(default=0.28, metadata={"help": _CLIP_HIGHER_HELP})
-
-
-@dataclass
-class TIDEConfig(CreditGRPOConfig, TIDEArguments):
-    r"""
-    Configuration for [`TIDETrainer`]: [`CreditGRPOConfig`] with `credit_method="tide"`. TIDE replaces the KL
-    penalty (`beta=0`, TRL's default) with deviation-driven credit; it builds DAPO's recipe, so clip-higher is on.
-    """
-
-    credit_method: str = field(default="tide", metadata={"help": "Token-level credit method (fixed to 'tide')."})
-    epsilon_high: float | None = field(default=0.28, metadata={"help": _CLIP_HIGHER_HELP})
-
-
-class TACOTrainer(CreditGRPOTrainer, credit_method="taco"):
-    """GRPO with TACO: positive credit of implausible tail tokens is shrunk (statistics from the training forward)."""
-
-    config_class = TACOConfig
+def paper_pair(method_name: str, recipe: str) -> tuple[type[CreditGRPOConfig], type[CreditGRPOTrainer]]:
+    """The config and trainer of method `method_name`, named after its display name (`TACOConfig`, `TACOTrainer`)
+    and defined in this module, so that pickles (training_args.bin) find them by qualified name; `recipe` is what
+    else of the paper's recipe the config's docstring says."""
+    method = get_credit_method(method_name)
+    prefix = method.display_name.replace("-", "")
+    help_text = f"Upper clipping bound epsilon_high; the paper's recipe uses clip-higher (0.2 / {PAPER_EPSILON_HIGH})."
+    config_class = dataclasses.make_dataclass(
+        f"{prefix}Config",
+        [
+            ("credit_method", str, field(default=method_name, metadata={"help": f"Fixed to {method_name!r}."})),
+            ("epsilon_high", float | None, field(default=PAPER_EPSILON_HIGH, metadata={"help": help_text})),
+        ],
+        bases=(CreditGRPOConfig,),
+        namespace={
+            "__module__": __name__,
+            "__doc__": f"Configuration for [`{prefix}Trainer`]: [`CreditGRPOConfig`] with `credit_method="
+            f'"{method_name}"` and the paper\'s recipe: clip-higher `epsilon_high={PAPER_EPSILON_HIGH}`, {recipe}. '
+            f"Its hyperparameters are keywords too (`{prefix}Config({method.argument_names[0]}=...)`); they land "
+            "in `credit_kwargs`.",
+        },
+    )
+    config_class.__init__ = _pinned_init(config_class.__init__, method_name, method.argument_names)
+    trainer_class = types.new_class(
+        f"{prefix}Trainer",
+        (CreditGRPOTrainer,),
+        {"credit_method": method_name},
+        lambda namespace: namespace.update(
+            __module__=__name__,
+            __doc__=f"GRPO with {method.display_name}: {method.summary}",
+            config_class=config_class,
+        ),
+    )
+    _PAIRS[method_name] = (config_class, trainer_class)
+    return config_class, trainer_class
 
 
-class EAPOTrainer(CreditGRPOTrainer, credit_method="eapo"):
-    """GRPO with EAPO: credit moves to high-entropy tokens on success and to low-entropy tokens on failure."""
+def _pinned_init(generated_init, method_name: str, argument_names: tuple[str, ...]):
+    """The dataclass's `__init__`, refusing another method and taking the method's hyperparameters as keywords,
+    which join `credit_kwargs` (one given both ways is an error, whatever the values: nothing says which wins)."""
 
-    config_class = EAPOConfig
+    @functools.wraps(generated_init)
+    def __init__(self, *args, **kwargs):
+        if kwargs.get("credit_method", method_name) != method_name:
+            raise ValueError(
+                f"{type(self).__name__} trains credit_method {method_name!r}, got {kwargs['credit_method']!r}; use "
+                "CreditGRPOConfig to choose the method"
+            )
+        given = {name: kwargs.pop(name) for name in argument_names if name in kwargs}
+        credit_kwargs = parse_credit_kwargs(kwargs.get("credit_kwargs")) or {}
+        if set(given) & set(credit_kwargs):
+            name = min(set(given) & set(credit_kwargs))
+            raise ValueError(
+                f"{name} is set twice: {type(self).__name__}({name}={given[name]!r}) and "
+                f"credit_kwargs[{name!r}] = {credit_kwargs[name]!r}"
+            )
+        if given:
+            kwargs["credit_kwargs"] = {**credit_kwargs, **given}
+        generated_init(self, *args, **kwargs)
+
+    return __init__
 
 
-class TIDETrainer(CreditGRPOTrainer, credit_method="tide"):
-    """GRPO with TIDE: credit follows the entropy-gated Hellinger deviation of the policy from a reference."""
-
-    config_class = TIDEConfig
-
-
-# The trainer and config the CLI uses for a method name; any other name or stack trains with CreditGRPOTrainer.
-METHODS = {
-    "grpo": (CreditGRPOConfig, CreditGRPOTrainer),
-    "taco": (TACOConfig, TACOTrainer),
-    "eapo": (EAPOConfig, EAPOTrainer),
-    "tide": (TIDEConfig, TIDETrainer),
-}
+TACOConfig, TACOTrainer = paper_pair("taco", "no KL and token-mean `dapo` aggregation (TRL's defaults)")
+EAPOConfig, EAPOTrainer = paper_pair("eapo", "`dapo` loss, `scale_rewards='group'` and `beta=0` (TRL's defaults)")
+TIDEConfig, TIDETrainer = paper_pair(
+    "tide", "`beta=0` (TRL's default): deviation-driven credit replaces the KL penalty"
+)
 
 
 def trainer_pair(credit_method: str) -> tuple[type[CreditGRPOConfig], type[CreditGRPOTrainer]]:
-    """The config and trainer classes for `credit_method` (a name or a stack)."""
-    return METHODS.get(credit_method, METHODS["grpo"])
+    """The config and trainer classes for `credit_method` (a name or a stack): its pair, else the general ones."""
+    return _PAIRS.get(credit_method, (CreditGRPOConfig, CreditGRPOTrainer))

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...methods import TASK_DECISIVE, CreditBatch, CreditResult, register_credit_method
-from ...methods.settings import in_range
+from ...methods import CreditBatch, CreditResult, register_credit_method
+from ...methods.settings import check_fields, in_range
+from .statistics import TASK_DECISIVE
 
 CEILING = "oracle"  # the name the lab's reports compare every method with
 ORACLE_FLOOR = 0.25  # credit on the non-decisive tokens, as a fraction of A_i: the least that kept the oracle stable
@@ -40,6 +41,9 @@ class OracleArguments:
             "0 leaves them unanchored (the oracle then collapses on mdp with several forks), 1 is GRPO."
         },
     )
+
+    def __post_init__(self):
+        check_fields(self, oracle_floor=in_range(0.0, 1.0))
 
 
 @torch.no_grad()
@@ -57,21 +61,18 @@ def oracle_advantages(
     return torch.where(valid_BT, weights_BT * advantages_B.float().unsqueeze(1), 0.0)
 
 
-@register_credit_method(
-    CEILING,
-    statistics=(TASK_DECISIVE,),
-    arguments=OracleArguments,
-    checks={"oracle_floor": in_range(0.0, 1.0)},
-    display_name="Oracle",
-    summary="The credit lab's ceiling: the sequence advantage on the tokens the task's ground truth marks decisive, "
-    "a quarter of it on the others.",
-    diagnostics={
-        "decisive_fraction": "fraction of valid tokens the task marks decisive",
-        "broadcast_fraction": "fraction of valid tokens in responses without a decisive token (broadcast credit)",
-    },
-    token_statistic=("decisive", "1 on the tokens the task marks decisive, else 0"),
-)
+@register_credit_method(CEILING, statistics=(TASK_DECISIVE,), arguments=OracleArguments)
 def oracle(batch: CreditBatch, oracle_floor: float) -> CreditResult:
+    """Oracle: The credit lab's ceiling: the sequence advantage on the tokens the task's ground truth marks decisive, a
+    quarter of it on the others.
+
+    Metrics:
+        decisive_fraction: fraction of valid tokens the task marks decisive
+        broadcast_fraction: fraction of valid tokens in responses without a decisive token (broadcast credit)
+
+    Token statistic:
+        decisive: 1 on the tokens the task marks decisive, else 0
+    """
     decisive_BT = batch[TASK_DECISIVE].bool() & batch.mask_BT
     advantages_BT = oracle_advantages(batch.sequence_advantages_B, decisive_BT, batch.mask_BT, oracle_floor)
     broadcast_BT = batch.mask_BT & ~decisive_BT.any(dim=1, keepdim=True)

@@ -23,9 +23,9 @@ from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOTrainer
 
-from ...methods import TASK_DECISIVE
 from . import oracle  # noqa: F401  (registers the `oracle` credit method)
 from .metrics import add_sums, credit_mass
+from .statistics import TASK_DECISIVE
 from .tasks import LabTask
 
 DECISIVE_KEY, IMPLAUSIBLE_KEY = "lab_decisive", "lab_implausible"

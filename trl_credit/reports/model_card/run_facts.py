@@ -24,15 +24,20 @@ _HF_TOKEN_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}\b")
 REDACTED = "<redacted>"
 
 
+# `grpo` is no registered method: it is the empty stack, every token keeping its response's advantage.
+GRPO_DISPLAY_NAME = "GRPO"
+GRPO_SUMMARY = "Every token of a completion receives the completion's group-normalised advantage."
+
+
 def display_name(method: str | None) -> str:
     """A method's display name from its registration (`None`: GRPO)."""
-    from ...methods import CREDIT_METHODS, GRPO_DISPLAY_NAME
+    from ...methods import CREDIT_METHODS
 
     return GRPO_DISPLAY_NAME if method is None else CREDIT_METHODS[method].display_name
 
 
 def _summary(method: str | None) -> str:
-    from ...methods import CREDIT_METHODS, GRPO_SUMMARY
+    from ...methods import CREDIT_METHODS
 
     if method is None:
         return GRPO_SUMMARY
