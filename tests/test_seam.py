@@ -1,5 +1,5 @@
 """The trainer a newcomer reads in one sitting: the path from TRL's hand-off to a method's function, traced on a real
-training step (`step_trace`), and the size of the trainer's functions (read with `ast`)."""
+training step (`step_trace`), and the size of the library's functions (read with `ast`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from step_trace import PACKAGE, trace_training_step
 
 MAX_HOPS = 4
 MAX_FUNCTION_LINES = 60
-# The config's field checks are the settings route's (`trainer/config.py`), reshaped with the registry.
-FUNCTION_LENGTH_EXCEPTIONS = {"trainer/config.py"}
 
 
 def test_taco_is_at_most_four_hops_from_trls_hand_off_in_the_trainer_and_its_method_file(make_trainer):
@@ -38,15 +36,16 @@ def _functions_over_the_limit(module: str) -> list[tuple[str, int]]:
     ]
 
 
-TRAINER_MODULES = sorted(
+# The library: the trainer and the methods.
+LIBRARY_MODULES = sorted(
     path.relative_to(PACKAGE).as_posix()
-    for path in (PACKAGE / "trainer").glob("*.py")
-    if path.relative_to(PACKAGE).as_posix() not in FUNCTION_LENGTH_EXCEPTIONS
+    for folder in ("trainer", "methods")
+    for path in (PACKAGE / folder).glob("*.py")
 )
 
 
-@pytest.mark.parametrize("module", TRAINER_MODULES)
-def test_no_function_of_the_trainer_is_over_60_lines(module):
+@pytest.mark.parametrize("module", LIBRARY_MODULES)
+def test_no_function_of_the_library_is_over_60_lines(module):
     assert _functions_over_the_limit(module) == []
 
 
