@@ -19,6 +19,7 @@ from trl_credit.methods import (
     apply_credit_method,
     get_credit_method,
 )
+from trl_credit.reports.model_card import write_model_card
 
 EXAMPLE = "examples/custom_credit_method.py:surprise_boost"
 
@@ -87,8 +88,11 @@ def test_a_method_registered_outside_the_package_reaches_plots_token_view_and_ca
     trainer = make_trainer(
         EXAMPLE, output_dir=tmp_path, credit_kwargs={"surprise_boost_max": 2.0}, log_token_credit=True, max_steps=2
     )
+    method = get_credit_method(EXAMPLE)
+    # TRL's card of the notebook trainer (`create_model_card`, in `push_to_hub`) names and cites the method too.
+    assert (trainer._name, trainer._paper, trainer._tag_names[-1]) == (method.display_name, method.paper, method.name)
     trainer.train()
-    trainer.create_model_card()
+    write_model_card(trainer)
     assert (tmp_path / "plots" / "surprise_boost_diagnostics.png").is_file()
     records = read_token_credit(tmp_path / "token_credit.jsonl")
     assert records and {r["statistic_name"] for r in records} == {"surprise"}

@@ -408,7 +408,7 @@ def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_
     )
     trainer.train()
     monkeypatch.setenv("JOB_ID", "1")  # TRL tags a card made in a Hugging Face Job: its tag logic is kept
-    trainer.create_model_card(dataset_name="chain_sum")
+    assert model_card.write_model_card(trainer, dataset_name="chain_sum") == output_dir / "README.md"
     text = (output_dir / "README.md").read_text()
     assert {"hf_jobs", "trl-credit", "eapo", "taco"} <= set(_front_matter(text)["tags"])
 
@@ -478,3 +478,74 @@ def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_
     assert float(evaluated[1]) == pytest.approx(summary["avg@4"], rel=1e-3)
     assert float(evaluated[2]) == pytest.approx(summary["pass@4"], rel=1e-3)
     assert found[0] in again and _rows(again.split("### Training set-up")[1].split("\n### ")[0]) == setup
+
+
+# --------------------------------------------------------------------------------------------------
+# Where each card comes from: the library's trainers write TRL's card, the tooling the research card
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("credit_method", "named", "cited"),
+    [
+        ("taco", "TACO", "taco"),  # one method: its name and its paper
+        ("taco+minp_support", "TACO + min-p support", "taco"),  # two methods of one paper
+        ("eapo+taco", "GRPO", None),  # two papers: GRPO's name and citation, as TRL's GRPOTrainer card
+    ],
+)
+def test_a_library_trainers_card_is_trls_with_the_methods_tags_and_paper(
+    credit_method, named, cited, make_trainer, tmp_path, monkeypatch
+):
+    from trl import GRPOTrainer
+    from trl.trainer.utils import generate_model_card
+
+    from trl_credit.methods import get_credit_method
+
+    monkeypatch.delenv("JOB_ID", raising=False)
+    trainer = make_trainer(credit_method, output_dir=tmp_path, loss_type="bnpo")  # min-p support's normaliser
+    trainer.create_model_card(model_name="tiny-run", dataset_name="chain_sum")
+    written = ModelCard.load(tmp_path / "README.md")
+    paper = get_credit_method(cited).paper if cited else GRPOTrainer._paper
+    expected = generate_model_card(
+        base_model=None,  # an in-memory model has no Hub id
+        model_name="tiny-run",
+        hub_model_id=trainer.hub_model_id,
+        dataset_name="chain_sum",
+        tags=["trl", "grpo", "trl-credit", *credit_method.split("+")],
+        wandb_url=None,
+        trackio_url=None,
+        trainer_name=named,
+        trainer_citation=paper["citation"],
+        paper_title=paper["title"],
+        paper_id=paper["id"],
+    )
+    assert written.text == expected.text
+    assert set(written.data.tags) == set(expected.data.tags)
+    assert {**written.data.to_dict(), "tags": None} == {**expected.data.to_dict(), "tags": None}
+    assert f"Cite {named} as:\n\n```bibtex\n{paper['citation']}\n```" in written.text
+    assert "### Credit method" not in written.text and not (tmp_path / model_card.CARD_INPUTS_NAME).exists()
+
+
+def test_a_research_card_trainer_writes_the_research_card_at_each_checkpoint(make_trainer, tmp_path):
+    from trl_credit import CreditGRPOTrainer, TACOTrainer
+
+    research_trainer = model_card.with_research_card(TACOTrainer)
+    assert model_card.with_research_card(TACOTrainer) is research_trainer  # one class per trainer class
+    assert research_trainer.__name__ == "TACOTrainer" and issubclass(research_trainer, TACOTrainer)
+    trainer = make_trainer(
+        "taco", trainer_class=research_trainer, output_dir=tmp_path, max_steps=1, save_strategy="steps", save_steps=1
+    )
+    trainer.train()  # TRL writes the card at the checkpoint, through `create_model_card`: nothing else writes one
+    assert (tmp_path / "checkpoint-1").is_dir()
+    text = (tmp_path / "README.md").read_text()
+    assert "### Credit method: TACO" in text and "This model was trained with TACO, with [" in text
+    assert {"generated_from_trainer", "trl", "grpo", "trl-credit", "taco"} <= set(_front_matter(text)["tags"])
+    assert json.loads((tmp_path / model_card.CARD_INPUTS_NAME).read_text())["trainer_name"] == "TACO"
+    # The name the research card gives the trainer: the method's where it has a trainer of its own, else GRPO's.
+    assert [model_card.research_trainer_name(m) for m in ("taco", ["eapo", "taco"], "gtpo", "grpo")] == [
+        "TACO",
+        "GRPO",
+        "GRPO",
+        "GRPO",
+    ]
+    assert model_card.with_research_card(CreditGRPOTrainer).__mro__[1] is model_card.ResearchCard

@@ -133,6 +133,7 @@ def train(script_args, training_args, model_args) -> None:
 
     from ..data import hub_dataset_id
     from ..data.models import resolve_model_path
+    from ..reports.model_card import with_research_card
     from ..rewards import get_reward_funcs
     from ..trainer import trainer_pair
 
@@ -153,7 +154,8 @@ def train(script_args, training_args, model_args) -> None:
         "attn_implementation": model_args.attn_implementation,
         **(training_args.model_init_kwargs or {}),
     }
-    trainer_class = trainer_pair(script_args.method)[1]
+    # The research card, written at the end of training, at each checkpoint and in `push_to_hub`.
+    trainer_class = with_research_card(trainer_pair(script_args.method)[1])
     trainer = trainer_class(
         model=model_path,
         reward_funcs=reward_funcs,

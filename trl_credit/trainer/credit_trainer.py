@@ -23,6 +23,7 @@ from collections import Counter
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from trl import GRPOTrainer
@@ -75,19 +76,36 @@ class StackCredit:
     statistic_BT: torch.Tensor | None
 
 
+TRL_CARD_TAGS = ("trl", "grpo", "trl-credit")  # the Hub tags of every card, before the methods' names
+
+
+def trl_card_attributes(methods) -> dict[str, Any]:
+    """The attributes TRL's `create_model_card` reads, for a run of `methods`: each method's name is a Hub tag
+    (`_tag_names`). TRL's card names one trainer (`_name`) and cites one paper (`_paper`): methods that share one paper
+    (a single method, or TACO with its min-p support) give their names and that paper (none for a method without one);
+    any other stack keeps `GRPOTrainer`'s name and citation, GRPO's, since the stack reshapes GRPO's advantage and no
+    one of its papers stands for it."""
+    attributes: dict[str, Any] = {"_tag_names": [*TRL_CARD_TAGS, *(method.name for method in methods)]}
+    if len({method.paper["id"] if method.paper else None for method in methods}) == 1:
+        attributes["_name"] = " + ".join(method.display_name for method in methods)
+        attributes["_paper"] = dict(methods[0].paper or {})
+    return attributes
+
+
 class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
     """[`~trl.GRPOTrainer`] whose advantage is reshaped per token by the methods of `args.credit_method`.
 
     Overrides `_generate_and_score_completions` (methods that read the generation batch), and `_compute_loss` with
     `_get_per_token_logps_and_entropies` (methods that read the training forward). Use it exactly like
-    `GRPOTrainer`, with a [`CreditGRPOConfig`].
+    `GRPOTrainer`, with a [`CreditGRPOConfig`]. Its model card is TRL's, tagged and cited as `trl_card_attributes`
+    says.
     """
 
     config_class = CreditGRPOConfig
     _credit_method: str | None = None  # set by the single-method subclasses: see `__init_subclass__`
     # The statistics this trainer computes; a subclass that knows more (the credit lab's ground truth) extends it.
     supplied_statistics: tuple[str, ...] = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
-    _tag_names = ["trl", "grpo", "trl-credit"]
+    _tag_names = list(TRL_CARD_TAGS)
     # The rows of the last training generation batch the token-credit log records, as the training forward credits
     # them (with `log_token_credit=True`, for the batches it logs); None before the first.
     token_credit_preview: TokenCreditPreview | None = None
@@ -100,11 +118,9 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
         display name, paper and Hub tag from the method's registration."""
         super().__init_subclass__(**kwargs)
         if credit_method is not None:
-            method = get_credit_method(credit_method)
             cls._credit_method = credit_method
-            cls._tag_names = [*CreditGRPOTrainer._tag_names, credit_method]
-            cls._name = method.display_name
-            cls._paper = dict(method.paper)
+            for attribute, value in trl_card_attributes([get_credit_method(credit_method)]).items():
+                setattr(cls, attribute, value)
 
     def __init__(self, model, reward_funcs=None, args: CreditGRPOConfig | None = None, *pos_args, **kwargs):
         check_trl_surfaces()
@@ -113,6 +129,7 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
             args = self.config_class(output_dir=f"{model_name.split('/')[-1]}-{self._name}")
         self._check_args(args)
         self.credit_method = args.credit_method
+        vars(self).update(trl_card_attributes(args.credit_methods))  # what TRL's card (`create_model_card`) says
         self._plan_stages(args)
         deviations = [s for s in self._generation_statistics if s in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
         if len(deviations) > 1:
@@ -370,23 +387,3 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
             for name, total in unscored_answers(self._unscored_counters, self.accelerator).items():
                 self._metrics[mode][name].append(total)
         return rewards_per_func
-
-    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's card (its hook, with `_tag_names`, `_name`, `_paper`), extended with what trained
-        (`trl_credit.reports.model_card.trainer_model_card`): the base model, the set-up, each method with its
-        hyperparameters and paper, the reward and evaluation results, training plots.
-
-        The library's one use of the tooling: TRL calls this hook at each checkpoint and in `push_to_hub`, so the
-        full card is rendered here, importing the card module only when a card is written."""
-        if not self.is_world_process_zero():
-            return
-        from huggingface_hub import ModelCard
-
-        from ..reports.model_card import trainer_model_card
-
-        # TRL's own card first, for the tags TRL derives (`unsloth`, `hf_jobs`, Trackio's), whatever its version.
-        path = os.path.join(self.args.output_dir, "README.md")
-        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        trl_tags = ModelCard.load(path).data.tags or []
-        card = trainer_model_card(self, model_name=model_name, dataset_name=dataset_name, tags=trl_tags)
-        card.save(path)

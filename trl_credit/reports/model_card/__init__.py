@@ -14,8 +14,10 @@ quick-start snippet prompts the model with the first training prompt when one is
 - `evaluation_results`: the `trl-credit eval` summaries of a run folder, as a table and as `model-index` metadata;
 - `card`: rendering (`generate_credit_model_card`), `CreditModelCard` (which saves its inputs next to it, in
   `_trl_credit_card.json`, skipped by a Hub push, so that `regenerate_model_card` can render the card again once
-  `trl-credit eval` has added results), `trainer_model_card` (all of it read off a trainer after training) and
-  `collect_upload_folder`.
+  `trl-credit eval` has added results) and `collect_upload_folder`;
+- `trainer_card`: `trainer_model_card` (all of it read off a trainer after training), `write_model_card` (the card
+  of a run, from a notebook) and `with_research_card` (a trainer class that writes it wherever TRL writes its card,
+  as `trl-credit grpo` trains). A library trainer alone writes TRL's card, with its methods' tags and paper.
 
 The Jinja template is `model_cards/credit_model_card.md.j2` at the top of the source tree, installed as the package
 data folder `trl_credit/model_cards`.
@@ -29,15 +31,22 @@ from .card import (
     generate_credit_model_card,
     regenerate_model_card,
     template_path,
-    trainer_model_card,
 )
 from .evaluation_results import eval_metrics, eval_results, eval_table, load_eval_summaries
 from .run_facts import base_model_reference, first_training_prompt, format_hyperparameters, scrub_secrets
+from .trainer_card import (
+    ResearchCard,
+    research_trainer_name,
+    trainer_model_card,
+    with_research_card,
+    write_model_card,
+)
 
 __all__ = [
     "CARD_INPUTS_NAME",
     "DEFAULT_QUICK_START_QUESTION",
     "CreditModelCard",
+    "ResearchCard",
     "base_model_reference",
     "collect_upload_folder",
     "eval_metrics",
@@ -48,7 +57,10 @@ __all__ = [
     "generate_credit_model_card",
     "load_eval_summaries",
     "regenerate_model_card",
+    "research_trainer_name",
     "scrub_secrets",
     "template_path",
     "trainer_model_card",
+    "with_research_card",
+    "write_model_card",
 ]

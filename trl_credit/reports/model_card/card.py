@@ -1,13 +1,12 @@
 """The card itself: rendering it from the Jinja template, saving it with its inputs, rendering it again after an
-evaluation, reading it off a trainer after training, and the files a Hub push uploads with it.
+evaluation, and the files a Hub push uploads with it (`trainer_card` reads it off a trainer).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Mapping, Sequence, Sized
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +16,11 @@ from ...resources import packaged_dir
 from .evaluation_results import eval_results, eval_table, load_eval_summaries
 from .run_facts import (
     REDACTED,
-    base_model_reference,
     display_name,
-    first_training_prompt,
     format_hyperparameters,
     framework_versions,
     is_secret_key,
-    read_reward_curve,
-    read_training_setup,
     result_line,
-    reward_functions,
     scrub_secrets,
     stack_sections,
     trl_grpo_paper,
@@ -291,66 +285,6 @@ def regenerate_model_card(
         raise ValueError(f"{record} does not record a trl-credit model card ({error})") from error
     card.save(folder / "README.md")
     return folder / "README.md"
-
-
-def trainer_model_card(
-    trainer, model_name: str | None = None, dataset_name: str | None = None, tags: Sequence[str] | None = None
-) -> CreditModelCard:
-    """The card of a trl-credit trainer's run, read from the trainer after training; `CreditModelCard.save` it.
-
-    Reads the base model from the policy's config, the set-up from `trainer.args` (clipping included), the number of
-    processes, the reward functions with their weights and the number of training prompts, the methods of the stack
-    and their hyperparameters from `trainer.args`, the reward curve from `trainer.state.log_history`, and any
-    `trl-credit eval` summaries from `output_dir`. Writes the training plots to `output_dir/plots/` (see
-    `trl_credit.reports.plots.save_training_plots`).
-
-    Args:
-        trainer: A `CreditGRPOTrainer` (or one of its method trainers).
-        model_name: The card's title; defaults to the name of `output_dir`.
-        dataset_name: The training data set, as `generate_credit_model_card` takes it.
-        tags: Extra tags, after the trainer's and the methods' names.
-    """
-    from transformers import is_wandb_available
-    from trl.trainer.utils import get_comet_experiment_url, get_config_model_id, get_trackio_space_url
-
-    from ..plots import save_training_plots
-
-    args, state = trainer.args, trainer.state
-    rewards = reward_functions(trainer.reward_func_names, args.reward_weights)
-    policy = trainer.accelerator.unwrap_model(trainer.model)
-    base_model, base_model_description = base_model_reference(get_config_model_id(policy.config))
-    methods = args.credit_methods
-    wandb_url = None
-    if is_wandb_available():
-        import wandb
-
-        wandb_url = wandb.run.url if wandb.run is not None else None
-    return generate_credit_model_card(
-        base_model=base_model,
-        base_model_description=base_model_description,
-        model_name=model_name or os.path.basename(os.path.normpath(args.output_dir)),
-        hub_model_id=trainer.hub_model_id,
-        dataset_name=dataset_name,
-        method=args.credit_method,
-        hyperparameters=args.credit_hyperparameters(),
-        training_setup=read_training_setup(
-            args,
-            trainer.accelerator.num_processes,
-            state.global_step,
-            reward_funcs=rewards,
-            num_train_prompts=len(trainer.train_dataset) if isinstance(trainer.train_dataset, Sized) else None,
-        ),
-        reward_curve=read_reward_curve(state.log_history, rewards),
-        tags=list(dict.fromkeys([*trainer._tag_names, *(m.name for m in methods), *(tags or [])])),
-        plots=save_training_plots(state.log_history, args.output_dir) if state.log_history else [],
-        eval_summary=load_eval_summaries(args.output_dir) or None,
-        wandb_url=wandb_url,
-        trackio_url=get_trackio_space_url(),
-        comet_url=get_comet_experiment_url(),
-        trainer_name=trainer._name,
-        papers=[{**m.paper, "name": m.name} for m in methods if m.paper],
-        example_prompt=first_training_prompt(trainer.train_dataset) if trainer.train_dataset is not None else None,
-    )
 
 
 # --------------------------------------------------------------------------------------------------
