@@ -129,7 +129,8 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
             args = self.config_class(output_dir=f"{model_name.split('/')[-1]}-{self._name}")
         self._check_args(args)
         self.credit_method = args.credit_method
-        vars(self).update(trl_card_attributes(args.credit_methods))  # what TRL's card (`create_model_card`) says
+        for attribute, value in trl_card_attributes(args.credit_methods).items():  # what TRL's card says
+            setattr(self, attribute, value)
         self._plan_stages(args)
         deviations = [s for s in self._generation_statistics if s in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
         if len(deviations) > 1:
