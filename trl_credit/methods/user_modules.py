@@ -49,12 +49,10 @@ def import_registering_module(module_name: str, registry: dict) -> None:
     registered = dict(registry)
     try:
         import_user_module(module_name)
-    except Exception as error:  # noqa: BLE001 - a user module may fail at import in any way: name it in one line
+    except BaseException as error:
         registry.clear()
         registry.update(registered)
+        if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: not the module's error to report
+            raise
         reason = " ".join(f"{type(error).__name__}: {error}".split())
         raise ValueError(f"cannot import credit-method module {module_name!r}: {reason}") from error
-    except BaseException:
-        registry.clear()
-        registry.update(registered)
-        raise
