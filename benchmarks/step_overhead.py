@@ -41,7 +41,7 @@ Reported per method, as ratios to `grpo`:
   step time: the generation-batch statistics (rollout forward, deviation pass), the no-grad forward of each
   micro-batch that methods dropping tokens from the loss need with a tool mask, the streamed logit gap, and the
   reshaping itself
-  (`_run_stack`: the method's function and its metrics);
+  (`_credit_stage`: the methods' functions and their metrics);
 * extra forwards: the forwards the method added per optimizer step, as the trainer logs them (`credit/extra_forwards`,
   counted where they run: 0 where TRL's forward or `generate` was reused), with the deviation reference's
   (`credit/extra_reference_forwards`) as "+ N ref";
@@ -260,7 +260,7 @@ PARTS = {  # the trainer's calls that are a method's own cost (none of them nest
     "_generation_batch_statistics": "generation-batch statistics",
     "policy_logps_and_entropy": "no-grad micro-batch forward",
     "_policy_logit_gap": "streamed logit gap",
-    "_run_stack": "reshaping",
+    "_credit_stage": "reshaping",
 }
 
 

@@ -127,13 +127,14 @@ class RecordingTrainer(CreditGRPOTrainer):
         self.head_layouts.append(("generation", head_layout(self._unwrapped())))
         self._generation_policy = full_state_dict(self._unwrapped())  # every process: a collective when sharded
         batch = super()._generate_and_score_completions(inputs)
-        if self.credit_method == "grpo":
+        if self.args.credit_method == "grpo":
             self._record(batch, None)
         return batch
 
-    def _run_stack(self, batch, methods, statistics, last_stage, record_metrics=True):
+    def _credit_stage(self, batch, steps, statistics, last_stage, record_metrics=True):
         self.head_layouts.append(("credit", head_layout(self._unwrapped())))
-        credit = super()._run_stack(batch, methods, statistics, last_stage, record_metrics)
+        credit = super()._credit_stage(batch, steps, statistics, last_stage, record_metrics)
+        statistics = {**{name: batch[key] for name, key in self.stage_plan.batch_statistics.items()}, **statistics}
         if record_metrics:  # not the token-credit log's preview
             forward = {
                 "logps_BT": statistics.get("policy_logps"),
@@ -142,8 +143,8 @@ class RecordingTrainer(CreditGRPOTrainer):
                 "rollout_logps_BT": statistics.get("rollout_logps"),
                 "rollout_entropy_BT": statistics.get("rollout_entropy"),
             }
-            record = {**batch, "advantages": credit.sequence_B}
-            self._record(record, credit.advantages_BT, **{k: v for k, v in forward.items() if v is not None})
+            record = {**batch, "advantages": credit.batch.sequence_advantages_B}
+            self._record(record, credit.batch.advantages_BT, **{k: v for k, v in forward.items() if v is not None})
         return credit
 
 

@@ -418,7 +418,7 @@ class LossRecorder:
             loss = original_loss(trainer_self, model, inputs)  # the loss forward fills in inputs["advantages"]
             buffered = dict(inputs, completion_mask=self.batch["completion_mask"])
             advantages, loss_mask = _expected(
-                trainer.credit_method, trainer.args, buffered, *self.statistics, trainer.state.global_step
+                trainer.args.credit_method, trainer.args, buffered, *self.statistics, trainer.state.global_step
             )
             torch.testing.assert_close(inputs["advantages"], advantages, atol=1e-4, rtol=1e-4)
             # TRL's loss mask, completion_mask x tool_mask, as its loss read it: the buffered one minus the drops.
@@ -488,20 +488,18 @@ def test_logit_gap_statistic_equals_full_logits(monkeypatch, make_trainer, tool_
     scoring = trainer.policy_logps_and_entropy
     monkeypatch.setattr(trainer, "policy_logps_and_entropy", lambda *a, **k: forwards.append(1) or scoring(*a, **k))
     checked = []
-    original = trainer._forward_statistics
+    original = trainer._policy_logit_gap
 
-    def recording(batch, logps_BT, entropy_BT, hidden=None):
-        statistics = original(batch, logps_BT, entropy_BT, hidden)
+    def recording(batch, hidden_BLH):
+        logit_gap_BT = original(batch, hidden_BLH)
         with torch.no_grad():
             _, _, logit_gap = _naive_statistics(trainer.model, batch, trainer.temperature)
         mask = batch["completion_mask"].bool()
-        torch.testing.assert_close(
-            statistics["policy_logit_gap"], torch.where(mask, logit_gap, 0.0), atol=1e-4, rtol=1e-4
-        )
+        torch.testing.assert_close(logit_gap_BT, torch.where(mask, logit_gap, 0.0), atol=1e-4, rtol=1e-4)
         checked.append(1)
-        return statistics
+        return logit_gap_BT
 
-    monkeypatch.setattr(trainer, "_forward_statistics", recording)
+    monkeypatch.setattr(trainer, "_policy_logit_gap", recording)
     trainer.train()
     assert checked and len(forwards) == (1 if tool_mask else 0)
 

@@ -183,7 +183,7 @@ def test_the_readme_quick_start_trains_offline(tmp_path, monkeypatch):
     namespace = {}
     exec(compile(block, "README.md", "exec"), namespace)
     trainer = namespace["trainer"]
-    assert trainer.state.global_step == 1 and trainer.credit_method == "taco"
+    assert trainer.state.global_step == 1 and trainer.args.credit_method == "taco"
     assert any("taco/tail_fraction" in entry for entry in trainer.state.log_history)
     # The run's final checkpoint is its model, without the optimizer state (twice the model's size again).
     checkpoint = tmp_path / "run" / "checkpoint-1"

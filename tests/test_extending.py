@@ -19,6 +19,7 @@ from trl_credit.methods import (
     apply_credit_method,
     get_credit_method,
 )
+from trl_credit.methods.stack import run_stack
 from trl_credit.reports.model_card import write_model_card
 
 EXAMPLE = "examples/custom_credit_method.py:surprise_boost"
@@ -29,11 +30,8 @@ def test_a_stack_applies_in_order_each_method_seeing_the_previous_advantages():
     batch = CreditBatch.from_sequence_advantages(
         adv, mask, statistics={ROLLOUT_ENTROPY: entropy, POLICY_LOGPS: logps, POLICY_ENTROPY: entropy}
     )
-    eapo, taco = get_credit_method("eapo"), get_credit_method("taco")
-    after_eapo = eapo(batch, eapo.hyperparameters()).advantages_BT
-    stacked = taco(
-        CreditBatch(after_eapo, batch.sequence_advantages_B, batch.mask_BT, batch.statistics), taco.hyperparameters()
-    )
+    steps = [get_credit_method(name).step(get_credit_method(name).hyperparameters()) for name in ("eapo", "taco")]
+    stacked = run_stack(steps, batch).batch
     # By hand: EAPO's loop, then TACO's weight (its loop's output over A) on the rows with A > 0.
     eapo_BT = eapo_loop(adv, entropy, mask, math.log(4), (0.1, 0.9))
     safe = torch.where(adv != 0, adv, 1.0).unsqueeze(1)

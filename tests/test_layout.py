@@ -65,7 +65,7 @@ def test_no_module_is_over_400_lines(module):
 
 
 # What every method is registered, checked and run with; its code apart from its prose (docstrings, comments).
-REGISTRY_MACHINERY = ("methods/registry.py", "methods/settings.py", "methods/validation.py", "methods/batch.py")
+REGISTRY_MACHINERY = ("methods/registry.py", "methods/settings.py", "methods/stack.py", "methods/batch.py")
 MAX_MACHINERY_CODE_LINES = 450
 
 

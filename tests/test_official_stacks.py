@@ -5,7 +5,7 @@ The reference below is written out here, operation by operation, from the TACO r
 (`compute_taco_token_advantages` in `core_algos.py`), then one of STAPO / TAMPO / min-p, each multiplying
 `response_mask`, then the policy loss `compute_policy_loss_clip_cov`, which reads that reduced, possibly soft, mask).
 It calls none of the package's helpers. The package runs the same stacks through `apply_credit_stack`, which hands
-each method the batch `CreditBatch.followed_by` makes of the previous result, as the trainer's `_run_stack` does
+each method the batch `CreditBatch.followed_by` makes of the previous result: `run_stack`, which the trainer runs too
 (`tests/test_baselines.py` checks the trainer against it).
 """
 

@@ -169,13 +169,6 @@ def test_what_a_method_shows_is_read_from_its_docstring(credit_method_registry):
     assert (bare.display_name, bare.summary, bare.diagnostics, bare.token_statistic) == ("bare", "", {}, None)
 
 
-def test_moved_registration_keywords_say_where_they_went():
-    with pytest.raises(TypeError, match=r"does not take \['summary'\]: start the function's docstring with"):
-        register_credit_method("moved", summary="old style")
-    with pytest.raises(TypeError, match=r"\['checks'\]: check the values in the arguments dataclass's __post_init__"):
-        register_credit_method("moved", checks={})
-
-
 def test_a_registration_made_by_a_test(credit_method_registry):
     register_credit_method("registered_by_a_test")(lambda batch: batch.advantages_BT)
     assert "registered_by_a_test" in credit_method_registry

@@ -154,14 +154,13 @@ def test_the_pairs_are_importable_by_qualified_name_and_pickle(tmp_path):
     """training_args.bin pickles the config: each pair's classes live where their qualified name says."""
     import pickle
 
-    import trl_credit
     from trl_credit.trainer import pairs, trainer_pair
 
     for config_cls, trainer_cls in [(TACOConfig, TACOTrainer), (EAPOConfig, EAPOTrainer), (TIDEConfig, TIDETrainer)]:
         assert getattr(pairs, config_cls.__qualname__) is config_cls and config_cls.__module__ == pairs.__name__
         assert getattr(pairs, trainer_cls.__qualname__) is trainer_cls and trainer_cls.__module__ == pairs.__name__
         assert trainer_cls.config_class is config_cls and config_cls.__doc__ and trainer_cls.__doc__
-        assert trainer_pair(trainer_cls._credit_method) == (config_cls, trainer_cls)
+        assert trainer_pair(trainer_cls._pinned_method) == (config_cls, trainer_cls)
     config = TACOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, taco_alpha=0.05)
     copy = pickle.loads(pickle.dumps(config))
     assert type(copy) is TACOConfig and copy.credit_kwargs == config.credit_kwargs == {
@@ -169,8 +168,6 @@ def test_the_pairs_are_importable_by_qualified_name_and_pickle(tmp_path):
         "taco_lambda": 0.9,
     }
     assert trainer_pair("eapo+taco") == (CreditGRPOConfig, CreditGRPOTrainer)
-    with pytest.raises(AttributeError, match=r"trl_credit.METHODS is gone: trl_credit.trainer_pair\(method\)"):
-        _ = trl_credit.METHODS
 
 
 def test_single_method_trainers_use_their_configs_and_paper_metadata(tmp_path):

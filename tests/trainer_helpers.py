@@ -47,7 +47,7 @@ class AdvantageRecorder:
 
         def compute_loss(trainer_self, model, inputs, *args, **kwargs):
             # Before the trainer's `_compute_loss` starts: its training forward is the only one TRL's loss sees.
-            self.expected_taco = self._expect_taco(inputs) if trainer.credit_method == "taco" else None
+            self.expected_taco = self._expect_taco(inputs) if trainer.args.credit_method == "taco" else None
             return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
 
         def inner_loss(trainer_self, model, inputs):
@@ -62,7 +62,7 @@ class AdvantageRecorder:
     @torch.no_grad()
     def _expect_generation(self, batch):
         trainer, args = self.trainer, self.trainer.args
-        if trainer.credit_method not in ("eapo", "tide"):
+        if trainer.args.credit_method not in ("eapo", "tide"):
             return
         _, _, mask = _inputs(batch)
         logp_policy = naive_logprobs(trainer.model, batch, trainer.temperature)
@@ -70,7 +70,7 @@ class AdvantageRecorder:
         hp = args.credit_hyperparameters()
         if not mask.any():
             expected = torch.zeros(mask.shape)  # every token masked: no statistic
-        elif trainer.credit_method == "eapo":
+        elif trainer.args.credit_method == "eapo":
             kappa = eapo_kappa_schedule(hp["eapo_kappa"], trainer.state.global_step, hp["eapo_kappa_decay_steps"])
             expected = eapo_loop(batch["advantages"], entropy, mask, kappa, hp["eapo_quantiles"])
         else:
@@ -97,7 +97,7 @@ class AdvantageRecorder:
     def _check(self, inputs, expected):
         consumed = inputs["advantages"]
         _, _, mask = _inputs(inputs)
-        method = self.trainer.credit_method
+        method = self.trainer.args.credit_method
         if method == "grpo":
             assert consumed.dim() == 1
         elif method == "taco":

@@ -53,8 +53,4 @@ def __getattr__(name: str):
         return getattr(importlib.import_module(".methods", __name__), name)
     if name in _TRAINER_EXPORTS:
         return getattr(importlib.import_module(".trainer", __name__), name)
-    if name == "METHODS":
-        raise AttributeError(
-            "trl_credit.METHODS is gone: trl_credit.trainer_pair(method) gives a method's (config, trainer)"
-        )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -61,7 +61,9 @@ class RealVLLMRecorder(AdvantageRecorder):
         self.max_difference = 0.0
         self.weight_checks, self.is_ratios, self.sampling_logps = [], [], []
         self.batch_entropy = None
-        if trainer.credit_method == "otb":  # its rewards and groups are in the batch once the credit trainer is done
+        if (
+            trainer.args.credit_method == "otb"
+        ):  # its rewards and groups are in the batch once the credit trainer is done
             original_generate = CreditGRPOTrainer._generate_and_score_completions
 
             def generate(trainer_self, inputs):
@@ -79,7 +81,7 @@ class RealVLLMRecorder(AdvantageRecorder):
         logp_policy = naive_logprobs(trainer.model, batch, trainer.temperature, torch.float64)
         logps = sampled(logp_policy, batch["completion_ids"])
         self._check_importance_sampling(batch, logps, mask)
-        method = trainer.credit_method
+        method = trainer.args.credit_method
         if method == "otb":
             return  # `_expect_otb`, once the credit trainer has written the rewards
         if method == "stare":
@@ -157,7 +159,7 @@ class RealVLLMRecorder(AdvantageRecorder):
         trainer = self.trainer
         consumed = inputs["advantages"].double()
         _, _, mask = _inputs(inputs)
-        method = trainer.credit_method
+        method = trainer.args.credit_method
         assert consumed.shape == mask.shape, "TRL's loss received sequence advantages, not (B, T) ones"
         if method == "taco":
             want = expected.double()

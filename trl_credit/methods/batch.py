@@ -74,7 +74,7 @@ class CreditBatch:
             the clipped objective already silences (Clip-Cov).
         loss_weights_BT: float, each token's weight in the loss: the product of the loss masks the earlier methods
             of the stack returned (soft for min-p), as the official code multiplies verl's `response_mask` step by
-            step. `mask_BT` as float when omitted.
+            step. None stands for `mask_BT` as float; the batch a method is handed always has it.
         group_index_B: long, the prompt group of each row, the same number on every process for the completions of
             one prompt (a group may span processes), for advantage estimators; None outside a trainer unless given.
         rewards_B: the raw reward of each row (TRL's weighted sum over reward functions, before any normalisation),
@@ -101,14 +101,10 @@ class CreditBatch:
     pad_token_id: int | None = None
     token_texts: Callable[[list[int]], list[str]] | None = None
 
-    def __post_init__(self):
-        if self.loss_weights_BT is None:
-            object.__setattr__(self, "loss_weights_BT", self.mask_BT.float())
-
     def followed_by(self, result: CreditResult) -> CreditBatch:
         """The batch the next method of a stack sees: `result`'s advantages, and its loss mask multiplied into the
         loss weights; a token whose weight reaches 0 leaves `mask_BT`."""
-        weights_BT = self.loss_weights_BT
+        weights_BT = self.mask_BT.float() if self.loss_weights_BT is None else self.loss_weights_BT
         if result.loss_mask_BT is not None:
             weights_BT = weights_BT * result.loss_mask_BT.float()
         mask_BT = self.mask_BT & (weights_BT > 0)

@@ -20,8 +20,8 @@ import torch
 
 from .batch import LOSS_FORWARD_STATISTICS, CreditBatch, CreditResult
 from .settings import SettingError, resolve_settings, supported_type
+from .stack import StackCredit, StackStep, run_stack
 from .user_modules import import_registering_module
-from .validation import check_result, checked_batch
 
 # `CreditBatch` fields that `on_tensors` takes by name, besides the statistics (the other tensors it is given).
 BATCH_FIELDS = frozenset(f.name for f in dataclasses.fields(CreditBatch)) - {
@@ -116,13 +116,9 @@ class CreditMethod:
         """Whether the method runs in the training forward (it reads the current policy) or at generation."""
         return any(name in LOSS_FORWARD_STATISTICS for name in self.statistics_for(hyperparameters))
 
-    def __call__(self, batch: CreditBatch, hyperparameters: Mapping[str, Any]) -> CreditResult:
-        """Run on `batch` with resolved `hyperparameters`, checking the batch and the result (errors name it)."""
-        batch = checked_batch(self, batch, hyperparameters)
-        result = self.function(batch, **hyperparameters)
-        result = result if isinstance(result, CreditResult) else CreditResult(advantages_BT=result)
-        check_result(self, batch, result)
-        return result
+    def step(self, hyperparameters: Mapping[str, Any]) -> StackStep:
+        """This method in a stack, with its resolved `hyperparameters` and the statistics they make it read."""
+        return StackStep(self, dict(hyperparameters), self.statistics_for(hyperparameters))
 
     def on_tensors(self, advantages_B: torch.Tensor | None, mask_BT: torch.Tensor, **named) -> CreditResult:
         """The method on one process's plain tensors, as the trainer runs it: its whole [`CreditResult`].
@@ -133,7 +129,7 @@ class CreditMethod:
         [`CreditBatch`] (`vocab_size`, `step`, `rewards_B`, `group_index_B`, ...). Batch-global reductions span the
         tensors passed in.
         """
-        return _run_stack([self], advantages_B, mask_BT, named)[0]
+        return _tensor_stack([self], advantages_B, mask_BT, named).results[-1][2]
 
 
 def register_credit_method(
@@ -144,7 +140,6 @@ def register_credit_method(
     paper: Mapping[str, str] | None = None,
     drops_tokens: bool = False,
     estimates_advantages: bool = False,
-    **moved,
 ):
     """Register `function(batch: CreditBatch, **hyperparameters) -> CreditResult | Tensor` as method `name`.
 
@@ -162,9 +157,6 @@ def register_credit_method(
     The function's docstring gives what the method shows ([`CreditMethod.display_name`]). Registering a second,
     different function under an existing name is an error.
     """
-    if moved:
-        hints = dict.fromkeys(_MOVED.get(keyword, "it is no keyword of it") for keyword in sorted(moved))
-        raise TypeError(f"register_credit_method() does not take {sorted(moved)}: {'; '.join(hints)}")
     if not name.isidentifier():
         raise ValueError(f"credit method names must be Python identifiers (they prefix metrics), got {name!r}")
     if not callable(statistics) and not all(isinstance(s, str) and s.isidentifier() for s in statistics):
@@ -186,17 +178,6 @@ def register_credit_method(
         return function
 
     return decorator
-
-
-_DOCSTRING = (
-    "start the function's docstring with 'Display name: summary.', then list its metrics under 'Metrics:' and its "
-    "token-view statistic under 'Token statistic:', one indented 'name: meaning' line each"
-)
-_MOVED = {
-    "checks": "check the values in the arguments dataclass's __post_init__, e.g. "
-    "check_fields(self, my_max=(lambda v: v >= 1, '>= 1')) (from trl_credit.methods import check_fields)",
-    **dict.fromkeys(("display_name", "summary", "diagnostics", "token_statistic"), _DOCSTRING),
-}
 
 
 def _check_arguments(name: str, arguments: type) -> None:
@@ -283,14 +264,16 @@ def apply_credit_stack(
     (None when none did); no metrics.
     """
     stack = [get_credit_method(name) for name in parse_credit_methods(spec)]
-    batch, drops_tokens = _run_stack(stack, advantages_B, mask_BT, named)[1:]
-    return CreditResult(batch.advantages_BT, batch.loss_weights_BT if drops_tokens else None)
+    credit = _tensor_stack(stack, advantages_B, mask_BT, named)
+    return CreditResult(
+        credit.batch.advantages_BT, None if credit.loss_mask_BT is None else credit.batch.loss_weights_BT
+    )
 
 
-def _run_stack(
+def _tensor_stack(
     stack: list[CreditMethod], advantages_B: torch.Tensor | None, mask_BT: torch.Tensor, named: Mapping[str, Any]
-) -> tuple[CreditResult | None, CreditBatch, bool]:
-    """The last method's result, the batch after the stack, and whether a method returned a loss mask."""
+) -> StackCredit:
+    """`stack` run on plain tensors (`named` as for [`CreditMethod.on_tensors`]) by [`run_stack`]."""
     if advantages_B is None:  # an advantage estimator ignores the incoming advantages
         advantages_B = torch.zeros(mask_BT.shape[:1])
     if advantages_B.dim() != 1 or mask_BT.dim() != 2 or mask_BT.size(0) != advantages_B.size(0):
@@ -307,13 +290,7 @@ def _run_stack(
     batch = CreditBatch.from_sequence_advantages(advantages_B, mask_BT, statistics=statistics, **fields)
     if named.get("advantages_BT") is not None:
         batch = dataclasses.replace(batch, advantages_BT=named["advantages_BT"])
-    result, drops_tokens = None, False
-    with torch.no_grad():
-        for method in stack:
-            result = method(batch, hyperparameters[method.name])
-            drops_tokens |= result.loss_mask_BT is not None
-            batch = batch.followed_by(result)
-    return result, batch, drops_tokens
+    return run_stack([method.step(hyperparameters[method.name]) for method in stack], batch)
 
 
 def paper(title: str, arxiv_id: str, key: str, authors: str, year: int = 2026) -> dict[str, str]:

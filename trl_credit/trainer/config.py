@@ -15,12 +15,19 @@ from trl import GRPOConfig
 
 from ..methods import (
     CREDIT_METHODS,
+    GENERATION_STATISTICS,
+    LOSS_FORWARD_STATISTICS,
+    POLICY_LOGIT_GAP,
+    PREVIOUS_POLICY_DEVIATION,
+    REFERENCE_DEVIATION,
     CreditMethod,
     SettingError,
     get_credit_method,
     parse_credit_methods,
     stack_hyperparameters,
 )
+from ..methods.stack import StackStep
+from .batch_layout import statistic_key
 from .trl_compat import LOSS_TYPES
 
 
@@ -185,10 +192,17 @@ class CreditGRPOConfig(GRPOConfig):
         """The stack, in the order it applies (empty for plain GRPO)."""
         return tuple(get_credit_method(name) for name in parse_credit_methods(self.credit_method))
 
+    @property
+    def credit_stack(self) -> tuple[StackStep, ...]:
+        """The stack as it trains: each method with its hyperparameters as `credit_kwargs` holds them (resolved when
+        the config was built) and the statistics they make it read."""
+        return tuple(method.step(self.method_hyperparameters(method)) for method in self.credit_methods)
+
     def method_hyperparameters(self, method: CreditMethod) -> dict[str, Any]:
-        """`method`'s hyperparameters as they train: its entries of `credit_kwargs`, the rest their defaults."""
-        given = self.credit_kwargs or {}
-        return method.hyperparameters({name: given[name] for name in method.argument_names if name in given})
+        """`method`'s hyperparameters as they train: its entries of `credit_kwargs`, which holds every hyperparameter
+        of the stack once the config is built."""
+        resolved = self.credit_kwargs or {}
+        return {name: resolved[name] for name in method.argument_names}
 
     def validate_credit_fields(self) -> None:
         """Resolve and check every credit setting; raise `ValueError` naming the first bad one.
@@ -273,3 +287,55 @@ def check_stack_order(spec: str, stack: tuple[CreditMethod, ...], hyperparameter
             f"credit_method {spec!r}: methods that read the generation batch must come before methods that read the "
             f"training forward ({stages})"
         )
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Where each method of a stack runs and what the trainer gathers for it, decided once when a trainer is built.
+
+    Args:
+        generation: the methods that read only the generation batch, run once per generation batch.
+        training_forward: the methods that read the current policy, run in the forward of each loss.
+        generation_statistics: the statistics the trainer computes when a batch is generated.
+        batch_statistics: the statistics that travel with the batch (those, and any a subclass puts there), by name:
+            each one's batch key.
+        deviation: the deviation statistic of the stack, whose reference model the trainer keeps (None if none).
+        records_hidden: whether the training forward's final hidden states are recorded (`policy_logit_gap`).
+        drops_tokens_in_forward: whether a method of the training forward may return a loss mask.
+    """
+
+    generation: tuple[StackStep, ...]
+    training_forward: tuple[StackStep, ...]
+    generation_statistics: tuple[str, ...]
+    batch_statistics: dict[str, str]
+    deviation: str | None
+    records_hidden: bool
+    drops_tokens_in_forward: bool
+
+
+def plan_stages(args: CreditGRPOConfig, supplied_statistics: tuple[str, ...], trainer_name: str) -> StagePlan:
+    """The stages of `args.credit_stack` for a trainer that supplies `supplied_statistics`; `ValueError` naming a
+    statistic it does not supply, or a second deviation reference."""
+    stack = args.credit_stack
+    requested = [name for step in stack for name in step.statistics]
+    for step in stack:
+        missing = [name for name in step.statistics if name not in supplied_statistics]
+        if missing:
+            raise ValueError(
+                f"credit method {step.method.name!r} reads {missing}, which {trainer_name} does not compute "
+                f"(it supplies {list(supplied_statistics)})"
+            )
+    deviations = sorted({name for name in requested if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)})
+    if len(deviations) > 1:
+        raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
+    in_forward = [any(name in LOSS_FORWARD_STATISTICS for name in step.statistics) for step in stack]
+    training_forward = tuple(step for step, forward in zip(stack, in_forward) if forward)
+    return StagePlan(
+        generation=tuple(step for step, forward in zip(stack, in_forward) if not forward),
+        training_forward=training_forward,
+        generation_statistics=tuple(name for name in GENERATION_STATISTICS if name in requested),
+        batch_statistics={name: statistic_key(name) for name in requested if name not in LOSS_FORWARD_STATISTICS},
+        deviation=deviations[0] if deviations else None,
+        records_hidden=POLICY_LOGIT_GAP in requested,
+        drops_tokens_in_forward=any(step.method.drops_tokens for step in training_forward),
+    )

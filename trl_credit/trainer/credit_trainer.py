@@ -1,18 +1,11 @@
 """`CreditGRPOTrainer`: TRL's GRPOTrainer with per-token advantages from a stack of credit methods.
 
 It never re-implements the GRPO loss: it replaces the `(B,)` sequence advantages with `(B, T)` token advantages, which
-TRL's `_compute_loss` accepts as they are, so every `loss_type`, clipping rule and normaliser keeps working. Each
-method declares the statistics it reads, and where they come from decides its stage; each stage is a method that
-writes its outputs into the batch TRL reads next, running the methods through `_run_stack`:
-
-* `_credit_generation_batch(batch)`: methods of generation-batch statistics, in `_generate_and_score_completions`,
-  before TRL shuffles and splits the batch (statistics travel as batch keys `credit_<statistic>`).
-* `_credit_training_forward(inputs, logps_BT, entropy_BT, hidden)`: methods of the current policy, on the log-probs
-  and entropies of TRL's own forward of each loss (no extra forward), handed over by `credit_in_loss_forward`. Only
-  with a tool mask does a method that drops tokens get a no-grad forward of the micro-batch first.
-
-The forwards the methods add are logged per step (`credit/extra_forwards`, see `statistics_sources`). With
-`log_token_credit=True` the trainer publishes `token_credit_preview`, which its `TokenCreditLog` callback writes.
+TRL's `_compute_loss` accepts as they are, so every `loss_type`, clipping rule and normaliser keeps working. Where each
+method runs is decided once (`config.StagePlan`): in `_generate_and_score_completions`, before TRL shuffles and splits
+the batch, for methods of generation-batch statistics; in `_credit_training_forward`, on the log-probs and entropies of
+TRL's own forward of each loss, for methods of the current policy. Both stages run `_credit_stage` (the stack runner
+`methods.stack.run_stack` on TRL's inputs) and write the credit back with `write_credit`. See docs/layout.md.
 """
 
 from __future__ import annotations
@@ -21,7 +14,6 @@ import os
 import warnings
 from collections import Counter
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -32,31 +24,32 @@ from trl.trainer.utils import get_config_model_id
 from ..methods import (
     GENERATION_STATISTICS,
     LOSS_FORWARD_STATISTICS,
+    POLICY_ENTROPY,
     POLICY_LOGIT_GAP,
-    PREVIOUS_POLICY_DEVIATION,
-    REFERENCE_DEVIATION,
+    POLICY_LOGPS,
     CreditBatch,
-    CreditResult,
     get_credit_method,
 )
-from ..methods.validation import check_result, checked_batch
-from .batch_layout import (
-    GROUP_INDEX,
-    REWARDS,
-    SEQUENCE_ADVANTAGES,
-    groups_and_rewards,
-    loss_weights,
-    statistic_key,
+from ..methods.stack import StackCredit, StackStep, run_stack
+from .batch_layout import GROUP_INDEX, REWARDS, SEQUENCE_ADVANTAGES, groups_and_rewards, statistic_key
+from .config import CreditGRPOConfig, plan_stages
+from .diagnostics import (
+    EXTRA_FORWARDS,
+    EXTRA_REFERENCE_FORWARDS,
+    TOKEN_CREDIT_LOG_FORWARDS,
+    credit_metrics,
+    gather_all,
+    unscored_answers,
+    unscored_counters,
 )
-from .config import CreditGRPOConfig
-from .diagnostics import advantage_magnitude, credit_metrics, gather_all, unscored_answers, unscored_counters
 from .model_parts import vocab_size
 from .recorders import recorded_final_hidden
 from .reference import DeviationReference, copy_initial_model
-from .statistics_sources import EXTRA_FORWARDS, EXTRA_REFERENCE_FORWARDS, TOKEN_CREDIT_LOG_FORWARDS, StatisticsSources
-from .token_credit_log import TokenCreditLog, TokenCreditPreview, TokenCreditPreviews, token_credit_step
+from .statistics_sources import StatisticsSources
+from .token_credit_log import TokenCreditLog, TokenCreditPreview, token_credit_step
 from .token_texts import TokenTexts
 from .trl_compat import (
+    MULTIMODAL_KEYS,
     NORMALISER_AT_GENERATION,
     check_trainer_attributes,
     check_trl_surfaces,
@@ -64,16 +57,20 @@ from .trl_compat import (
 )
 
 
-@dataclass
-class StackCredit:
-    """What a stage's methods gave a batch: `(B, T)` advantages, the `(B,)` sequence advantages they started from,
-    the product of the loss weights of the methods that drop tokens (None if none did), and the last method's
-    per-token statistic (None if none returned one)."""
-
-    advantages_BT: torch.Tensor
-    sequence_B: torch.Tensor
-    loss_weights_BT: torch.Tensor | None
-    statistic_BT: torch.Tensor | None
+def write_credit(batch, credit: StackCredit) -> None:
+    """Write a stack's credit into TRL's `batch`: the `(B, T)` advantages, GRPO's sequence advantages, and the loss
+    mask the methods returned multiplied into TRL's loss mask. That is `tool_mask` (which TRL's loss and normaliser
+    multiply in) where the batch has one or its completion mask is TRL's integer one; in the loss forward of a stack
+    that drops tokens, the float copy of `completion_mask` that TRL holds as its loss mask (`_credit_in_loss_forward`),
+    in place."""
+    batch["advantages"] = credit.batch.advantages_BT
+    batch[SEQUENCE_ADVANTAGES] = credit.batch.sequence_advantages_B
+    if credit.loss_mask_BT is None:
+        return
+    if "tool_mask" not in batch and batch["completion_mask"].is_floating_point():
+        batch["completion_mask"].mul_(credit.loss_mask_BT)
+    else:
+        batch["tool_mask"] = batch.get("tool_mask", 1.0) * credit.loss_mask_BT
 
 
 TRL_CARD_TAGS = ("trl", "grpo", "trl-credit")  # the Hub tags of every card, before the methods' names
@@ -92,25 +89,26 @@ def trl_card_attributes(methods) -> dict[str, Any]:
     return attributes
 
 
-class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
+class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
     """[`~trl.GRPOTrainer`] whose advantage is reshaped per token by the methods of `args.credit_method`.
 
     Overrides `_generate_and_score_completions` (methods that read the generation batch), and `_compute_loss` with
     `_get_per_token_logps_and_entropies` (methods that read the training forward). Use it exactly like
     `GRPOTrainer`, with a [`CreditGRPOConfig`]. Its model card is TRL's, tagged and cited as `trl_card_attributes`
-    says.
+    says. Where each method runs is `stage_plan` (a `StagePlan`), decided once from the config.
     """
 
     config_class = CreditGRPOConfig
-    _credit_method: str | None = None  # set by the single-method subclasses: see `__init_subclass__`
-    # The statistics this trainer computes; a subclass that knows more (the credit lab's ground truth) extends it.
+    _pinned_method: str | None = None  # set by the single-method subclasses: see `__init_subclass__`
+    # The statistics this trainer computes; a subclass that knows more (the credit lab's ground truth) extends it and
+    # puts its statistic in the batch under `statistic_key(name)`.
     supplied_statistics: tuple[str, ...] = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
     _tag_names = list(TRL_CARD_TAGS)
     # The rows of the last training generation batch the token-credit log records, as the training forward credits
     # them (with `log_token_credit=True`, for the batches it logs); None before the first.
     token_credit_preview: TokenCreditPreview | None = None
     # The micro-batch of the loss TRL is computing, and the dtype of the attention mask TRL would build from it, while
-    # `credit_in_loss_forward` hands it to TRL's scoring forward; else None.
+    # `_credit_in_loss_forward` hands it to TRL's scoring forward; else None.
     _loss_forward: tuple[dict, torch.dtype] | None = None
 
     def __init_subclass__(cls, credit_method: str | None = None, **kwargs):
@@ -118,7 +116,7 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
         display name, paper and Hub tag from the method's registration."""
         super().__init_subclass__(**kwargs)
         if credit_method is not None:
-            cls._credit_method = credit_method
+            cls._pinned_method = credit_method
             for attribute, value in trl_card_attributes([get_credit_method(credit_method)]).items():
                 setattr(cls, attribute, value)
 
@@ -128,17 +126,24 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = self.config_class(output_dir=f"{model_name.split('/')[-1]}-{self._name}")
         self._check_args(args)
-        self.credit_method = args.credit_method
+        self.stage_plan = plan_stages(args, self.supplied_statistics, type(self).__name__)
+        if self.stage_plan.drops_tokens_in_forward and args.loss_type in NORMALISER_AT_GENERATION:
+            dropping = [step.method.name for step in self.stage_plan.training_forward if step.method.drops_tokens]
+            warnings.warn(
+                f"credit_method {args.credit_method!r}: the tokens that {', '.join(dropping)} drop from the loss in the "
+                f"training forward still count in the normaliser of loss_type={args.loss_type!r}, which TRL counts "
+                "when the batch is generated. Use loss_type='bnpo' to reproduce the official per-micro-batch token mean.",
+                stacklevel=2,
+            )
         for attribute, value in trl_card_attributes(args.credit_methods).items():  # what TRL's card says
             setattr(self, attribute, value)
-        self._plan_stages(args)
-        deviations = [s for s in self._generation_statistics if s in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)]
-        if len(deviations) > 1:
-            raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
-        initial_copy = copy_initial_model(model, args, kwargs.get("peft_config"), self._generation_statistics)
+        initial_copy = copy_initial_model(
+            model, args, kwargs.get("peft_config"), self.stage_plan.generation_statistics
+        )
         super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
         check_trainer_attributes(self)
-        self.deviation_reference = DeviationReference(self, initial_copy, deviations[0]) if deviations else None
+        deviation = self.stage_plan.deviation
+        self.deviation_reference = DeviationReference(self, initial_copy, deviation) if deviation else None
         self._vocab_size = vocab_size(self.accelerator.unwrap_model(self.model))
         self._token_texts = TokenTexts(self.processing_class)  # completion ids -> token texts (HICRA's grams)
         self._unscored_counters = unscored_counters(self.reward_funcs)
@@ -156,9 +161,9 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
                 f"{type(self).__name__} needs a CreditGRPOConfig (or TACOConfig, EAPOConfig, TIDEConfig), "
                 f"got {type(args).__name__}"
             )
-        if self._credit_method is not None and args.credit_method != self._credit_method:
+        if self._pinned_method is not None and args.credit_method != self._pinned_method:
             raise ValueError(
-                f"{type(self).__name__} trains with credit_method={self._credit_method!r}, but args.credit_method is "
+                f"{type(self).__name__} trains with credit_method={self._pinned_method!r}, but args.credit_method is "
                 f"{args.credit_method!r}; use CreditGRPOTrainer to choose the method from the config"
             )
         if args.hub_token:
@@ -168,32 +173,6 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
                 stacklevel=3,
             )
         args.validate_credit_fields()  # again: attributes may have been set since the config was built
-
-    def _plan_stages(self, args) -> None:
-        """Each method of the stack with its hyperparameters, in the stage its statistics decide, and the
-        statistics the stages read."""
-        stack = [(method, args.method_hyperparameters(method)) for method in args.credit_methods]
-        self._generation_methods = [(m, hp) for m, hp in stack if not m.reads_training_forward(hp)]
-        self._training_forward_methods = [(m, hp) for m, hp in stack if m.reads_training_forward(hp)]
-        self._drops_tokens_in_forward = any(m.drops_tokens for m, _ in self._training_forward_methods)
-        if self._drops_tokens_in_forward and args.loss_type in NORMALISER_AT_GENERATION:
-            dropping = [m.name for m, _ in self._training_forward_methods if m.drops_tokens]
-            warnings.warn(
-                f"credit_method {args.credit_method!r}: the tokens that {', '.join(dropping)} drop from the loss in the "
-                f"training forward still count in the normaliser of loss_type={args.loss_type!r}, which TRL counts "
-                "when the batch is generated. Use loss_type='bnpo' to reproduce the official per-micro-batch token mean.",
-                stacklevel=3,
-            )
-        requested = {name for m, hp in stack for name in m.statistics_for(hp)}
-        for method, hp in stack:
-            missing = [name for name in method.statistics_for(hp) if name not in self.supplied_statistics]
-            if missing:
-                raise ValueError(
-                    f"credit method {method.name!r} reads {missing}, which {type(self).__name__} does not compute "
-                    f"(it supplies {list(self.supplied_statistics)})"
-                )
-        self._generation_statistics = tuple(name for name in GENERATION_STATISTICS if name in requested)
-        self._records_hidden = POLICY_LOGIT_GAP in requested  # from the final hidden states of the forward
 
     # ------------------------------------------------------------------------------------- generation batch
 
@@ -205,102 +184,80 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
         num_generations = self.num_generations if self.model.training else self.num_generations_eval
         rewards = (self._last_rewards_per_func * self.reward_weights.to(self._last_rewards_per_func.device)).nansum(1)
         batch.update(groups_and_rewards(batch, rewards, self.accelerator.process_index, num_generations))
-        if self._generation_statistics:
-            statistics = self._generation_batch_statistics(batch, self._generation_statistics, generation, scoring)
+        names = self.stage_plan.generation_statistics
+        if names:
+            statistics = self._generation_batch_statistics(batch, names, generation, scoring)
             batch.update({statistic_key(name): value for name, value in statistics.items()})
             if self.deviation_reference is not None:
                 self.deviation_reference.after_batch(training=self.model.training)
-        statistic_BT = self._credit_generation_batch(batch) if self._generation_methods else None
+        statistic_BT = None
+        if self.stage_plan.generation:
+            last_stage = not self.stage_plan.training_forward
+            credit = self._credit_stage(batch, self.stage_plan.generation, {}, last_stage)
+            write_credit(batch, credit)
+            if credit.loss_mask_BT is not None and "num_items_in_batch" in batch:  # TRL's normaliser, recounted
+                kept = (batch["completion_mask"] * batch["tool_mask"]).sum()
+                batch["num_items_in_batch"] = self.accelerator.gather(kept).sum()
+            statistic_BT = credit.statistic_BT
         if self.args.log_token_credit and self.model.training:
             step = token_credit_step(self.args, self.state, self.num_iterations)
             if step is not None:
                 self.token_credit_preview = self._preview_token_credit(batch, statistic_BT, step)
         return batch
 
-    def _credit_generation_batch(self, batch) -> torch.Tensor | None:
-        """The generation stage: write the batch's `(B, T)` advantages and sequence advantages and, where a method
-        drops tokens, its loss weights into `tool_mask` (which TRL's loss and its normaliser multiply in) with the
-        normaliser recounted. Returns the last method's per-token statistic."""
-        last_stage = not self._training_forward_methods
-        credit = self._run_stack(batch, self._generation_methods, self._batch_statistics(batch), last_stage)
-        batch.update({"advantages": credit.advantages_BT, SEQUENCE_ADVANTAGES: credit.sequence_B})
-        if credit.loss_weights_BT is not None:
-            batch["tool_mask"] = batch.get("tool_mask", 1.0) * credit.loss_weights_BT
-            if "num_items_in_batch" in batch:
-                kept = (batch["completion_mask"] * batch["tool_mask"]).sum()
-                batch["num_items_in_batch"] = self.accelerator.gather(kept).sum()
-        return credit.statistic_BT
-
     # ----------------------------------------------------------------------------------------- the stack
 
-    def _run_stack(self, batch, methods, statistics, last_stage: bool, record_metrics: bool = True) -> StackCredit:
-        """Run `methods` in order on `batch`: each method's function between the registry's checks of its batch and
-        its result, each seeing the advantages and loss mask the methods before it produced
-        (`CreditBatch.followed_by`), starting from the batch's advantages and TRL's loss mask (completion mask x
-        tool mask, soft where an earlier stage weighed tokens). Logs each method's metrics (and, at the
-        `last_stage`, `credit/adv_abs_mean`) when `record_metrics`."""
-        weights_BT = loss_weights(batch)
+    def _credit_stage(
+        self, inputs, steps: tuple[StackStep, ...], statistics, last_stage: bool, record_metrics: bool = True
+    ) -> StackCredit:
+        """Run `steps` on TRL's `inputs` (`run_stack`), from their advantages and TRL's loss mask (completion mask x
+        tool mask, soft where an earlier stage weighed tokens), with `statistics` and those that travel with the batch.
+        Logs each method's metrics (and, at the `last_stage`, `credit/adv_abs_mean`) when `record_metrics`."""
+        weights_BT = (inputs["completion_mask"] * inputs.get("tool_mask", 1.0)).float()  # as TRL's loss weighs tokens
         mask_BT = weights_BT.bool()
-        sequence_B = batch.get(SEQUENCE_ADVANTAGES, batch["advantages"]).float()
-        advantages_BT = batch["advantages"].float()
-        if advantages_BT.dim() == 1:
-            advantages_BT = sequence_B.unsqueeze(1) * mask_BT
-        credit_batch = CreditBatch(
-            advantages_BT,
+        sequence_B = inputs.get(SEQUENCE_ADVANTAGES, inputs["advantages"]).float()
+        advantages_BT = inputs["advantages"].float()
+        batch = CreditBatch(
+            advantages_BT if advantages_BT.dim() == 2 else sequence_B.unsqueeze(1) * mask_BT,
             sequence_B,
             mask_BT,
-            statistics=statistics,
+            statistics={**{name: inputs[key] for name, key in self.stage_plan.batch_statistics.items()}, **statistics},
             vocab_size=self._vocab_size,
             step=self.state.global_step,
             gather=partial(gather_all, self.accelerator),
             clip_range=(self.epsilon_low, self.epsilon_high),
             loss_weights_BT=weights_BT,
-            group_index_B=batch.get(GROUP_INDEX),
-            rewards_B=batch.get(REWARDS),
+            group_index_B=inputs.get(GROUP_INDEX),
+            rewards_B=inputs.get(REWARDS),
             # GTPO's conflict tokens, HICRA's planning tokens: the sampled ids, padded with the tokenizer's pad id.
-            completion_ids_BT=batch["completion_ids"],
+            completion_ids_BT=inputs["completion_ids"],
             pad_token_id=self._token_texts.pad_token_id,
             token_texts=self._token_texts,
         )
-        loss_weights_BT, statistic_BT = None, None
-        mode = "train" if self.model.training else "eval"
-        for method, hyperparameters in methods:
-            checked = checked_batch(method, credit_batch, hyperparameters)
-            result = method.function(checked, **hyperparameters)
-            result = result if isinstance(result, CreditResult) else CreditResult(advantages_BT=result)
-            check_result(method, checked, result)
-            result.advantages_BT = torch.where(checked.mask_BT, result.advantages_BT.float(), 0.0)
-            if record_metrics:
-                for name, value in credit_metrics(
-                    self.accelerator, method.name, checked.advantages_BT, result, checked.mask_BT
-                ).items():
-                    self._metrics[mode][name].append(value)
-            if result.loss_mask_BT is not None:
-                loss_weights_BT = result.loss_mask_BT * (1.0 if loss_weights_BT is None else loss_weights_BT)
-            statistic_BT = result.statistic_BT if result.statistic_BT is not None else statistic_BT
-            credit_batch = credit_batch.followed_by(result)
-        if record_metrics and last_stage:
-            magnitude = advantage_magnitude(self.accelerator, credit_batch.advantages_BT, mask_BT)
-            self._metrics[mode]["credit/adv_abs_mean"].append(magnitude)
-        return StackCredit(credit_batch.advantages_BT, sequence_B, loss_weights_BT, statistic_BT)
+        credit = run_stack(steps, batch)
+        if record_metrics:
+            metrics = self._metrics["train" if self.model.training else "eval"]
+            for metric, value in credit_metrics(self.accelerator, credit, mask_BT if last_stage else None).items():
+                metrics[metric].append(value)
+        return credit
 
     # ------------------------------------------------------------------------------------- training forward
 
     def _compute_loss(self, model, inputs):
-        if not self._training_forward_methods:
+        if not self.stage_plan.training_forward:
             loss = super()._compute_loss(model, inputs)
         else:
             # The buffered micro-batch is reused across `num_iterations`: TRL gets a shallow copy whose advantages
             # (and loss mask) are filled in, never the shared dict.
             inputs = dict(inputs)
-            if "tool_mask" in inputs and self._drops_tokens_in_forward:
+            if "tool_mask" in inputs and self.stage_plan.drops_tokens_in_forward:
                 # TRL folds the tool mask into its loss mask before its forward: the weights must be in it first.
-                with recorded_final_hidden(self._policy(), self._records_hidden) as hidden:
+                with recorded_final_hidden(self._policy(), self.stage_plan.records_hidden) as hidden:
                     logps_BT, entropy_BT = self.policy_logps_and_entropy(inputs)
                 self._credit_training_forward(inputs, logps_BT, entropy_BT, hidden)
                 loss = super()._compute_loss(model, inputs)
             else:
-                with self.credit_in_loss_forward(inputs):
+                with self._credit_in_loss_forward(inputs):
                     loss = super()._compute_loss(model, inputs)
         if not self.model.training or self.accelerator.sync_gradients:  # once per optimizer step, or eval batch
             mode = "train" if self.model.training else "eval"
@@ -310,17 +267,13 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
         return loss
 
     @contextmanager
-    def credit_in_loss_forward(self, inputs):
-        """Inside the block, TRL's next scoring call (`_get_per_token_logps_and_entropies`) is the forward of the loss
-        of `inputs`, and the training-forward stage runs on its log-probs and entropies.
-
-        The one hand-over from `_compute_loss` to TRL's scoring method, which receives no batch: TRL's
-        `_compute_loss` makes that call once, for its policy forward, and reads the advantages and its loss mask after
-        it (`tests/test_trl_compat.py` checks TRL's order; `tests/test_trainer.py` and `tests/test_baselines.py` what
-        its loss consumed). The slot is taken by that first call and cleared when the block ends.
-        """
+    def _credit_in_loss_forward(self, inputs):
+        """Inside the block, TRL's next scoring call is the forward of the loss of `inputs`, and the training-forward
+        stage runs on its log-probs and entropies: TRL's `_get_per_token_logps_and_entropies` receives no batch, and
+        `_compute_loss` reads the advantages and its loss mask only after that call (`tests/test_trl_compat.py`
+        checks TRL's order). The first scoring call takes the slot; the block's end clears it."""
         mask_dtype = torch.promote_types(inputs["prompt_mask"].dtype, inputs["completion_mask"].dtype)
-        if self._drops_tokens_in_forward:
+        if self.stage_plan.drops_tokens_in_forward:
             # Without a tool mask, TRL's loss mask is this very tensor, read after its forward: a float copy takes the
             # methods' (possibly soft) weights in place there.
             inputs["completion_mask"] = inputs["completion_mask"].to(torch.float32, copy=True)
@@ -332,7 +285,7 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, *args, **kwargs):
         """TRL's scoring forward, with TRL 1.15's torch fused head where it needs one (`trl_compat.torch_fused_head`);
-        in the forward of a loss (`credit_in_loss_forward`), followed by the training-forward stage."""
+        in the forward of a loss (`_credit_in_loss_forward`), followed by the training-forward stage."""
         loss_forward, self._loss_forward = self._loss_forward, None  # the first call of the loss is its forward
         if loss_forward is not None:
             # TRL built the attention mask from the float copy of the completion mask: scored as TRL would score the
@@ -340,7 +293,7 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
             attention_mask = attention_mask.to(loss_forward[1])
         # TRL's fused head returns no maximum logit: min-p's logit gap is streamed from the final hidden states of this
         # very forward, recorded from the backbone around it (no second backbone forward).
-        records_hidden = loss_forward is not None and self._records_hidden
+        records_hidden = loss_forward is not None and self.stage_plan.records_hidden
         recording = recorded_final_hidden(self._policy()) if records_hidden else nullcontext([])
         with torch_fused_head(), recording as hidden:
             logps_BT, entropy_BT, aux_loss = super()._get_per_token_logps_and_entropies(
@@ -352,18 +305,49 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
             )
         return logps_BT, entropy_BT, aux_loss
 
-    def _credit_training_forward(self, inputs, logps_BT, entropy_BT, hidden) -> None:
-        """The training-forward stage: write the micro-batch's `(B, T)` advantages and, where a method drops tokens,
-        its loss weights into TRL's loss mask (`tool_mask` when the batch has one, which TRL multiplies in before its
-        forward; else the float copy of `completion_mask` TRL holds as its loss mask, in place)."""
-        statistics = self._forward_statistics(inputs, logps_BT, entropy_BT, hidden)
-        credit = self._run_stack(inputs, self._training_forward_methods, statistics, last_stage=True)
-        inputs.update({"advantages": credit.advantages_BT, SEQUENCE_ADVANTAGES: credit.sequence_B})
-        if credit.loss_weights_BT is not None:
-            if "tool_mask" in inputs:
-                inputs["tool_mask"] = inputs["tool_mask"] * credit.loss_weights_BT
-            else:
-                inputs["completion_mask"].mul_(credit.loss_weights_BT)
+    def _credit_training_forward(self, inputs, logps_BT, entropy_BT, hidden, record_metrics=True) -> StackCredit:
+        """The training-forward stage on the micro-batch `inputs`, from the policy's log-probs and entropies (and the
+        final hidden states `hidden` recorded from that forward), written into `inputs` (`write_credit`)."""
+        statistics = {POLICY_LOGPS: logps_BT, POLICY_ENTROPY: entropy_BT}
+        if self.stage_plan.records_hidden:
+            statistics[POLICY_LOGIT_GAP] = self._policy_logit_gap(inputs, torch.cat(hidden))
+        credit = self._credit_stage(inputs, self.stage_plan.training_forward, statistics, True, record_metrics)
+        write_credit(inputs, credit)
+        return credit
+
+    # ------------------------------------------------------------------------------------- token-credit log
+
+    @torch.no_grad()
+    def _preview_token_credit(self, batch, statistic_BT, step: int) -> TokenCreditPreview:
+        """A few rows of a training generation `batch`, spread over it so that several prompt groups appear, credited
+        as the first training forward will credit them (the policy has not moved yet), for the token-credit log.
+
+        Every process runs the small no-grad forward (collective under ZeRO-3); the training-forward stage runs
+        without its metrics. Image inputs are not laid out per row: then every row is scored and the sampled ones kept.
+        """
+        num_rows = batch["completion_ids"].size(0)
+        rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
+        sub = {
+            key: value[rows]
+            for key, value in batch.items()
+            if isinstance(value, torch.Tensor)
+            and value.dim() >= 1
+            and value.size(0) == num_rows
+            and key not in MULTIMODAL_KEYS
+        }
+        has_images = any(key in batch for key in MULTIMODAL_KEYS)
+        with recorded_final_hidden(self._policy(), self.stage_plan.records_hidden) as hidden:
+            logps_bT, entropy_bT = self.policy_logps_and_entropy(
+                batch if has_images else sub, self._forward_batch_size(), counted_as=TOKEN_CREDIT_LOG_FORWARDS
+            )
+        if has_images:
+            logps_bT, entropy_bT = logps_bT[rows], entropy_bT[rows]
+            hidden = [torch.cat(hidden)[rows]] if hidden else hidden
+        statistic_bT = None if statistic_BT is None else statistic_BT[rows]
+        if self.stage_plan.training_forward:
+            credit = self._credit_training_forward(sub, logps_bT, entropy_bT, hidden, record_metrics=False)
+            statistic_bT = credit.statistic_BT if credit.statistic_BT is not None else statistic_bT
+        return TokenCreditPreview(step, sub, logps_bT, entropy_bT, statistic_bT)
 
     # ------------------------------------------------------------------------------------------ checkpoints
 

@@ -7,7 +7,13 @@ from collections import Counter
 
 import torch
 
-from ..methods import CreditResult
+from ..methods.stack import StackCredit
+
+# Logged per optimizer step: forwards over a batch or micro-batch that the credit methods add to TRL's, counted where
+# they run (`StatisticsSources._count_forward`).
+EXTRA_FORWARDS = "credit/extra_forwards"
+EXTRA_REFERENCE_FORWARDS = "credit/extra_reference_forwards"
+TOKEN_CREDIT_LOG_FORWARDS = "credit/token_credit_log_forwards"
 
 # Logged once per batch whatever the stack, besides each method's `name/...` metrics.
 TRAINER_METRICS = {
@@ -22,48 +28,45 @@ TRAINER_METRICS = {
 
 
 @torch.no_grad()
-def credit_metrics(accelerator, name: str, incoming_BT, result: CreditResult, mask_BT) -> dict[str, float]:
-    """`name/...` metrics of one method of the stack, reduced over every process (a collective on each one).
+def credit_metrics(accelerator, credit: StackCredit, stage_mask_BT: torch.Tensor | None = None) -> dict[str, float]:
+    """The `name/...` metrics of every method of a stack's run, reduced over every process (one reduction and one
+    gather, collectives: every process calls it), and, given the stage's loss mask (at the last stage),
+    `credit/adv_abs_mean` of the advantages after the stack.
 
     Besides the method's own metrics, every method gets `registry.COMMON_DIAGNOSTICS`. The weight of a token is the factor
     its advantage was multiplied by (`out / in`, where `in != 0`).
     """
-    reshaped_BT = mask_BT & (incoming_BT != 0)
-    weights_N = (result.advantages_BT / torch.where(reshaped_BT, incoming_BT, 1.0))[reshaped_BT]
-    valid_count = mask_BT.sum()
-    sums = {
-        "mean_weight": (weights_N.sum(), reshaped_BT.sum()),
-        "weight_sq": ((weights_N**2).sum(), reshaped_BT.sum()),
-    }
-    if result.loss_mask_BT is not None:
-        sums["kept_fraction"] = ((result.loss_mask_BT * mask_BT).sum(), valid_count)
-    scalars = {}
-    for metric, value in result.metrics.items():
-        if isinstance(value, tuple):  # (numerator, denominator) masks
-            sums[metric] = (value[0].sum(), value[1].sum())
-        elif isinstance(value, torch.Tensor):  # per-token values, averaged over valid tokens
-            sums[metric] = (value.float()[mask_BT].sum(), valid_count)
-        else:  # already global
-            scalars[metric] = float(value)
+    sums, scalars, local_maxima = {}, {}, []
+    for name, checked, result in credit.results:
+        mask_BT, incoming_BT = checked.mask_BT, checked.advantages_BT
+        reshaped_BT = mask_BT & (incoming_BT != 0)
+        weights_N = (result.advantages_BT / torch.where(reshaped_BT, incoming_BT, 1.0))[reshaped_BT]
+        valid_count = mask_BT.sum()
+        sums[f"{name}/mean_weight"] = (weights_N.sum(), reshaped_BT.sum())
+        sums[f"{name}/weight_sq"] = ((weights_N**2).sum(), reshaped_BT.sum())
+        if result.loss_mask_BT is not None:
+            sums[f"{name}/kept_fraction"] = ((result.loss_mask_BT * mask_BT).sum(), valid_count)
+        for metric, value in result.metrics.items():
+            if isinstance(value, tuple):  # (numerator, denominator) masks
+                sums[f"{name}/{metric}"] = (value[0].sum(), value[1].sum())
+            elif isinstance(value, torch.Tensor):  # per-token values, averaged over valid tokens
+                sums[f"{name}/{metric}"] = (value.float()[mask_BT].sum(), valid_count)
+            else:  # already global
+                scalars[f"{name}/{metric}"] = float(value)
+        local_maxima.append(weights_N.max().float() if weights_N.numel() else torch.tensor(float("nan")))
+    if stage_mask_BT is not None:
+        sums["credit/adv_abs_mean"] = (credit.batch.advantages_BT[stage_mask_BT].abs().sum(), stage_mask_BT.sum())
     totals = torch.stack([torch.stack([s.float(), c.float()]) for s, c in sums.values()])
     totals = accelerator.reduce(totals.to(accelerator.device), reduction="sum").tolist()
     means = {metric: s / c if c > 0 else float("nan") for metric, (s, c) in zip(sums, totals)}
-    mean_sq = means.pop("weight_sq")
-    means["weight_std"] = math.sqrt(max(mean_sq - means["mean_weight"] ** 2, 0.0))
-    local_max = weights_N.max() if weights_N.numel() else torch.tensor(float("nan"))
-    gathered = accelerator.gather(local_max.reshape(1).float().to(accelerator.device))
-    gathered = gathered[~torch.isnan(gathered)]
-    means["weight_max"] = gathered.max().item() if gathered.numel() else float("nan")
-    means.update(scalars)
-    return {f"{name}/{metric}": value for metric, value in means.items()}
-
-
-@torch.no_grad()
-def advantage_magnitude(accelerator, advantages_BT, mask_BT) -> float:
-    """Mean `|Â|` over the valid tokens of every process (`credit/adv_abs_mean`)."""
-    total = torch.stack([advantages_BT[mask_BT].abs().sum(), mask_BT.sum().float()])
-    total = accelerator.reduce(total.to(accelerator.device), reduction="sum")
-    return (total[0] / total[1]).item() if total[1] > 0 else float("nan")
+    maxima = accelerator.gather(torch.stack([m.to(accelerator.device) for m in local_maxima]))
+    maxima = maxima.view(-1, len(local_maxima))  # (processes, methods)
+    for (name, _, _), maxima_P in zip(credit.results, maxima.unbind(1)):
+        mean_sq = means.pop(f"{name}/weight_sq")
+        means[f"{name}/weight_std"] = math.sqrt(max(mean_sq - means[f"{name}/mean_weight"] ** 2, 0.0))
+        maxima_P = maxima_P[~torch.isnan(maxima_P)]
+        means[f"{name}/weight_max"] = maxima_P.max().item() if maxima_P.numel() else float("nan")
+    return {**means, **scalars}
 
 
 def unscored_counters(reward_funcs) -> list:

@@ -22,7 +22,7 @@
     no-grad forward of the reference) streamed through both LM heads and output transforms. The same pass gives the
     policy's full-vocabulary entropy, which is then `rollout_entropy`.
 * `policy_logps` / `policy_entropy` come from the training forward itself: TRL's forward of its loss, handed over in
-  `CreditGRPOTrainer._get_per_token_logps_and_entropies` (see `CreditGRPOTrainer.credit_in_loss_forward`).
+  `CreditGRPOTrainer._get_per_token_logps_and_entropies` (see `CreditGRPOTrainer._credit_in_loss_forward`).
 * `policy_logit_gap`: TRL's fused LM head does not expose the maximum logit (its `outputs` are log-probs, entropy,
   `log_sum_sq_probs`, `mean_logits`, `is_top1`), so the final hidden states of that same forward are recorded from
   its backbone (`recorded_final_hidden`) and the LM head is streamed over them once more, under no_grad, with the
@@ -50,9 +50,6 @@ import torch
 from trl.models.utils import disable_gradient_checkpointing
 
 from ..methods import (
-    POLICY_ENTROPY,
-    POLICY_LOGIT_GAP,
-    POLICY_LOGPS,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,
@@ -60,7 +57,8 @@ from ..methods import (
     ROLLOUT_MEAN_ENTROPY,
     ROLLOUT_SUM_SQ_PROBS,
 )
-from .batch_layout import sequence_inputs, statistic_key, valid_mask
+from .batch_layout import sequence_inputs, valid_mask
+from .diagnostics import EXTRA_FORWARDS, EXTRA_REFERENCE_FORWARDS
 from .lm_head_statistics import TokenStatistics, hellinger_and_entropy, token_statistics
 from .model_parts import completion_hidden, full_lm_head, logit_transform, unsharded_root
 from .recorders import recorded_final_hidden, recorded_rollout
@@ -68,10 +66,6 @@ from .trl_compat import GENERATION_ATTRIBUTES, runs_scoring_forward
 
 # TRL's own bookkeeping among them: how many images and tiles each row has, never passed to the model.
 _ROW_COUNTS = ("num_images", "num_tiles")
-# Logged per optimizer step: forwards over a batch or micro-batch that the credit methods add to TRL's (see above).
-EXTRA_FORWARDS = "credit/extra_forwards"
-EXTRA_REFERENCE_FORWARDS = "credit/extra_reference_forwards"
-TOKEN_CREDIT_LOG_FORWARDS = "credit/token_credit_log_forwards"
 
 
 def completion_positions(batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
@@ -100,12 +94,12 @@ class StatisticsSources:
     def _recorded_rollout(self):
         """A context manager yielding the records of TRL's generation of a batch that the generation statistics can
         use (`recorders.recorded_rollout`); `(None, None)` without generation statistics."""
-        if not self._generation_statistics:
+        if not self.stage_plan.generation_statistics:
             return nullcontext((None, None))
         return recorded_rollout(
             self.model,
             self._policy(),
-            self._generation_statistics,
+            self.stage_plan.generation_statistics,
             one_generate_call=not any(getattr(self, name) for name in GENERATION_ATTRIBUTES),
             scoring_forward=runs_scoring_forward(
                 self.args, self.num_iterations, self.use_vllm, self.vllm_importance_sampling_correction
@@ -284,18 +278,3 @@ class StatisticsSources:
                 transform=logit_transform(policy),
                 ref_transform=logit_transform(reference_model),
             )
-
-    def _batch_statistics(self, batch) -> dict[str, torch.Tensor]:
-        return {name: batch[statistic_key(name)] for name in self._generation_statistics}
-
-    def _forward_statistics(self, batch, logps_BT, entropy_BT, hidden=None) -> dict[str, torch.Tensor]:
-        """Statistics of the training forward; `hidden`: the final hidden states recorded from that forward."""
-        mask_BT = valid_mask(batch)
-        statistics = {
-            POLICY_LOGPS: torch.where(mask_BT, logps_BT, 0.0),
-            POLICY_ENTROPY: torch.where(mask_BT, entropy_BT, 0.0),
-        }
-        if self._records_hidden:
-            statistics[POLICY_LOGIT_GAP] = self._policy_logit_gap(batch, torch.cat(hidden))
-        statistics.update(self._batch_statistics(batch))
-        return statistics

@@ -19,10 +19,7 @@ from transformers import TrainerCallback
 from transformers.utils import logging
 
 from .batch_layout import REWARDS, SEQUENCE_ADVANTAGES, valid_mask
-from .recorders import recorded_final_hidden
-from .statistics_sources import TOKEN_CREDIT_LOG_FORWARDS
 from .token_credit_records import append_token_credit, drop_token_credit_after, token_credit_records_from_batch
-from .trl_compat import MULTIMODAL_KEYS
 
 logger = logging.get_logger(__name__)
 
@@ -58,53 +55,12 @@ def token_credit_step(args, state, num_iterations: int) -> int | None:
     return logged_step if logged_step < first_step + steps_served else None
 
 
-class TokenCreditPreviews:
-    """The trainer's side of the log (`CreditGRPOTrainer` inherits it): the rows it publishes as
-    `token_credit_preview`."""
-
-    @torch.no_grad()
-    def _preview_token_credit(self, batch, statistic_BT, step: int) -> TokenCreditPreview:
-        """A few rows of a training generation `batch`, spread over it so that several prompt groups appear, credited
-        as the first training forward will credit them (the policy has not moved yet), for the token-credit log.
-
-        Every process runs the small no-grad forward (collective under ZeRO-3); the training-forward stage runs
-        without its metrics. Image inputs are not laid out per row: then every row is scored and the sampled ones kept.
-        """
-        num_rows = batch["completion_ids"].size(0)
-        rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
-        sub = {
-            key: value[rows]
-            for key, value in batch.items()
-            if isinstance(value, torch.Tensor)
-            and value.dim() >= 1
-            and value.size(0) == num_rows
-            and key not in MULTIMODAL_KEYS
-        }
-        has_images = any(key in batch for key in MULTIMODAL_KEYS)
-        with recorded_final_hidden(self._policy(), self._records_hidden) as hidden:
-            logps_bT, entropy_bT = self.policy_logps_and_entropy(
-                batch if has_images else sub, self._forward_batch_size(), counted_as=TOKEN_CREDIT_LOG_FORWARDS
-            )
-        if has_images:
-            logps_bT, entropy_bT = logps_bT[rows], entropy_bT[rows]
-            hidden = [torch.cat(hidden)[rows]] if hidden else hidden
-        statistic_bT = None if statistic_BT is None else statistic_BT[rows]
-        if self._training_forward_methods:
-            statistics = self._forward_statistics(sub, logps_bT, entropy_bT, hidden)
-            credit = self._run_stack(sub, self._training_forward_methods, statistics, True, record_metrics=False)
-            sub.update({"advantages": credit.advantages_BT, SEQUENCE_ADVANTAGES: credit.sequence_B})
-            if credit.loss_weights_BT is not None:
-                sub["tool_mask"] = sub.get("tool_mask", 1.0) * credit.loss_weights_BT
-            statistic_bT = credit.statistic_BT if credit.statistic_BT is not None else statistic_bT
-        return TokenCreditPreview(step, sub, logps_bT, entropy_bT, statistic_bT)
-
-
 class TokenCreditLog(TrainerCallback):
     """Writes the trainer's `token_credit_preview` once, at the end of the step (the main process writes), and, when
     training begins (from scratch or from a checkpoint), drops the records of later steps."""
 
     def __init__(self, trainer):
-        self.trainer = trainer  # read: `token_credit_preview`, `credit_method`, `processing_class`, `accelerator`
+        self.trainer = trainer  # read: `token_credit_preview`, `args`, `processing_class`, `accelerator`
         self._written: TokenCreditPreview | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -138,7 +94,7 @@ class TokenCreditLog(TrainerCallback):
 
         return token_credit_records_from_batch(
             step=preview.step,
-            method=self.trainer.credit_method,
+            method=self.trainer.args.credit_method,
             prompts=decode(rows["prompt_ids"], rows["prompt_mask"]),
             completions=decode(rows["completion_ids"], rows["completion_mask"]),
             rewards_B=rows[REWARDS],

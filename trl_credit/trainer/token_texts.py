@@ -21,14 +21,11 @@ class TokenTexts:
     def __init__(self, processing_class):
         is_processor = isinstance(processing_class, ProcessorMixin)
         self.tokenizer = processing_class.tokenizer if is_processor else processing_class
+        self.pad_token_id: int | None = self.tokenizer.pad_token_id
         self.cache: dict[int, str] = {}
         anchor = self.tokenizer.encode(_ANCHOR, add_special_tokens=False)
         self.anchor = anchor if len(anchor) == 1 else []
         self.anchor_text = self._decode([self.anchor])[0] if self.anchor else ""
-
-    @property
-    def pad_token_id(self) -> int | None:
-        return self.tokenizer.pad_token_id
 
     def _decode(self, sequences: list[list[int]]) -> list[str]:
         return self.tokenizer.batch_decode(sequences, clean_up_tokenization_spaces=False)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from functools import cache
 
 import torch
@@ -248,15 +248,12 @@ class _FusedHeadFunction:
 
 
 @contextmanager
-def torch_fused_head():
-    """On TRL 1.15, route the fused LM head's kernel through `_FusedHeadFunction` inside the block, and put TRL's own
-    back after it (re-entrant); elsewhere a no-op. Only the forward looks the kernel up: the backward runs on the
-    autograd graph the block built, so the loss may backpropagate after the block."""
+def _torch_fused_head():
+    """Route TRL 1.15's fused LM head kernel through `_FusedHeadFunction` inside the block, and put TRL's own back after
+    it (re-entrant). Only the forward looks the kernel up: the backward runs on the autograd graph the block built, so
+    the loss may backpropagate after the block."""
     import trl.trainer.utils as trl_utils
 
-    if not _NEEDS_TORCH_FUSED_HEAD:
-        yield
-        return
     if _FusedHeadFunction.triton_function is None:
         try:
             from trl.kernels import ChunkedLogProbFunction
@@ -269,3 +266,7 @@ def torch_fused_head():
         yield
     finally:
         trl_utils._ChunkedLogProbFunction = kernel
+
+
+# On TRL 1.15 the block above; on other releases a plain no-op block.
+torch_fused_head = _torch_fused_head if _NEEDS_TORCH_FUSED_HEAD else nullcontext

@@ -8,8 +8,8 @@ Nothing in the product is patched. `_AdvantageRecorder` is a `GRPOTrainer` subcl
 - Its `_generate_and_score_completions` runs right after TRL's, before the credit stack: it labels every completion
   token from the task (decisive, implausible) and adds the labels to the batch (`lab_decisive`,
   `lab_implausible`), so TRL's shuffle and split keep them aligned with their rows.
-- `LabTrainer._batch_statistics` hands the decisive labels to the credit stack as the statistic `TASK_DECISIVE`:
-  that is what the `oracle` method (`trl_credit.experiments.lab.oracle`, registered by importing this module) reads.
+- The decisive labels also travel as the statistic `TASK_DECISIVE`, under its batch key (`statistic_key`): that is
+  what the `oracle` method (`trl_credit.experiments.lab.oracle`, registered by importing this module) reads.
 - Its `_compute_loss` receives exactly the dict `CreditGRPOTrainer` hands to TRL's loss, and reads
   `inputs["advantages"]` after TRL's `_compute_loss` returns: that is the tensor the loss multiplied (`(B,)` for
   GRPO, `(B, T)` for the credit methods; TACO fills it in during that very forward). It also takes the gradient
@@ -22,6 +22,7 @@ import torch
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOTrainer
+from trl_credit.trainer.batch_layout import statistic_key
 
 from . import oracle  # noqa: F401  (registers the `oracle` credit method)
 from .metrics import add_sums, credit_mass
@@ -37,6 +38,7 @@ class _AdvantageRecorder(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         batch = super()._generate_and_score_completions(inputs)
         batch[DECISIVE_KEY], batch[IMPLAUSIBLE_KEY] = self._labels(batch)
+        batch[statistic_key(TASK_DECISIVE)] = batch[DECISIVE_KEY].float()  # the ground truth, for the credit stack
         return batch
 
     def _compute_loss(self, model, inputs):
@@ -92,7 +94,3 @@ class LabTrainer(CreditGRPOTrainer, _AdvantageRecorder):
         super().__init__(*args, **kwargs)
 
     supplied_statistics = (*CreditGRPOTrainer.supplied_statistics, TASK_DECISIVE)
-
-    def _batch_statistics(self, batch) -> dict[str, torch.Tensor]:
-        # The ground truth travels with the batch; the product's trainer has no statistic of the kind.
-        return {**super()._batch_statistics(batch), TASK_DECISIVE: batch[DECISIVE_KEY].float()}

@@ -1,0 +1,154 @@
+"""Running a stack of credit methods: [`run_stack`] checks the batch each method is handed, calls it, checks its
+result and hands the next method what it produced. The trainer's two stages and `on_tensors` all run stacks through
+it, so a method's own function holds only its paper's math. Every error names the method and what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .batch import STATISTIC_RANGES, CreditBatch, CreditResult
+
+if TYPE_CHECKING:
+    from .registry import CreditMethod
+
+# A streamed computation may round a bounded statistic this far outside its range.
+_RANGE_TOLERANCE = 1e-4
+
+
+@dataclass(frozen=True)
+class StackStep:
+    """One method of a stack as it runs: its registration, its resolved hyperparameters (by field name) and the
+    statistics they make it read. [`CreditMethod.step`] builds it."""
+
+    method: CreditMethod
+    hyperparameters: Mapping[str, Any]
+    statistics: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StackCredit:
+    """What a stack gave a batch.
+
+    Args:
+        batch: the batch after the last method: its advantages, GRPO's sequence advantages, the tokens still in the
+            loss and their weights, as a next stack would take them.
+        loss_mask_BT: the product of the loss masks the methods returned (None when none did).
+        statistic_BT: the per-token statistic the last method that returned one returned, for the token-credit view.
+        results: `(method name, the checked batch it was handed, its result)` of each method, in order.
+    """
+
+    batch: CreditBatch
+    loss_mask_BT: torch.Tensor | None
+    statistic_BT: torch.Tensor | None
+    results: tuple[tuple[str, CreditBatch, CreditResult], ...]
+
+
+def run_stack(steps: Sequence[StackStep], batch: CreditBatch) -> StackCredit:
+    """Run the methods of `steps` in order on `batch`: each between the checks of the batch it is handed and of the
+    result it returns (its shape, finite advantages at valid positions, a loss mask in [0, 1] only from a method that
+    declared `drops_tokens`, only the metrics it declared), each seeing what the methods before it produced
+    ([`CreditBatch.followed_by`]); the loss masks they return are multiplied."""
+    loss_mask_BT, statistic_BT, results = None, None, []
+    with torch.no_grad():  # advantages are weights of the loss, not part of its graph
+        for step in steps:
+            method, checked = step.method, checked_batch(step, batch)
+            result = method.function(checked, **step.hyperparameters)
+            result = result if isinstance(result, CreditResult) else CreditResult(advantages_BT=result)
+            _check(method.name, "the returned advantages_BT", result.advantages_BT, checked.mask_BT)
+            if result.loss_mask_BT is not None:
+                if not method.drops_tokens:
+                    raise ValueError(
+                        f"credit method {method.name!r} returned a loss mask but is registered with drops_tokens=False"
+                    )
+                _check(method.name, "the returned loss mask", result.loss_mask_BT, checked.mask_BT, bounds=(0.0, 1.0))
+                loss_mask_BT = result.loss_mask_BT * (1.0 if loss_mask_BT is None else loss_mask_BT)
+            undeclared = sorted(set(result.metrics) - set(method.diagnostics))
+            if undeclared:
+                raise ValueError(
+                    f"credit method {method.name!r} logged metrics {undeclared} that its registration does not declare; "
+                    "list them under 'Metrics:' in the function's docstring"
+                )
+            statistic_BT = result.statistic_BT if result.statistic_BT is not None else statistic_BT
+            results.append((method.name, checked, result))
+            batch = batch.followed_by(result)
+    return StackCredit(batch, loss_mask_BT, statistic_BT, tuple(results))
+
+
+def checked_batch(step: StackStep, batch: CreditBatch) -> CreditBatch:
+    """`batch` with each statistic the step's method reads checked (shape, finite at valid positions, range) and zeroed
+    at masked positions, where whatever padding holds (even NaN) is ignored."""
+    method, name, mask_BT = step.method, step.method.name, batch.mask_BT
+    if mask_BT.dim() != 2 or mask_BT.dtype != torch.bool:
+        raise ValueError(f"credit method {name!r}: mask_BT must be a (B, T) bool tensor, got {_describe(mask_BT)}")
+    rows_B = torch.ones(mask_BT.shape[:1], dtype=torch.bool, device=mask_BT.device)  # every row, finite or not
+    _check(name, "sequence_advantages_B", batch.sequence_advantages_B, rows_B)
+    if method.estimates_advantages:
+        for what, values_B in (("group_index_B", batch.group_index_B), ("rewards_B", batch.rewards_B)):
+            if values_B is None:
+                raise ValueError(
+                    f"credit method {name!r} estimates advantages from the groups and raw rewards: the batch must "
+                    f"carry {what} of shape ({mask_BT.size(0)},), got None"
+                )
+            _check(name, what, values_B, rows_B)
+    _check(name, "advantages_BT", batch.advantages_BT, mask_BT)
+    weights_BT = mask_BT.float() if batch.loss_weights_BT is None else batch.loss_weights_BT
+    weights_BT = _check(name, "loss_weights_BT", weights_BT, mask_BT, bounds=(0.0, 1.0))
+    statistics = dict(batch.statistics)
+    for statistic in step.statistics:
+        if statistic not in statistics:
+            raise ValueError(f"credit method {name!r} reads statistic {statistic!r}, which the batch does not have")
+        bounds = STATISTIC_RANGES.get(statistic)
+        values_BT = _check(name, f"statistic {statistic!r}", statistics[statistic].detach(), mask_BT, bounds, True)
+        statistics[statistic] = torch.where(mask_BT, values_BT, 0.0)
+    return dataclasses.replace(
+        batch,
+        advantages_BT=torch.where(mask_BT, batch.advantages_BT.float(), 0.0),
+        statistics=statistics,
+        loss_weights_BT=torch.where(mask_BT, weights_BT, 0.0),
+    )
+
+
+def _describe(tensor: torch.Tensor) -> str:
+    return f"{tensor.dtype} of shape {tuple(tensor.shape)}"
+
+
+def _check(
+    method: str,
+    what: str,
+    tensor: torch.Tensor,
+    like: torch.Tensor,
+    bounds: tuple[float, float] | None = None,
+    tolerant: bool = False,
+) -> torch.Tensor:
+    """`tensor` as float after checking it has the shape of `like` and is finite (and within `bounds`, `tolerant` of
+    a streamed computation's rounding) wherever `like` (a mask) is true; whatever masked positions hold is ignored."""
+    per_token = like.dim() == 2
+    if tensor.shape != like.shape:
+        raise ValueError(
+            f"credit method {method!r}: {what} must have {'the shape of the mask' if per_token else 'shape'} "
+            f"{tuple(like.shape)}, got {tuple(tensor.shape)}"
+        )
+    values = tensor.float()
+    bad = ~torch.isfinite(values) & like
+    if bad.any():  # one reduction on the common path; the count only for the message
+        raise ValueError(
+            f"credit method {method!r}: {what} has NaN or inf{' at valid positions' if per_token else ''} "
+            f"({int(bad.sum())} of {int(like.sum())} values)"
+        )
+    if bounds is not None:
+        low, high = bounds
+        slack = _RANGE_TOLERANCE if tolerant else 0.0
+        outside = like & ((values < low - slack) | (values > high + slack))
+        if outside.any():
+            valid = values[like]
+            raise ValueError(
+                f"credit method {method!r}: {what} must lie in [{low:g}, {high:g}] at valid positions, got values in "
+                f"[{valid.min().item():g}, {valid.max().item():g}]"
+            )
+    return values
