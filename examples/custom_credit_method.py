@@ -23,12 +23,13 @@ class SurpriseBoostArguments:
 
 @register_credit_method(
     "surprise_boost",
+    display_name="Surprise boost",
     statistics=(ROLLOUT_LOGPS,),
     arguments=SurpriseBoostArguments,
     paper={"title": "My Surprise Boost", "id": "2601.00001", "citation": "@misc{boost, title = {My Surprise Boost}}"},
 )
 def surprise_boost(batch: CreditBatch, surprise_boost_max: float) -> CreditResult:
-    """Surprise boost: Up to `surprise_boost_max` times more credit for the rarest sampled tokens.
+    """Up to `surprise_boost_max` times more credit for the rarest sampled tokens.
 
     Metrics:
         mean_surprise: mean -log p of the sampled tokens under the rollout policy

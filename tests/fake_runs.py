@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from trl_credit.methods import eapo_advantages, taco_advantages, taco_tail_risk
+from trl_credit.methods.eapo import eapo_advantages
+from trl_credit.methods.taco import taco_advantages, taco_tail_risk
 from trl_credit.reports import token_view
 
 WORDS = ["The", " sum", " of", " 3", " and", " 4", " is", " 7", ".", "\n", " so", " \\boxed{7}", " then", " x"]

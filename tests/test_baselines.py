@@ -14,18 +14,14 @@ from conftest import naive_logprobs, sampled, tiny_recipe, train_changing_every_
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
-from trl_credit.methods import (
-    CREDIT_METHODS,
-    apply_credit_stack,
-    ar_lopti_advantages,
-    clip_cov_advantages,
-    entropy_adv_advantages,
-    high_entropy_advantages,
-    minp_support_advantages,
-    stapo_advantages,
-    tampo_advantages,
-)
-from trl_credit.methods.high_entropy import high_entropy_count
+from trl_credit.methods import CREDIT_METHODS, apply_credit_stack
+from trl_credit.methods.ar_lopti import ar_lopti_advantages
+from trl_credit.methods.clip_cov import clip_cov_advantages
+from trl_credit.methods.entropy_adv import entropy_adv_advantages
+from trl_credit.methods.high_entropy import high_entropy_advantages, high_entropy_count
+from trl_credit.methods.minp_support import minp_support_advantages
+from trl_credit.methods.stapo import stapo_advantages
+from trl_credit.methods.tampo import tampo_advantages
 from trl_credit.trainer.lm_head_statistics import token_statistics
 
 BASELINES = ["stapo", "tampo", "minp_support", "ar_lopti", "clip_cov", "high_entropy", "entropy_adv"]

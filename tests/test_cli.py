@@ -280,7 +280,7 @@ def test_credit_method_is_another_name_for_method(tmp_path, argv):
     argv = [arg.replace("{yaml}", _yaml(tmp_path, credit_method="eapo")) for arg in argv]
     script_args, training_args, _, _ = parse_arguments(argv)
     assert script_args.method == training_args.credit_method == "eapo"
-    assert [m.name for m in training_args.credit_methods] == ["eapo"]
+    assert [step.method.name for step in training_args.credit_stack] == ["eapo"]
     assert "eapo_kappa" in training_args.credit_hyperparameters()
 
 
@@ -383,8 +383,8 @@ def test_every_way_in_sets_the_value_that_trains_and_is_recorded(tmp_path, metho
     stacked, as the declared type; the record (the hyperparameters and `to_dict()`) holds it."""
     argv = [arg.replace("{yaml}", _yaml(tmp_path, taco_alpha="5e-2")) for arg in how]
     _, training_args, _, _ = parse_arguments(["--method", method, *argv])
-    [taco] = [m for m in training_args.credit_methods if m.name == "taco"]
-    trained = training_args.method_hyperparameters(taco)["taco_alpha"]
+    [taco] = [step for step in training_args.credit_stack if step.method.name == "taco"]
+    trained = taco.hyperparameters["taco_alpha"]
     assert trained == 0.05 and type(trained) is float
     record = training_args.to_dict()
     assert record.get("taco_alpha", (record["credit_kwargs"] or {}).get("taco_alpha")) == 0.05

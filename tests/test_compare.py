@@ -21,6 +21,7 @@ from trl_credit.experiments.compare.compare_report import (
     final_table,
     mean_band,
     paired_table,
+    portable_command,
     write_report,
 )
 from trl_credit.experiments.compare.cost import estimate_disk, parameter_count
@@ -199,7 +200,7 @@ def test_method_settings_go_to_their_methods_runs_only(tmp_path):
     assert {args[1].max_steps for args in parsed.values()} == {3}
 
     parsed = _parsed_runs(config, ["--credit_kwargs", json.dumps({"taco_alpha": 0.03, "eapo_kappa": 0.5})])
-    assert parsed["taco"][1].method_hyperparameters(parsed["taco"][1].credit_methods[0]) == {
+    assert parsed["taco"][1].credit_stack[0].hyperparameters == {
         "taco_alpha": 0.03,
         "taco_lambda": 0.9,
     }
@@ -551,6 +552,8 @@ def test_report_markdown_and_self_contained_html(tmp_path):
     }
     page = html_path.read_text()
     assert page.count("<svg") == 4 and "<script" not in page and "<link" not in page
+    command = "trl-credit compare --output_dir /work/runs/cmp --model_name_or_path=/models/SmolLM2 --seeds 0"
+    assert portable_command(command) == "trl-credit compare --output_dir cmp --model_name_or_path=SmolLM2 --seeds 0"
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", page), "the report must not load external assets"
     assert "A note &lt;b&gt;escaped&lt;/b&gt;." in page
 

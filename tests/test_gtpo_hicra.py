@@ -12,7 +12,9 @@ from conftest import VOCAB_WORDS, make_tiny_tokenizer, naive_logprobs, train_cha
 from reference_formulas import gtpo_loop, hicra_loop
 from trl import GRPOTrainer
 
-from trl_credit.methods import CREDIT_METHODS, HICRA_PAPER_GRAMS, gtpo_advantages, hicra_advantages
+from trl_credit.methods import CREDIT_METHODS
+from trl_credit.methods.gtpo import gtpo_advantages
+from trl_credit.methods.hicra import HICRA_PAPER_GRAMS, hicra_advantages
 from trl_credit.trainer.token_texts import TokenTexts
 from trl_credit.trainer.trl_compat import LOSS_TYPES
 

@@ -132,3 +132,33 @@ def test_the_import_reader_sees_relative_deferred_and_submodule_imports(tmp_path
 def test_the_package_docstring_names_every_folder():
     for folder in LIBRARY + TOOLING:
         assert f"`{folder}/`" in trl_credit.__doc__
+
+
+MAX_TRAINER_IMPORT_CHAIN = 6  # modules, the first included: `pairs -> credit_trainer -> ... -> trl_compat`
+
+
+def longest_import_chain(folder: str) -> list[str]:
+    """The longest chain of imports between the modules of `folder` (a module imports the next), cycles cut."""
+    modules = {_module_name(m): m for m in MODULES if m.startswith(f"{folder}/")}
+    imports = {name: sorted(set(imported_modules(m)) & set(modules) - {name}) for name, m in modules.items()}
+
+    def longest_from(name: str, seen: tuple[str, ...]) -> list[str]:
+        chains = [longest_from(n, (*seen, name)) for n in imports[name] if n not in seen]
+        return [name, *max(chains, key=len, default=[])]
+
+    return max((longest_from(name, ()) for name in modules), key=len)
+
+
+def test_the_longest_import_chain_inside_the_trainer_is_at_most_6_modules():
+    chain = longest_import_chain("trainer")
+    assert len(chain) <= MAX_TRAINER_IMPORT_CHAIN, " -> ".join(chain)
+
+
+def test_the_chain_reader_follows_imports_and_cuts_cycles(tmp_path, monkeypatch):
+    folder = tmp_path / "trl_credit" / "trainer"
+    folder.mkdir(parents=True)
+    for name, source in {"a": "from . import b\n", "b": "from .c import x\n", "c": "from . import a\nx = 1\n"}.items():
+        (folder / f"{name}.py").write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "trl_credit")
+    monkeypatch.setattr(sys.modules[__name__], "MODULES", ["trainer/a.py", "trainer/b.py", "trainer/c.py"])
+    assert len(longest_import_chain("trainer")) == 3

@@ -7,7 +7,9 @@ import pytest
 import torch
 from reference_formulas import T, V, eapo_loop, random_inputs, taco_loop, tide_loop
 
-from trl_credit.methods import eapo_advantages, quantile_linear, taco_advantages, tide_advantages
+from trl_credit.methods.eapo import eapo_advantages, quantile_linear
+from trl_credit.methods.taco import taco_advantages
+from trl_credit.methods.tide import tide_advantages
 
 
 # Each method with its statistics in the reference loops' order and its hyperparameters by their registered names.
@@ -220,7 +222,7 @@ def test_no_autograd_graph():
 @pytest.mark.parametrize("distance", ["squared_hellinger", "hellinger"])
 def test_tide_scores_are_the_scores_the_advantages_use(distance):
     """`tide_scores` (logged as tide/mean_score) are the scores whose softmax spreads the advantage."""
-    from trl_credit.methods import tide_scores
+    from trl_credit.methods.tide import tide_scores
 
     adv, _, entropy, deviation, mask = random_inputs(7)
     scores = tide_scores(deviation, entropy, V, kappa=2.0, distance=distance)

@@ -442,7 +442,8 @@ def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_
 
     # Each method of the stack: its summary, then a table of exactly its own hyperparameters.
     methods_text = text.split("### Credit method: EAPO + TACO")[1].split("\n### ")[0]
-    for method, following in zip(trainer.args.credit_methods, [*trainer.args.credit_methods[1:], None]):
+    methods = [step.method for step in trainer.args.credit_stack]
+    for method, following in zip(methods, [*methods[1:], None]):
         section = methods_text.split(f"\n{method.display_name}: ")[1]
         if following is not None:
             section = section.split(f"\n{following.display_name}: ")[0]

@@ -37,15 +37,11 @@ import yaml
 from conftest import make_tiny_model, make_tiny_tokenizer
 from reference_formulas import gtpo_loop, hicra_loop
 
-from trl_credit.methods import (
-    eapo_advantages,
-    eapo_kappa_schedule,
-    otb_advantages,
-    stare_advantages,
-    taco_advantages,
-    taco_tail_risk,
-    tide_advantages,
-)
+from trl_credit.methods.eapo import eapo_advantages, eapo_kappa_schedule
+from trl_credit.methods.otb import otb_advantages
+from trl_credit.methods.stare import stare_advantages
+from trl_credit.methods.taco import taco_advantages, taco_tail_risk
+from trl_credit.methods.tide import tide_advantages
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "multiproc_worker.py"

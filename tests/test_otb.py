@@ -18,7 +18,8 @@ from reference_formulas import otb_batch, otb_loop
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
-from trl_credit.methods import CREDIT_METHODS, apply_credit_method, otb_advantages, otb_baselines, otb_path_variance
+from trl_credit.methods import CREDIT_METHODS, apply_credit_method
+from trl_credit.methods.otb import otb_advantages, otb_baselines, otb_path_variance
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 
@@ -121,7 +122,8 @@ def test_registration_and_stack_position():
     assert method.estimates_advantages and method.hyperparameters() == {"otb_handle_zero_tail": True}
     assert method.paper["id"] == "2602.07078"
     assert [
-        m.name for m in CreditGRPOConfig(output_dir="/tmp/u", credit_method="otb+taco", use_cpu=True).credit_methods
+        step.method.name
+        for step in CreditGRPOConfig(output_dir="/tmp/u", credit_method="otb+taco", use_cpu=True).credit_stack
     ] == ["otb", "taco"]
     for stack in ("taco+otb", "eapo+otb"):
         with pytest.raises(ValueError, match="must come first"):

@@ -138,10 +138,10 @@ def _documented(docstring: str):
     return function
 
 
-def test_what_a_method_shows_is_read_from_its_docstring(credit_method_registry):
-    register_credit_method("documented")(
+def test_what_a_method_shows_is_its_display_name_and_its_docstring(credit_method_registry):
+    register_credit_method("documented", display_name="Documented one")(
         _documented(
-            """Documented one: Gives each token its response's
+            """Gives each token its response's
             advantage, unchanged.
 
             Metrics:

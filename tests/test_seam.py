@@ -6,15 +6,21 @@ from __future__ import annotations
 import ast
 
 import pytest
+import trl
 from step_trace import PACKAGE, trace_training_step
 
+from trl_credit.trainer.trl_compat import needs_torch_fused_head
+
 MAX_HOPS = 5
+MAX_SEAM_FUNCTIONS = 12
+MAX_SEAM_FILES = 5
 MAX_FUNCTION_LINES = 60
 
 
-def test_taco_is_at_most_five_hops_from_trls_hand_off_through_the_trainer_and_the_stack_runner(make_trainer):
-    """From the scoring call TRL's `_compute_loss` makes for its forward down to `taco`, on one real step: the
-    trainer's training-forward stage, the one stack runner (`methods/stack.py`), the method."""
+def test_a_taco_step_inside_trls_loss_is_five_hops_and_at_most_12_package_functions_in_5_files(make_trainer):
+    """Inside the scoring call TRL's `_compute_loss` makes for its forward, on one real step: the path down to `taco`
+    (the trainer's training-forward stage, the one stack runner `methods/stack.py`, the method) and every package
+    function a reader meets there (batch and result checks, metrics, `followed_by`, the write-back)."""
     trainer = make_trainer("taco", max_steps=1)
     step = trace_training_step(trainer, "taco")
     assert len(step.paths_to_target) == 1  # one micro-batch, one loss forward
@@ -25,6 +31,11 @@ def test_taco_is_at_most_five_hops_from_trls_hand_off_through_the_trainer_and_th
     assert len(path) <= MAX_HOPS, path
     assert {module for module, _ in path} == {"trainer/credit_trainer.py", "methods/stack.py", "methods/taco.py"}
     assert path[0][1] == "CreditGRPOTrainer._get_per_token_logps_and_entropies" and path[-1][1] == "taco"
+    seam = set(step.seam_functions)
+    if needs_torch_fused_head(trl.__version__):  # TRL 1.15's fused head needs the torch fallback around the forward
+        seam.discard(("trainer/trl_compat.py", "_torch_fused_head"))
+    files = {module for module, _ in seam}
+    assert len(seam) <= MAX_SEAM_FUNCTIONS and len(files) <= MAX_SEAM_FILES, sorted(seam)
 
 
 def _functions_over_the_limit(module: str) -> list[tuple[str, int]]:

@@ -17,7 +17,8 @@ from reference_formulas import otb_batch, otb_loop, stare_loop, stare_token_loop
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
-from trl_credit.methods import CREDIT_METHODS, SettingError, apply_credit_method, stare_advantages
+from trl_credit.methods import CREDIT_METHODS, SettingError, apply_credit_method
+from trl_credit.methods.stare import stare_advantages
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
 
@@ -294,4 +295,4 @@ def test_gate_off_at_the_papers_target_is_grpo(monkeypatch, make_trainer):
 
 def test_stare_runs_after_a_generation_method():
     config = CreditGRPOConfig(output_dir="/tmp/unused", credit_method="eapo+stare", use_cpu=True, report_to="none")
-    assert [m.name for m in config.credit_methods] == ["eapo", "stare"]
+    assert [step.method.name for step in config.credit_stack] == ["eapo", "stare"]

@@ -294,7 +294,7 @@ def test_a_hyperparameter_lands_in_credit_kwargs_whichever_way_it_is_given(tmp_p
     assert config.credit_kwargs == {"taco_alpha": 0.5, "taco_lambda": 0.9}  # resolved, the default included
     assert TACOConfig(**cpu, taco_alpha=0.5).credit_kwargs == config.credit_kwargs
     assert TACOConfig(**cpu, credit_kwargs={"taco_alpha": "0.5"}).credit_kwargs == config.credit_kwargs
-    assert config.method_hyperparameters(config.credit_methods[0]) == config.credit_kwargs
+    assert config.credit_stack[0].hyperparameters == config.credit_kwargs
     # Given both ways, even at its default value, nothing says which should win.
     with pytest.raises(ValueError, match=r"taco_alpha is set twice: TACOConfig\(taco_alpha=0.01\) and credit_kwargs"):
         TACOConfig(**cpu, taco_alpha=0.01, credit_kwargs={"taco_alpha": 0.5})

@@ -14,7 +14,7 @@ from conftest import naive_logprobs, sampled
 from reference_formulas import eapo_loop, taco_loop, tide_loop
 from trl import GRPOTrainer
 
-from trl_credit.methods import eapo_kappa_schedule
+from trl_credit.methods.eapo import eapo_kappa_schedule
 
 
 def _row_key(prompt_ids, completion_ids):

@@ -48,9 +48,11 @@ class ARLoptiArguments:
         check_fields(self, ar_lopti_alpha=in_range(0.0, 1.0))
 
 
-@register_credit_method("ar_lopti", statistics=(ROLLOUT_LOGPS,), arguments=ARLoptiArguments, paper=AR_LOPTI_PAPER)
+@register_credit_method(
+    "ar_lopti", display_name="AR-Lopti", statistics=(ROLLOUT_LOGPS,), arguments=ARLoptiArguments, paper=AR_LOPTI_PAPER
+)
 def ar_lopti(batch: CreditBatch, ar_lopti_alpha: float) -> CreditResult:
-    """AR-Lopti: Scales every advantage by (1 - alpha) + alpha * p under the rollout policy.
+    """Scales every advantage by (1 - alpha) + alpha * p under the rollout policy.
 
     Metrics:
         prob_mean: mean rollout probability p of the sampled tokens

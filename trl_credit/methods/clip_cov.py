@@ -105,6 +105,7 @@ def clip_cov_generator(seed: int, step: int, valid_BT: torch.Tensor) -> torch.Ge
 
 @register_credit_method(
     "clip_cov",
+    display_name="Clip-Cov",
     statistics=(POLICY_LOGPS, ROLLOUT_LOGPS),
     arguments=ClipCovArguments,
     paper=CLIP_COV_PAPER,
@@ -112,7 +113,7 @@ def clip_cov_generator(seed: int, step: int, valid_BT: torch.Tensor) -> torch.Ge
 def clip_cov(
     batch: CreditBatch, clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float, clip_cov_seed: int
 ) -> CreditResult:
-    """Clip-Cov: Zeroes the advantage of a random few tokens whose advantage-log-prob covariance lies in (lb, ub).
+    """Zeroes the advantage of a random few tokens whose advantage-log-prob covariance lies in (lb, ub).
 
     Metrics:
         detached_fraction: fraction of valid tokens whose advantage was zeroed

@@ -90,9 +90,11 @@ def eapo_normalized_entropy(entropy_BT: torch.Tensor, q_lo: float, q_hi: float) 
     return ((entropy_BT - q_lo) / (q_hi - q_lo + _EPS)).clamp(0.0, 1.0)
 
 
-@register_credit_method("eapo", statistics=(ROLLOUT_ENTROPY,), arguments=EAPOArguments, paper=EAPO_PAPER)
+@register_credit_method(
+    "eapo", display_name="EAPO", statistics=(ROLLOUT_ENTROPY,), arguments=EAPOArguments, paper=EAPO_PAPER
+)
 def eapo(batch: CreditBatch, eapo_kappa: float, eapo_kappa_decay_steps: int, eapo_quantiles) -> CreditResult:
-    """EAPO: Moves credit towards high-entropy tokens in successes and low-entropy tokens in failures, mean weight 1
+    """Moves credit towards high-entropy tokens in successes and low-entropy tokens in failures, mean weight 1
     per response.
 
     Metrics:

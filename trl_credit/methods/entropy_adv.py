@@ -60,12 +60,13 @@ class EntropyAdvArguments:
 
 @register_credit_method(
     "entropy_adv",
+    display_name="EntropyAdv",
     statistics=(POLICY_ENTROPY,),
     arguments=EntropyAdvArguments,
     paper=ENTROPY_ADV_PAPER,
 )
 def entropy_adv(batch: CreditBatch, entropy_adv_alpha: float, entropy_adv_kappa: float) -> CreditResult:
-    """EntropyAdv: Adds a bounded entropy bonus min(alpha * H, |A| / kappa) to every token's advantage.
+    """Adds a bounded entropy bonus min(alpha * H, |A| / kappa) to every token's advantage.
 
     Metrics:
         mean_bonus: mean entropy bonus psi over valid tokens

@@ -192,7 +192,9 @@ def _pad_id(batch: CreditBatch, gtpo_pad_id: int | None) -> int:
     return int(pad_id)
 
 
-@register_credit_method("gtpo", statistics=(ROLLOUT_ENTROPY,), arguments=GTPOArguments, paper=GTPO_PAPER)
+@register_credit_method(
+    "gtpo", display_name="GTPO", statistics=(ROLLOUT_ENTROPY,), arguments=GTPOArguments, paper=GTPO_PAPER
+)
 def gtpo(
     batch: CreditBatch,
     gtpo_conflict_weight: float,
@@ -201,7 +203,7 @@ def gtpo(
     gtpo_conflict_normalization: bool,
     gtpo_pad_id: int | None,
 ) -> CreditResult:
-    """GTPO: Skips the negative and amplifies the positive update of tokens shared at the start or end of a group's
+    """Skips the negative and amplifies the positive update of tokens shared at the start or end of a group's
     positive and negative completions; drops completions above an entropy threshold, shapes A - gamma * H.
 
     Metrics:

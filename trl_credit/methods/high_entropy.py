@@ -67,13 +67,14 @@ def high_entropy_count(num_valid: int, top_ratio: float) -> int:
 
 @register_credit_method(
     "high_entropy",
+    display_name="80/20",
     statistics=(POLICY_ENTROPY,),
     arguments=HighEntropyArguments,
     paper=HIGH_ENTROPY_PAPER,
     drops_tokens=True,
 )
 def high_entropy(batch: CreditBatch, high_entropy_top_ratio: float) -> CreditResult:
-    """80/20: Keeps in the loss only the 20 % highest-entropy tokens of each micro-batch.
+    """Keeps in the loss only the 20 % highest-entropy tokens of each micro-batch.
 
     Metrics:
         entropy_threshold: lowest kept entropy (mean over micro-batches)

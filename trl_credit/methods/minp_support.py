@@ -77,6 +77,7 @@ def minp_support_margin(logit_gap_BT: torch.Tensor, min_p: float) -> torch.Tenso
 
 @register_credit_method(
     "minp_support",
+    display_name="min-p support",
     statistics=(POLICY_LOGIT_GAP,),
     arguments=MinPSupportArguments,
     paper=TACO_PAPER,
@@ -89,7 +90,7 @@ def minp_support(
     minp_support_min_weight: float,
     minp_support_only_positive_advantage: bool,
 ) -> CreditResult:
-    """min-p support: Down-weights in the loss positive-advantage tokens outside the min-p support set, smoothly in
+    """Down-weights in the loss positive-advantage tokens outside the min-p support set, smoothly in
     their logit margin.
 
     Metrics:

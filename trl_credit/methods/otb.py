@@ -115,13 +115,14 @@ def otb_baselines(
 
 @register_credit_method(
     "otb",
+    display_name="OTB",
     statistics=(ROLLOUT_LOGPS, ROLLOUT_SUM_SQ_PROBS),
     arguments=OTBArguments,
     paper=OTB_PAPER,
     estimates_advantages=True,
 )
 def otb(batch: CreditBatch, otb_handle_zero_tail: bool) -> CreditResult:
-    """OTB: Advantage estimator: each token gets its raw reward minus the group's per-position baseline, weighted by
+    """Advantage estimator: each token gets its raw reward minus the group's per-position baseline, weighted by
     the cumulative path variance 1 - 2p + sum p^2 (must come first in a stack).
 
     Metrics:

@@ -1,19 +1,20 @@
-"""The credit-method registry: a method is its name, the statistics it reads, its arguments dataclass, its paper and
-its function; `@register_credit_method` records them, [`get_credit_method`] finds them, stacks run in order.
+"""The credit-method registry: `CREDIT_METHODS` (name -> [`CreditMethod`]), `@register_credit_method` that fills it
+and [`get_credit_method`] that reads it; then the checks a registration passes, and methods run on plain tensors.
 
-What a method shows (its display name and summary, the meaning of its metrics, its statistic in the token-credit view)
-is read from its function's docstring ([`CreditMethod.display_name`] says how). Nothing here imports TRL.
+A method's display name is its registration's `display_name` (its name when not given). The rest of what it shows is
+read once, at registration, from its function's docstring: the first paragraph is its summary, and the sections
+`Metrics:` and `Token statistic:` list its metrics and its token-view statistic as indented `name: meaning` lines (a
+meaning may go on over more deeply indented lines). Nothing here imports TRL.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import inspect
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,76 +24,81 @@ from .settings import SettingError, resolve_settings, supported_type
 from .stack import StackCredit, StackStep, run_stack
 from .user_modules import import_registering_module
 
-# `CreditBatch` fields that `on_tensors` takes by name, besides the statistics (the other tensors it is given).
-BATCH_FIELDS = frozenset(f.name for f in dataclasses.fields(CreditBatch)) - {
-    "sequence_advantages_B",
-    "mask_BT",
-    "statistics",
-}
-
-# What the trainer logs for every method of a stack, as `name/metric`, besides the method's own metrics.
-COMMON_DIAGNOSTICS = {
-    "mean_weight": "mean factor Â / A by which the method multiplied the incoming advantages (valid tokens, A != 0)",
-    "weight_std": "standard deviation of that factor",
-    "weight_max": "largest factor",
-    "kept_fraction": "mean loss-mask weight over the tokens the method saw in the loss (methods that drop tokens)",
-}
-
 CREDIT_METHODS: dict[str, CreditMethod] = {}
+
+
+def register_credit_method(
+    name: str,
+    *,
+    display_name: str | None = None,
+    statistics: tuple[str, ...] | Callable[[dict], tuple[str, ...]] = (),
+    arguments: type | None = None,
+    paper: Mapping[str, str] | None = None,
+    drops_tokens: bool = False,
+    estimates_advantages: bool = False,
+):
+    """Register `function(batch: CreditBatch, **hyperparameters) -> CreditResult | Tensor` as method `name`.
+
+    Args:
+        name: what `credit_method` / `--method` calls it; its metrics are logged as `name/...`.
+        display_name: its name in plots, cards and tables (`name` when not given).
+        statistics: the statistics it reads (the names in `batch.py`, or one a trainer subclass supplies), or a
+            function of its hyperparameters returning them.
+        arguments: the dataclass of its hyperparameters (fields named `<name>_...`, with `help` and defaults; its
+            `__post_init__` checks them with [`check_fields`]).
+        paper: `{"title", "id" (arXiv id), "citation" (BibTeX)}`, for the model card.
+        drops_tokens: whether it may return a `loss_mask_BT`.
+        estimates_advantages: it computes token advantages from `batch.rewards_B` and `batch.group_index_B` instead
+            of reshaping the incoming ones, so it must come first in a stack.
+
+    Registering a second, different function under an existing name is an error.
+    """
+    _check_registration(name, statistics, arguments)
+
+    def decorator(function):
+        registered = (name, function, statistics, arguments, paper, drops_tokens, estimates_advantages)
+        method = CreditMethod(*registered, display_name or name, **_described(function))
+        reserved = sorted(set(method.diagnostics) & set(COMMON_DIAGNOSTICS))
+        if reserved:
+            raise ValueError(
+                f"credit method {name!r}: the trainer logs {reserved} for every method; rename its metric"
+            )
+        existing = CREDIT_METHODS.get(name)
+        if existing is not None and _qualname(existing.function) != _qualname(function):
+            raise ValueError(f"credit method {name!r} is already registered by {_qualname(existing.function)}")
+        CREDIT_METHODS[name] = method
+        return function
+
+    return decorator
+
+
+def get_credit_method(name: str) -> CreditMethod:
+    """The method registered as `name`; `"package.module:name"` imports the module first (it registers the method)."""
+    if ":" in name:
+        module_name, name = name.rsplit(":", 1)
+        import_registering_module(module_name, CREDIT_METHODS)
+    if name not in CREDIT_METHODS:
+        raise ValueError(f"unknown credit method {name!r}; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}")
+    return CREDIT_METHODS[name]
 
 
 @dataclass(frozen=True, eq=False)
 class CreditMethod:
-    """A registered credit method. Build it with [`register_credit_method`]."""
+    """A registered credit method: [`register_credit_method`]'s arguments, and what its docstring says it shows
+    (`summary`, `diagnostics`: `{metric: meaning}`, logged as `name/metric`, and `token_statistic`: `(name, meaning)` of
+    the statistic it returns for the token-credit view, or None)."""
 
     name: str
     function: Callable[..., CreditResult | torch.Tensor]
     statistics: tuple[str, ...] | Callable[[dict], tuple[str, ...]]
-    arguments: type | None = None
-    paper: Mapping[str, str] | None = None
-    drops_tokens: bool = False
-    estimates_advantages: bool = False
-
-    @functools.cached_property
-    def _described(self) -> tuple[str, str, dict[str, dict[str, str]]]:
-        """The function's docstring: a first paragraph `Display name: summary`, then sections (`Metrics:`,
-        `Token statistic:`) of indented `name: meaning` lines, a meaning continued on more deeply indented lines."""
-        first, _, rest = inspect.cleandoc(self.function.__doc__ or "").partition("\n\n")
-        display, colon, summary = " ".join(first.split()).partition(": ")
-        sections, entries = {}, None
-        for line in rest.splitlines():
-            if line.strip() and not line[0].isspace():
-                entries = sections.setdefault(line.strip().rstrip(":").lower(), {})
-            elif entries is not None and line.strip():
-                if line.startswith(" " * 8) and entries:
-                    entries[next(reversed(entries))] += " " + line.strip()
-                else:
-                    key, _, meaning = line.strip().partition(": ")
-                    entries[key] = meaning
-        if colon and len(display.split()) <= 4:  # a name, not the start of a sentence that holds a colon
-            return display, summary, sections
-        return self.name, " ".join(first.split()), sections
-
-    @property
-    def display_name(self) -> str:
-        """Its name in plots, cards and tables: the docstring's text before the first `: ` (at most four words; else
-        `name`)."""
-        return self._described[0]
-
-    @property
-    def summary(self) -> str:
-        """One line saying what it does (the rest of the docstring's first paragraph)."""
-        return self._described[1]
-
-    @property
-    def diagnostics(self) -> dict[str, str]:
-        """`{metric: meaning}` of every metric it returns (logged as `name/metric`), its docstring's `Metrics:`."""
-        return self._described[2].get("metrics", {})
-
-    @property
-    def token_statistic(self) -> tuple[str, str] | None:
-        """`(name, meaning)` of the statistic it returns for the token-credit view, its docstring's `Token statistic:`."""
-        return next(iter(self._described[2].get("token statistic", {}).items()), None)
+    arguments: type | None
+    paper: Mapping[str, str] | None
+    drops_tokens: bool
+    estimates_advantages: bool
+    display_name: str
+    summary: str = ""
+    diagnostics: dict[str, str] = field(default_factory=dict)
+    token_statistic: tuple[str, str] | None = None
 
     @property
     def argument_names(self) -> tuple[str, ...]:
@@ -132,52 +138,48 @@ class CreditMethod:
         return _tensor_stack([self], advantages_B, mask_BT, named).results[-1][2]
 
 
-def register_credit_method(
-    name: str,
-    *,
-    statistics: tuple[str, ...] | Callable[[dict], tuple[str, ...]] = (),
-    arguments: type | None = None,
-    paper: Mapping[str, str] | None = None,
-    drops_tokens: bool = False,
-    estimates_advantages: bool = False,
-):
-    """Register `function(batch: CreditBatch, **hyperparameters) -> CreditResult | Tensor` as method `name`.
+# What the trainer logs for every method of a stack, as `name/metric`, besides the method's own metrics.
+COMMON_DIAGNOSTICS = {
+    "mean_weight": "mean factor Â / A by which the method multiplied the incoming advantages (valid tokens, A != 0)",
+    "weight_std": "standard deviation of that factor",
+    "weight_max": "largest factor",
+    "kept_fraction": "mean loss-mask weight over the tokens the method saw in the loss (methods that drop tokens)",
+}
+# `CreditBatch` fields that `on_tensors` takes by name, besides the statistics (the other tensors it is given).
+BATCH_FIELDS = frozenset(f.name for f in dataclasses.fields(CreditBatch)) - {
+    "sequence_advantages_B",
+    "mask_BT",
+    "statistics",
+}
 
-    Args:
-        name: what `credit_method` / `--method` calls it; its metrics are logged as `name/...`.
-        statistics: the statistics it reads (the names in `batch.py`, or one a trainer subclass supplies), or a
-            function of its hyperparameters returning them.
-        arguments: the dataclass of its hyperparameters (fields named `<name>_...`, with `help` and defaults; its
-            `__post_init__` checks them with [`check_fields`]).
-        paper: `{"title", "id" (arXiv id), "citation" (BibTeX)}`, for the model card.
-        drops_tokens: whether it may return a `loss_mask_BT`.
-        estimates_advantages: it computes token advantages from `batch.rewards_B` and `batch.group_index_B` instead
-            of reshaping the incoming ones, so it must come first in a stack.
 
-    The function's docstring gives what the method shows ([`CreditMethod.display_name`]). Registering a second,
-    different function under an existing name is an error.
-    """
+def _described(function) -> dict[str, Any]:
+    """`summary`, `diagnostics` and `token_statistic` from `function`'s docstring (the module docstring says how)."""
+    first, _, rest = inspect.cleandoc(function.__doc__ or "").partition("\n\n")
+    sections, entries = {}, None
+    for line in rest.splitlines():
+        if line.strip() and not line[0].isspace():
+            entries = sections.setdefault(line.strip().rstrip(":").lower(), {})
+        elif entries is not None and line.strip():
+            if line.startswith(" " * 8) and entries:
+                entries[next(reversed(entries))] += " " + line.strip()
+            else:
+                key, _, meaning = line.strip().partition(": ")
+                entries[key] = meaning
+    return {
+        "summary": " ".join(first.split()),
+        "diagnostics": sections.get("metrics", {}),
+        "token_statistic": next(iter(sections.get("token statistic", {}).items()), None),
+    }
+
+
+def _check_registration(name: str, statistics, arguments: type | None) -> None:
     if not name.isidentifier():
         raise ValueError(f"credit method names must be Python identifiers (they prefix metrics), got {name!r}")
     if not callable(statistics) and not all(isinstance(s, str) and s.isidentifier() for s in statistics):
         raise ValueError(f"credit method {name!r}: statistics must be names, got {statistics!r}")
     if arguments is not None:
         _check_arguments(name, arguments)
-
-    def decorator(function):
-        method = CreditMethod(name, function, statistics, arguments, paper, drops_tokens, estimates_advantages)
-        reserved = sorted(set(method.diagnostics) & set(COMMON_DIAGNOSTICS))
-        if reserved:
-            raise ValueError(
-                f"credit method {name!r}: the trainer logs {reserved} for every method; rename its metric"
-            )
-        existing = CREDIT_METHODS.get(name)
-        if existing is not None and _qualname(existing.function) != _qualname(function):
-            raise ValueError(f"credit method {name!r} is already registered by {_qualname(existing.function)}")
-        CREDIT_METHODS[name] = method
-        return function
-
-    return decorator
 
 
 def _check_arguments(name: str, arguments: type) -> None:
@@ -204,16 +206,6 @@ def _check_arguments(name: str, arguments: type) -> None:
 
 def _qualname(function) -> str:
     return f"{function.__module__}.{function.__qualname__}"
-
-
-def get_credit_method(name: str) -> CreditMethod:
-    """The method registered as `name`; `"package.module:name"` imports the module first (it registers the method)."""
-    if ":" in name:
-        module_name, name = name.rsplit(":", 1)
-        import_registering_module(module_name, CREDIT_METHODS)
-    if name not in CREDIT_METHODS:
-        raise ValueError(f"unknown credit method {name!r}; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}")
-    return CREDIT_METHODS[name]
 
 
 def parse_credit_methods(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:

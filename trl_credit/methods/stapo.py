@@ -65,6 +65,7 @@ class STAPOArguments:
 
 @register_credit_method(
     "stapo",
+    display_name="STAPO",
     statistics=(POLICY_LOGPS, POLICY_ENTROPY),
     arguments=STAPOArguments,
     paper=STAPO_PAPER,
@@ -73,7 +74,7 @@ class STAPOArguments:
 def stapo(
     batch: CreditBatch, stapo_prob_threshold: float, stapo_entropy_quantile: float, stapo_only_positive_advantage: bool
 ) -> CreditResult:
-    """STAPO: Drops from the loss positive-advantage tokens with p < 0.002 and entropy below the micro-batch's 10th
+    """Drops from the loss positive-advantage tokens with p < 0.002 and entropy below the micro-batch's 10th
     percentile.
 
     Metrics:

@@ -108,6 +108,7 @@ def _positive(value) -> bool:
 
 @register_credit_method(
     "stare",
+    display_name="STARE",
     statistics=(POLICY_LOGPS, ROLLOUT_MEAN_ENTROPY),
     arguments=STAREArguments,
     paper=STARE_PAPER,
@@ -120,7 +121,7 @@ def stare(
     stare_reweight_m: float,
     stare_target_entropy: float,
 ) -> CreditResult:
-    """STARE: While the batch's mean entropy is below a target, multiplies by W the advantage of the 10 %
+    """While the batch's mean entropy is below a target, multiplies by W the advantage of the 10 %
     highest-surprisal positive-advantage tokens of each micro-batch (C2: and by M the negative ones).
 
     Metrics:

@@ -55,9 +55,11 @@ def taco_tail_risk(logps_BT: torch.Tensor, entropy_BT: torch.Tensor, alpha: floa
     return -logps_BT - entropy_BT + math.log(alpha)
 
 
-@register_credit_method("taco", statistics=(POLICY_LOGPS, POLICY_ENTROPY), arguments=TACOArguments, paper=TACO_PAPER)
+@register_credit_method(
+    "taco", display_name="TACO", statistics=(POLICY_LOGPS, POLICY_ENTROPY), arguments=TACOArguments, paper=TACO_PAPER
+)
 def taco(batch: CreditBatch, taco_alpha: float, taco_lambda: float) -> CreditResult:
-    """TACO: Shrinks the positive credit of implausible tail tokens (p < alpha * exp(-H)) by a factor in (1 - lambda,
+    """Shrinks the positive credit of implausible tail tokens (p < alpha * exp(-H)) by a factor in (1 - lambda,
     1].
 
     Metrics:

@@ -46,13 +46,14 @@ class TAMPOArguments:
 
 @register_credit_method(
     "tampo",
+    display_name="TAMPO",
     statistics=(POLICY_LOGPS, POLICY_ENTROPY),
     arguments=TAMPOArguments,
     paper=TACO_PAPER,
     drops_tokens=True,
 )
 def tampo(batch: CreditBatch, tampo_prob_threshold: float, tampo_entropy_threshold: float) -> CreditResult:
-    """TAMPO: Drops from the loss positive-advantage tokens with p <= 0.002 and entropy <= 0.5.
+    """Drops from the loss positive-advantage tokens with p <= 0.002 and entropy <= 0.5.
 
     Metrics:
         dropped_fraction: fraction of valid tokens dropped from the loss

@@ -94,11 +94,13 @@ def _tide_statistics(hyperparameters: dict) -> tuple[str, ...]:
     return (deviation, ROLLOUT_ENTROPY)
 
 
-@register_credit_method("tide", statistics=_tide_statistics, arguments=TIDEArguments, paper=TIDE_PAPER)
+@register_credit_method(
+    "tide", display_name="TIDE", statistics=_tide_statistics, arguments=TIDEArguments, paper=TIDE_PAPER
+)
 def tide(
     batch: CreditBatch, tide_tau: float, tide_kappa: float, tide_distance: str, tide_reference: str
 ) -> CreditResult:
-    """TIDE: Spreads each response's advantage by a softmax over the entropy-gated Hellinger deviation from a
+    """Spreads each response's advantage by a softmax over the entropy-gated Hellinger deviation from a
     reference, mean weight 1 per response.
 
     Metrics:

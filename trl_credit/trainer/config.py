@@ -70,7 +70,7 @@ TRL_FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
 }
 """The numbers (and the loss type) of TRL's `GRPOConfig` and `TrainingArguments` that TRL checks late or never, each
-with the values it allows, `{field: (allowed, allowed values in words)}`, as a credit method's `checks`: checked by
+with the values it allows, `{field: (allowed, allowed values in words)}`: checked by
 `CreditGRPOConfig.validate_trl_fields` when a config is built, before any model loads. What depends on more than the
 config (the number of reward functions against `reward_weights`, the model's context against `max_completion_length`)
 is checked by `trl-credit grpo`, which knows both."""
@@ -188,15 +188,14 @@ class CreditGRPOConfig(GRPOConfig):
         super().__post_init__()
 
     @property
-    def credit_methods(self) -> tuple[CreditMethod, ...]:
-        """The stack, in the order it applies (empty for plain GRPO)."""
-        return tuple(get_credit_method(name) for name in parse_credit_methods(self.credit_method))
-
-    @property
     def credit_stack(self) -> tuple[StackStep, ...]:
-        """The stack as it trains: each method with its hyperparameters as `credit_kwargs` holds them (resolved when
-        the config was built) and the statistics they make it read."""
-        return tuple(method.step(self.method_hyperparameters(method)) for method in self.credit_methods)
+        """The stack as it trains, in the order it applies (empty for plain GRPO): each method with its
+        hyperparameters as `credit_kwargs` holds them (resolved when the config was built) and the statistics they
+        make it read."""
+        return tuple(method.step(self.method_hyperparameters(method)) for method in self._stack_methods())
+
+    def _stack_methods(self) -> tuple[CreditMethod, ...]:
+        return tuple(get_credit_method(name) for name in parse_credit_methods(self.credit_method))
 
     def method_hyperparameters(self, method: CreditMethod) -> dict[str, Any]:
         """`method`'s hyperparameters as they train: its entries of `credit_kwargs`, which holds every hyperparameter
@@ -211,7 +210,7 @@ class CreditGRPOConfig(GRPOConfig):
         included (so `to_dict()` records what trains), or None when the stack has none.
         """
         try:
-            stack = self.credit_methods
+            stack = self._stack_methods()
         except ValueError as error:
             raise ValueError(f"credit_method: {error}") from None
         trl_fields = {f.name for f in dataclasses.fields(CreditGRPOConfig)}
@@ -251,8 +250,8 @@ class CreditGRPOConfig(GRPOConfig):
     def credit_hyperparameters(self) -> dict:
         """The method stack and every method's hyperparameters, e.g. for model cards and run names."""
         values = {"credit_method": self.credit_method}
-        for method in self.credit_methods:
-            values.update(self.method_hyperparameters(method))
+        for step in self.credit_stack:
+            values.update(step.hyperparameters)
         return values
 
 

@@ -135,7 +135,9 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
                 "when the batch is generated. Use loss_type='bnpo' to reproduce the official per-micro-batch token mean.",
                 stacklevel=2,
             )
-        for attribute, value in trl_card_attributes(args.credit_methods).items():  # what TRL's card says
+        for attribute, value in trl_card_attributes(
+            [step.method for step in args.credit_stack]
+        ).items():  # what TRL's card says
             setattr(self, attribute, value)
         initial_copy = copy_initial_model(
             model, args, kwargs.get("peft_config"), self.stage_plan.generation_statistics

@@ -14,25 +14,13 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from ..methods import (
-    PREVIOUS_POLICY_DEVIATION,
-    REFERENCE_DEVIATION,
-    ROLLOUT_ENTROPY,
-    ROLLOUT_MEAN_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
-)
+from ..methods import GENERATION_STATISTICS, ROLLOUT_LOGPS, ROLLOUT_SUM_SQ_PROBS
 from .batch_layout import valid_mask
 from .model_parts import backbone
 from .trl_compat import output_cache
 
 # Generation statistics of the rollout policy's full next-token distribution (beyond the sampled token's log-prob).
-ROLLOUT_DISTRIBUTION = (
-    ROLLOUT_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
-    ROLLOUT_MEAN_ENTROPY,
-    REFERENCE_DEVIATION,
-    PREVIOUS_POLICY_DEVIATION,
-)
+ROLLOUT_DISTRIBUTION = tuple(name for name in GENERATION_STATISTICS if name != ROLLOUT_LOGPS)
 
 
 @contextmanager

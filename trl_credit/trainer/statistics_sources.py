@@ -1,44 +1,12 @@
 """Where each statistic comes from: TRL's own forward path, once per batch, and what each source costs.
 
-* The policy at generation, from the first of these sources that covers the batch (every process takes the same one):
-  1. TRL's old-log-prob forward, where it runs one (vLLM's importance-sampling correction, or
-     `gradient_accumulation_steps` not a multiple of `steps_per_generation * num_iterations`). TRL's fused LM head
-     computes the policy's entropies in that forward and `_get_per_token_logps_and_entropies` drops them; they and the
-     backbone's final hidden states are recorded from it (`recorded_scoring_forward`): no second policy forward.
-  2. Where TRL samples the batch with one `generate` call (its plain path), the final hidden states `generate`
-     computed are recorded from the backbone (`recorded_generation_hidden`), and the LM head is streamed over them
-     with the model's output transform and the sampling temperature: no second policy forward.
-  3. Elsewhere (an on-policy `rollout_func`, continuous batching, tools, vision-language models, without TRL's
-     scoring forward) the policy runs one no-grad forward over the batch, TRL's `_get_per_token_logps_and_entropies`
-     (with the multimodal inputs) or its backbone.
-  All sources equal TRL's forward: `tests/test_architectures.py` checks them per architecture, with left padding,
-  sampling options and prefill chunking, on TRL's vLLM branch and its off-policy branch.
-  * `rollout_logps` / `rollout_entropy`: TRL's scoring forward, that LM-head stream, or TRL's forward;
-    `rollout_logps` is TRL's `old_per_token_logps` when it ran.
-  * `rollout_sum_sq_probs`: the LM head streamed over the final hidden states of the same source (recorded from TRL's
-    scoring forward, from `generate`, or from TRL's forward in case 3): no second policy forward.
-  * `rollout_mean_entropy`: the token mean of `rollout_entropy` over the generation batch, summed over processes.
-  * `reference_deviation` / `previous_policy_deviation`: the policy's and the reference's final hidden states (one
-    no-grad forward of the reference) streamed through both LM heads and output transforms. The same pass gives the
-    policy's full-vocabulary entropy, which is then `rollout_entropy`.
-* `policy_logps` / `policy_entropy` come from the training forward itself: TRL's forward of its loss, handed over in
-  `CreditGRPOTrainer._get_per_token_logps_and_entropies` (see `CreditGRPOTrainer._credit_in_loss_forward`).
-* `policy_logit_gap`: TRL's fused LM head does not expose the maximum logit (its `outputs` are log-probs, entropy,
-  `log_sum_sq_probs`, `mean_logits`, `is_top1`), so the final hidden states of that same forward are recorded from
-  its backbone (`recorded_final_hidden`) and the LM head is streamed over them once more, under no_grad, with the
-  model's output transform and the sampling temperature (`_policy_logit_gap`): no second backbone forward and no
-  `(B, T, V)` logits, one extra LM-head pass over the valid tokens.
-
-Cost: every forward the sources add is counted where it runs (`_count_forward`) into `forward_counts`, which
-the trainer logs once per optimizer step: `EXTRA_FORWARDS` (a forward of the policy over a batch or micro-batch:
-case 3, the policy side of a deviation without a recorded source, the no-grad forward of a micro-batch with a tool
-mask), `EXTRA_REFERENCE_FORWARDS` (the deviation reference's forward) and `TOKEN_CREDIT_LOG_FORWARDS` (the policy
-forward over the few rows of the token-credit log). LM-head streams over recorded hidden states are not forwards.
-
-Every process runs the same forwards and LM-head gathers whatever its masks, so ZeRO-3 and FSDP2 stay in step.
-
-The sources are the methods of `StatisticsSources`, which `CreditGRPOTrainer` inherits: each reads the trainer's model,
-accelerator and arguments.
+The policy at generation is read, in this order, from TRL's old-log-prob forward where it runs one, from the hidden
+states `generate` computed where TRL samples in one call, or else from one no-grad forward of the policy; the
+deviations stream the policy's and the reference's final hidden states through both LM heads; `policy_logps` and
+`policy_entropy` come from the training forward itself, `policy_logit_gap` from its recorded hidden states. Every
+forward a source adds is counted where it runs (`_count_forward`) and logged once per optimizer step. Every process
+runs the same forwards and LM-head gathers whatever its masks, so ZeRO-3 and FSDP2 stay in step. See
+docs/layout.md ("Where each statistic comes from") for each statistic's source and cost.
 """
 
 from __future__ import annotations
@@ -58,10 +26,12 @@ from ..methods import (
     ROLLOUT_SUM_SQ_PROBS,
 )
 from .batch_layout import sequence_inputs, valid_mask
+from .config import StagePlan
 from .diagnostics import EXTRA_FORWARDS, EXTRA_REFERENCE_FORWARDS
 from .lm_head_statistics import TokenStatistics, hellinger_and_entropy, token_statistics
 from .model_parts import completion_hidden, full_lm_head, logit_transform, unsharded_root
 from .recorders import recorded_final_hidden, recorded_rollout
+from .reference import DeviationReference
 from .trl_compat import GENERATION_ATTRIBUTES, runs_scoring_forward
 
 # TRL's own bookkeeping among them: how many images and tiles each row has, never passed to the model.
@@ -76,9 +46,13 @@ def completion_positions(batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
 
 
 class StatisticsSources:
-    """The statistics sources of `CreditGRPOTrainer` (a `GRPOTrainer`): its methods read `model`, `accelerator`,
-    `args`, `temperature`, `deviation_reference` and TRL's `_get_per_token_logps_and_entropies`."""
+    """The statistics sources of `CreditGRPOTrainer`, which inherits them. Of `GRPOTrainer` they read `model`,
+    `accelerator`, `args`, `temperature`, `num_iterations`, `use_vllm`, `vllm_importance_sampling_correction`, the
+    attributes `GENERATION_ATTRIBUTES` names and `_get_per_token_logps_and_entropies`; of the credit trainer, the
+    attributes declared here, which its `__init__` sets."""
 
+    stage_plan: StagePlan  # which statistics the generation stage gathers
+    deviation_reference: DeviationReference | None  # the reference model of a deviation statistic
     forward_counts: Counter  # forwards the sources ran since the last optimizer step, by metric name
 
     def _count_forward(self, counted_as: str = EXTRA_FORWARDS) -> None:

@@ -1,44 +1,11 @@
 """Every private TRL and transformers surface trl-credit relies on, in one place, checked when a trainer is built.
 
-TRL's public API has no seam for per-token advantages, so the trainer reaches a few private surfaces of
-`GRPOTrainer` and of the models it patches. Each one is named here with what it is used for. `check_trl_surfaces`
-checks the installed TRL by its version (`SUPPORTED_TRL`) and by the signatures and fields below, when a trainer is
-built, and fails with one message naming the supported range instead of a wrong result or an `AttributeError` deep
-inside a training step. What TRL does with them (behaviour no signature shows) is checked by `tests/test_trl_compat.py`
-on both supported releases.
-
-* `GRPOTrainer._generate_and_score_completions`, `_compute_loss`, `_calculate_rewards`: overridden (each calls
-  `super()`).
-* `GRPOTrainer._get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
-  compute_entropy, **multimodal)`: TRL's own scoring forward, overridden as the trainer's one seam into TRL's loss
-  (`CreditGRPOTrainer._get_per_token_logps_and_entropies`); its multimodal keywords are `MULTIMODAL_KEYS`.
-* `_compute_loss` calls that scoring method once for its policy forward and reads `inputs["advantages"]` after it;
-  without a tool mask its loss mask is the very tensor `inputs["completion_mask"]`, read after that forward too;
-  with one, TRL multiplies the two before it. Tested by running TRL's `_compute_loss` on a micro-batch whose advantages
-  and completion mask are changed only after the forward.
-* The fused LM head (`add_fused_lm_head`) returns a `FusedCausalLMOutput` whose `FUSED_OUTPUT_FIELDS` the trainer's
-  scoring-forward record reads, and applies the output transform of `LOGIT_TRANSFORM_KEYS`, which
-  `model_parts.logit_transform` reads the same way (tested against TRL's head, one key at a time).
-* Trainer attributes read to know how TRL generates and scores: `GENERATION_ATTRIBUTES`.
-* `NORMALISER_AT_GENERATION`: the loss types whose normaliser TRL counts when the batch is generated.
-* `LOSS_TYPES`: the values of `GRPOConfig.loss_type` that `_compute_loss` implements (TRL checks the name only when
-  the first loss is computed, after the model has loaded and generated).
-* When `_generate_and_score_completions` runs its old-log-prob forward (`runs_scoring_forward`, tested against
-  whether TRL's batch has `old_per_token_logps`): its log-probs and the entropies its fused head computes alongside
-  give the rollout statistics, with no second policy forward.
-* transformers: the backbone's output cache (`output_cache`) and its forward keyword (`cache_keyword`).
-
-`PRIVATE_SURFACES` names every private attribute of TRL's and transformers' objects the package uses, overrides or
-sets, with what for; `tests/test_trl_compat.py` walks `trl_credit/` with `ast` and fails on one missing from it (an
-attribute counts as TRL's or transformers' when their installed objects have it).
-
-What differs between the two supported releases lives here too. TRL 1.15's fused LM head runs a Triton kernel and
-leaves it undefined when Triton cannot be imported: on a machine without Triton (the CPU wheels of torch) every
-`GRPOTrainer` forward fails with `AttributeError: 'NoneType' object has no attribute 'apply'`, and with Triton
-installed the kernel still cannot read CPU tensors. TRL 1.16 folds the same tiles in torch off CUDA/XPU.
-`torch_fused_head()` gives TRL 1.15 that fallback (`chunked_logprob_torch`) for tensors that are not on a CUDA/XPU
-device with Triton, only for the duration of the block: the trainer wraps its own scoring calls in it, and TRL's
-module is as it was outside them. Nothing is changed on TRL 1.16.
+TRL's public API has no seam for per-token advantages, so the trainer overrides a few private methods of
+`GRPOTrainer` and reads a few of its attributes; `PRIVATE_SURFACES` names each with what for. `check_trl_surfaces`
+checks the installed TRL by its version (`SUPPORTED_TRL`) and by the signatures and fields below, and fails with one
+message naming the supported range; `tests/test_trl_compat.py` checks TRL's behaviour on both supported releases.
+What differs between them lives here too: `torch_fused_head()` gives TRL 1.15's fused LM head a torch path off
+CUDA/XPU, only inside the trainer's own scoring calls. See docs/layout.md ("TRL's private surfaces").
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import html
 import io
 import json
 import re
+import shlex
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -273,6 +274,17 @@ code { background: #f3f3f3; padding: 0 0.2em; }
 """
 
 
+def portable_command(command: str) -> str:
+    """`command` with each absolute path given as its last part (`--output_dir /work/runs/cmp` -> `cmp`): a report
+    names no folder of the machine it ran on."""
+
+    def portable(word: str) -> str:
+        flag, equals, value = word.rpartition("=") if word.startswith("--") else ("", "", word)
+        return f"{flag}{equals}{Path(value).name}" if Path(value).is_absolute() else word
+
+    return shlex.join(portable(word) for word in shlex.split(command))
+
+
 def write_report(
     output_dir: str | Path, runs: Sequence[RunSpec], methods: Sequence[str], notes: Sequence[str], command: str
 ) -> tuple[Path, Path]:
@@ -292,7 +304,7 @@ def write_report(
 
     finished = sum(r.done is not None for r in results)
     summary = [
-        f"Command: `{command}`",
+        f"Command: `{portable_command(command)}`",
         "",
         f"{finished} of {len(runs)} runs finished ({', '.join(methods)} × seeds "
         f"{', '.join(sorted({str(r.seed) for r in runs}, key=int))}).",

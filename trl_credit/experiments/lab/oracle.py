@@ -61,9 +61,9 @@ def oracle_advantages(
     return torch.where(valid_BT, weights_BT * advantages_B.float().unsqueeze(1), 0.0)
 
 
-@register_credit_method(CEILING, statistics=(TASK_DECISIVE,), arguments=OracleArguments)
+@register_credit_method(CEILING, display_name="Oracle", statistics=(TASK_DECISIVE,), arguments=OracleArguments)
 def oracle(batch: CreditBatch, oracle_floor: float) -> CreditResult:
-    """Oracle: The credit lab's ceiling: the sequence advantage on the tokens the task's ground truth marks decisive, a
+    """The credit lab's ceiling: the sequence advantage on the tokens the task's ground truth marks decisive, a
     quarter of it on the others.
 
     Metrics:

@@ -56,7 +56,7 @@ def trainer_model_card(
     rewards = reward_functions(trainer.reward_func_names, args.reward_weights)
     policy = trainer.accelerator.unwrap_model(trainer.model)
     base_model, base_model_description = base_model_reference(get_config_model_id(policy.config))
-    methods = args.credit_methods
+    methods = [step.method for step in args.credit_stack]
     wandb_url = None
     if is_wandb_available():
         import wandb
