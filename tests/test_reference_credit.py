@@ -20,12 +20,7 @@ from reference_credit import (
 from trl_credit.methods import CREDIT_METHODS, apply_credit_method, apply_credit_stack
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-# The baselines' references are being written (issue 38); each leaves this set when its rule lands.
-PENDING = {"ar_lopti", "clip_cov", "entropy_adv", "high_entropy", "minp_support", "stapo", "tampo"}
-REGISTERED = [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="reference pending")) if name in PENDING else name
-    for name in sorted(CREDIT_METHODS)
-]
+REGISTERED = sorted(CREDIT_METHODS)
 SEEDS = [0, 1, 2]
 
 
