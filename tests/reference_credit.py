@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from reference_formulas import eapo_loop, gtpo_loop, hicra_loop, otb_loop, stare_token_loop, taco_loop, tide_loop
@@ -419,6 +421,28 @@ def reference_stack(
             loss_weights_BT=torch.where(mask_BT, weights_BT, 0.0),
         )
     return batch
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# The official actor's order with each of its three droppers (docs/methods.md names them: "ar_lopti+taco+stapo+clip_cov
+# and its TAMPO and min-p variants"), besides the stacks the docs spell out.
+OFFICIAL_ACTOR_STACKS = ("ar_lopti+taco+tampo+clip_cov", "ar_lopti+taco+minp_support+clip_cov")
+
+
+def documented_stacks() -> list[str]:
+    """Every stack of registered methods that README.md or a page of docs/ names (`eapo+taco`, `otb+stapo`, ...), and
+    the official actor's variants, sorted."""
+    found = set(OFFICIAL_ACTOR_STACKS)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for spec in re.findall(r"(?<![\w.:/])[a-z_]+(?:\+[a-z_]+)+(?![\w.:/])", page.read_text()):
+            if all(name in CREDIT_METHODS for name in spec.split("+")):
+                found.add(spec)
+    return sorted(found)
+
+
+def stack_settings(spec: str) -> dict[str, dict]:
+    """`MOVING_SETTINGS` of each method of the stack `spec`, `{method: settings}`."""
+    return {name: MOVING_SETTINGS[name] for name in spec.split("+")}
 
 
 # ------------------------------------------------------------------------------------------- moved credit
