@@ -3,9 +3,9 @@ finished run is recognised (`finished_run_files`) so that the command line can r
 
 The lock is an exclusive `fcntl.flock` on `LOCK_FILE` in the folder, taken without waiting: a second process gets
 `RunFolderBusy`, naming the process that holds it (its pid, written into the file). The operating system releases the
-lock when its process exits, however it exits, so a crash never leaves a stale lock behind; the file itself stays
-(deleting a lock file races with a process that just opened it). Its name starts with `_`, which TRL's
-`push_to_hub` never uploads.
+lock when its process exits, however it exits, so a crash never leaves a stale lock behind. The file stays (deleting
+a lock file races with a process that just opened it), except in a folder that taking the lock created and the run
+left empty, which is removed. Its name starts with `_`, which TRL's `push_to_hub` does not upload.
 
 Within one process the lock is re-entrant: `trl-credit grpo` takes it before loading the model and the trainer takes it
 again for `train()`, and a notebook that trains a second trainer into the folder of the first, one after the other, is
