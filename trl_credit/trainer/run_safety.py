@@ -36,8 +36,10 @@ class NonFiniteTrainingError(RuntimeError):
 
 def _all_finite(tensors, device) -> torch.Tensor:
     """One boolean tensor on `device`: every element of `tensors` is finite."""
-    flags = [torch.isfinite(t).all().to(device) for t in tensors if t.numel()]
-    return torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=device)
+    # A tensor's minimum and maximum: a NaN propagates into both and an infinity is one of them, and no temporary of
+    # the tensor's size is made (an embedding matrix can be gigabytes).
+    extremes = [torch.stack(torch.aminmax(t)).to(device) for t in tensors if t.numel()]
+    return torch.isfinite(torch.cat(extremes)).all() if extremes else torch.ones((), dtype=torch.bool, device=device)
 
 
 def _local(parameter: torch.Tensor) -> torch.Tensor:
