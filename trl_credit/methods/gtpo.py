@@ -24,7 +24,8 @@ both runs, as the official product of the two masks gives). The official loss di
 completions) the gradient is the official one divided by the number of completions in the micro-batch (the official
 loss sums over them, a constant factor). The other loss types normalise the lengths as they do for GRPO. The entropy
 shaping applies to every completion under the threshold, `A_i = 0` included (`Â = -gamma H_i / n_i`), and may change
-an advantage's sign, as officially.
+an advantage's sign, as officially. The conflict groups are the prompts' groups; the official code takes a whole
+micro-batch as one, which is the same with one prompt per micro-batch, as in its recipe (docs/methods.md).
 
 `A_i(k)` is the incoming token advantage; the sign `s_i` is that of GRPO's sequence advantage (what the official code
 reads). The official recipe uses unscaled group advantages (`r - mean`): TRL's `scale_rewards="none"`.
