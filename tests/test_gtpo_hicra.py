@@ -297,6 +297,10 @@ def test_gtpo_registration_and_errors():
             completion_ids_BT=torch.ones(1, 2, dtype=torch.long),
             group_index_B=torch.zeros(1, dtype=torch.long),
         )
+    # The ids travel through a float gather and key the conflicts, padding included: each must be an exact id.
+    for bad, shown in ((2**24, "1 to 16777216"), (-100, "-100 to 1")):
+        with pytest.raises(ValueError, match=rf"token ids must be in \[0, 16777216\), got {shown}"):
+            gtpo(torch.tensor([1.0]), torch.tensor([[1, bad]]), torch.tensor([[1, 0]]).bool(), torch.zeros(1, 2), [0])
     # gtpo_pad_id overrides the tokenizer's pad id. With 1 as the pad id, the run from the start skips token 1; the run
     # from the end, as officially, skips the token whose rank from the start is that of token 1 from the end (token 3).
     ids, mask = torch.tensor([[1, 2, 3], [1, 2, 3]]), torch.ones(2, 3, dtype=torch.bool)
