@@ -27,6 +27,12 @@ TRAINER_METRICS = {
 }
 
 
+# A token's weight is defined where its incoming |A| exceeds this share of the largest |A| or |Â| of the batch: the
+# factor of a near-zero advantage means nothing (GTPO's additive -gamma * H over a tied group's rounding noise gives
+# thousands), and this bounds every factor below 1 / WEIGHT_FLOOR.
+WEIGHT_FLOOR = 1e-3
+
+
 @torch.no_grad()
 def credit_metrics(accelerator, credit: StackCredit, stage_mask_BT: torch.Tensor | None = None) -> dict[str, float]:
     """The `name/...` metrics of every method of a stack's run, reduced over every process (one reduction and one
@@ -34,16 +40,23 @@ def credit_metrics(accelerator, credit: StackCredit, stage_mask_BT: torch.Tensor
     `credit/adv_abs_mean` of the advantages after the stack.
 
     Besides the method's own metrics, every method gets `registry.COMMON_DIAGNOSTICS`. The weight of a token is the factor
-    its advantage was multiplied by (`out / in`, where `in != 0`).
+    its advantage was multiplied by (`out / in`), where `|in|` exceeds `WEIGHT_FLOOR` times the largest `|in|` or
+    `|out|` over the valid tokens of every process; `mean_shift` is the mean of `out - in`, defined on every token.
     """
+    local_scales = []  # each method's largest |in| or |out| on this process
+    for _, checked, result in credit.results:
+        magnitudes_N = torch.maximum(checked.advantages_BT.abs(), result.advantages_BT.abs())[checked.mask_BT].float()
+        local_scales.append(magnitudes_N.max() if magnitudes_N.numel() else magnitudes_N.new_zeros(()))
+    scales = accelerator.gather(torch.stack(local_scales).to(accelerator.device)).view(-1, len(local_scales))
     sums, scalars, local_maxima = {}, {}, []
-    for name, checked, result in credit.results:
+    for (name, checked, result), scale in zip(credit.results, scales.amax(0).tolist()):
         mask_BT, incoming_BT = checked.mask_BT, checked.advantages_BT
-        reshaped_BT = mask_BT & (incoming_BT != 0)
+        reshaped_BT = mask_BT & (incoming_BT.abs() > WEIGHT_FLOOR * scale)
         weights_N = (result.advantages_BT / torch.where(reshaped_BT, incoming_BT, 1.0))[reshaped_BT]
         valid_count = mask_BT.sum()
         sums[f"{name}/mean_weight"] = (weights_N.sum(), reshaped_BT.sum())
         sums[f"{name}/weight_sq"] = ((weights_N**2).sum(), reshaped_BT.sum())
+        sums[f"{name}/mean_shift"] = ((result.advantages_BT - incoming_BT)[mask_BT].sum(), valid_count)
         if result.loss_mask_BT is not None:
             sums[f"{name}/kept_fraction"] = ((result.loss_mask_BT * mask_BT).sum(), valid_count)
         for metric, value in result.metrics.items():
