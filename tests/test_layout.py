@@ -162,3 +162,20 @@ def test_the_chain_reader_follows_imports_and_cuts_cycles(tmp_path, monkeypatch)
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "trl_credit")
     monkeypatch.setattr(sys.modules[__name__], "MODULES", ["trainer/a.py", "trainer/b.py", "trainer/c.py"])
     assert len(longest_import_chain("trainer")) == 3
+
+
+MAX_MODULE_DOCSTRING_LINES = 15
+
+
+def _machinery_modules() -> list[str]:
+    """The library's modules but the methods' own files (whose docstring states their paper's rule)."""
+    from trl_credit.methods import _MACHINERY
+
+    methods = [f"methods/{name}.py" for name in ("__init__", *_MACHINERY)]
+    return ["__init__.py", *methods, *(m for m in MODULES if m.startswith("trainer/"))]
+
+
+@pytest.mark.parametrize("module", _machinery_modules())
+def test_a_module_docstring_is_at_most_15_lines_and_docs_layout_holds_the_rest(module):
+    docstring = ast.get_docstring(ast.parse((PACKAGE / module).read_text()), clean=False) or ""
+    assert len(docstring.strip("\n").splitlines()) <= MAX_MODULE_DOCSTRING_LINES

@@ -2,18 +2,15 @@
 
 The library is two folders; everything else is tooling around it, grouped by role, and the library imports none of it:
 
-- `methods/`: the credit methods, one pure function per paper over `(B, T)` tensors (torch only, no TRL), and the
-  registry that names them;
-- `trainer/`: `CreditGRPOTrainer` and its config, which gather the statistics a method reads and hand the reshaped
-  advantages to TRL's own loss, and the single-method pairs (`TACOTrainer`, ...);
+- `methods/`: the credit methods, one pure function per paper over `(B, T)` tensors (no TRL), and their registry;
+- `trainer/`: `CreditGRPOTrainer`, its config and the single-method pairs (`TACOTrainer`, ...);
 - `data/`: math data sets as TRL prompts with gold answers, and the offline SmolLM2 model;
 - `rewards/`: reward functions in TRL's convention and the Math-Verify answer checks behind them;
 - `reports/`: the model card, the training plots, the token-credit view and the generated tables of the docs;
 - `experiments/`: evaluation (avg@k, pass@k), comparisons over methods and seeds, and the credit lab;
 - `cli/`: the `trl-credit` command and its sub-commands.
 
-Everything loads on first access (the methods with torch, the trainers with TRL), so that `trl-credit --help`
-answers without importing torch.
+Everything loads on first access, so that `trl-credit --help` answers without importing torch. See docs/layout.md.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
-"""Full-vocabulary statistics, streamed so the `(N, V)` logits of a batch are never held: TIDE's deviation and
-entropy, and one model's sampled-token log-probability, entropy, logit gap to the most likely token and
-`sum_v p_v^2` from hidden states recorded elsewhere (`token_statistics`: generation, the training forward; the min-p
-support weight, OTB's path variance).
+"""Full-vocabulary statistics, streamed so the `(N, V)` logits are never held: TIDE's deviation and entropy, and one
+model's log-probability, entropy, logit gap and `sum_v p_v^2` of the sampled tokens from recorded hidden states.
 
 For N token positions with final hidden states `h` (policy) and `h_ref` (reference) and LM heads `W`, `W_ref`
 (`V x H`), TIDE needs per token the squared Hellinger distance `d = 1 - sum_v sqrt(p_v q_v)` between the two
 next-token distributions and the policy entropy `H = -sum_v p_v log p_v`.
 
-Logits go through the model's own output transform, as TRL's fused LM head applies it:
-`z = softcap * tanh((h W^T + b) * scale / softcap) / temperature` (no softcap: `(h W^T + b) * scale / temperature`).
+Logits go through the model's output transform, as TRL's fused LM head applies it: `z = softcap * tanh((h W^T + b)
+* scale / softcap) / temperature` (without a softcap, `(h W^T + b) * scale / temperature`).
 
 One pass over vocabulary chunks keeps, per token, online log-sum-exp accumulators relative to running maxima
 `m` (policy) and `m'` (reference): `s = sum e^(z - m)`, `u = sum e^(z - m) (z - m)` and `s' = sum e^(z' - m')`,

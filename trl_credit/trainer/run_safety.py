@@ -148,7 +148,8 @@ def last_checkpoint(output_dir, up_to_step: int) -> str | None:
 
 
 class RunSafety:
-    """Mixin of `CreditGRPOTrainer`: the `NonFiniteGuard` callback, and the output folder's lock during `train()`."""
+    """Mixin of `CreditGRPOTrainer`: the `NonFiniteGuard` callback, and the output folder's lock during `train()`. It
+    reads the trainer's `args` and `add_callback`, and sets `non_finite_guard`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
