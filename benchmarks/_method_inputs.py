@@ -75,6 +75,15 @@ def method_batch(rows: int, length: int, group_size: int, vocab_size: int = 151_
     return advantages_B, mask_BT, named
 
 
+def arguments_for(method, named: dict) -> dict:
+    """`named` less the statistics `method` does not read: the trainer hands a method only its own statistics (and
+    `on_tensors` checks every statistic it is given)."""
+    from trl_credit.methods.batch import STATISTICS
+
+    reads = set(method.statistics_for(method.hyperparameters()))
+    return {key: value for key, value in named.items() if key not in STATISTICS or key in reads}
+
+
 def _status_kib(key: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:

@@ -45,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
-from _method_inputs import MEMORY_ENV, extra_peak_bytes, method_batch  # noqa: E402
+from _method_inputs import MEMORY_ENV, arguments_for, extra_peak_bytes, method_batch  # noqa: E402
 
 SIZES = [(64, 2048, 4), (256, 4096, 16)]
 QUICK_SIZES = [(16, 256, 4)]
@@ -322,7 +322,7 @@ def pair_calls(official: dict, batch: dict, names: list[str]) -> dict:
         method = CREDIT_METHODS[OFFICIAL_OF.get(name, name)]
         incoming = None if method.estimates_advantages else batch["advantages_B"]
         pairs[name] = (
-            lambda m=method, a=incoming: m.on_tensors(a, batch["mask_BT"], **named),
+            lambda m=method, a=incoming: m.on_tensors(a, batch["mask_BT"], **arguments_for(m, named)),
             lambda fn=official[name]: fn(batch),
             lambda fn=official[name]: fn(batch),
         )

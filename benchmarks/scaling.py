@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
-from _method_inputs import MEMORY_ENV, extra_peak_bytes, method_batch  # noqa: E402
+from _method_inputs import MEMORY_ENV, arguments_for, extra_peak_bytes, method_batch  # noqa: E402
 from reshaping import make_inputs  # noqa: E402
 from tide_statistics import make_inputs as make_head_inputs  # noqa: E402
 
@@ -137,7 +137,7 @@ def method_calls(rows: int, length: int, group_size: int) -> dict:
     calls = {"floor": lambda: advantages_B.unsqueeze(1) * named["policy_entropy"]}
     for name, method in sorted(CREDIT_METHODS.items()):
         incoming = None if method.estimates_advantages else advantages_B
-        calls[name] = functools.partial(method.on_tensors, incoming, mask_BT, **named)
+        calls[name] = functools.partial(method.on_tensors, incoming, mask_BT, **arguments_for(method, named))
     return calls
 
 

@@ -83,19 +83,21 @@ def otb_baselines(
     positions_N = gather(position_BT[valid_BT].float()).double()
     weights_N = gather(weight_N.float()).double()
     weighted_returns_N = gather((rewards_B.float().view(-1, 1) * path_variance_BT)[valid_BT]).double()
-    stride = float(positions_N.max().item() + 1) if positions_N.numel() else 1.0
-    keys, slot_N = torch.unique(groups_N * stride + positions_N, return_inverse=True)
-    numerator = torch.zeros(keys.numel(), dtype=torch.float64, device=keys.device).index_add_(
-        0, slot_N, weighted_returns_N
-    )
+    all_groups_R = gather(group_index_B.float())
+    # A dense (group, position) table: the groups are found among the rows (few), not among the tokens, so no sort of
+    # the batch's tokens; each slot sums its tokens in the same order as before.
+    group_ids = torch.unique(all_groups_R.double())
+    stride = int(positions_N.max().item()) + 1 if positions_N.numel() else 1
+    slot_N = torch.searchsorted(group_ids, groups_N) * stride + positions_N.long()
+    numerator = torch.zeros(group_ids.numel() * stride, dtype=torch.float64, device=group_ids.device)
+    numerator.index_add_(0, slot_N, weighted_returns_N)
     denominator = torch.zeros_like(numerator).index_add_(0, slot_N, weights_N)
-    local_keys_N = group_BT[valid_BT].double() * stride + position_BT[valid_BT].double()
-    local_slot_N = torch.searchsorted(keys, local_keys_N)
+    local_group_N = torch.searchsorted(group_ids, group_BT[valid_BT].double())
+    local_slot_N = local_group_N * stride + position_BT[valid_BT]
     baselines_BT = torch.zeros(valid_BT.shape, dtype=torch.float32, device=valid_BT.device)
     baselines_BT[valid_BT] = (numerator[local_slot_N] / (denominator[local_slot_N] + _EPS)).float()
 
     # Group sizes and response lengths (valid-token counts) over every process's rows.
-    all_groups_R = gather(group_index_B.float())
     all_lengths_R = gather(valid_BT.sum(dim=1).float())
     zero_tail_BT = torch.zeros_like(valid_BT)
     for row in range(num_rows):
