@@ -58,7 +58,7 @@ STREAMED = {
     "rollout_sum_sq_probs": "token_statistics",
     "policy_logit_gap": "token_statistics",
 }
-STREAM_POINTS = [(n, v) for v in (49_152, 151_936) for n in (1024, 4096)]
+STREAM_POINTS = [(n, v) for v in (49_152, 151_936) for n in (256, 1024)]
 QUICK_STREAM_POINTS = [(n, v) for v in (4096, 16384) for n in (128, 512)]
 PLOT = _common.REPO_ROOT / "docs" / "images" / "scaling_methods.png"
 
