@@ -1,6 +1,6 @@
 """Each method beside its official code: time and extra peak memory on the same batches, one process, interleaved.
 
-    python benchmarks/official.py --official_root DIR          # ~10 min on 2 shared CPU cores
+    python benchmarks/official.py --official_root DIR          # ~4 min on 2 shared CPU cores (load 10-18)
     python benchmarks/official.py --official_root DIR --quick  # small sizes, nothing written
 
 DIR holds the official repositories, cloned by the user (nothing of them is vendored here):
