@@ -1,6 +1,6 @@
 """How each method's cost grows with completion length, group size and vocabulary, and what a 32B run would spend.
 
-    python benchmarks/scaling.py           # ~3 min on 2 shared CPU cores
+    python benchmarks/scaling.py --parts reshaping   # ~3 min on 2 shared CPU cores (the "Scaling" section)
 
 Measured here (one process, 1 torch thread):
 
