@@ -39,8 +39,7 @@ def sequence_inputs(batch) -> tuple[torch.Tensor, torch.Tensor, dict]:
 
 def loss_weights(batch) -> torch.Tensor:
     """Completion mask x tool mask, as TRL's loss weighs tokens (soft where a generation-batch method weighed them)."""
-    mask_BT = batch["completion_mask"]
-    return (mask_BT * batch["tool_mask"] if "tool_mask" in batch else mask_BT).float()
+    return (batch["completion_mask"] * batch.get("tool_mask", 1.0)).float()
 
 
 def valid_mask(batch) -> torch.Tensor:

@@ -217,7 +217,7 @@ class CreditGRPOTrainer(RunSafety, StatisticsSources, GRPOTrainer):
         """Run `steps` on TRL's `inputs` (`run_stack`), from their advantages and TRL's loss mask (completion mask x
         tool mask, soft where an earlier stage weighed tokens), with `statistics` and those that travel with the batch.
         Logs each method's metrics (and, at the `last_stage`, `credit/adv_abs_mean`) when `record_metrics`."""
-        weights_BT = (inputs["completion_mask"] * inputs.get("tool_mask", 1.0)).float()  # as TRL's loss weighs tokens
+        weights_BT = (inputs["completion_mask"] * inputs.get("tool_mask", 1.0)).float()  # `loss_weights`, inline
         mask_BT = weights_BT.bool()
         sequence_B = inputs.get(SEQUENCE_ADVANTAGES, inputs["advantages"]).float()
         advantages_BT = inputs["advantages"].float()
