@@ -327,7 +327,7 @@ def plan_stages(args: CreditGRPOConfig, supplied_statistics: tuple[str, ...], tr
     deviations = sorted({name for name in requested if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)})
     if len(deviations) > 1:
         raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
-    in_forward = [any(name in LOSS_FORWARD_STATISTICS for name in step.statistics) for step in stack]
+    in_forward = [step.method.reads_training_forward(step.hyperparameters) for step in stack]
     training_forward = tuple(step for step, forward in zip(stack, in_forward) if forward)
     return StagePlan(
         generation=tuple(step for step, forward in zip(stack, in_forward) if not forward),
