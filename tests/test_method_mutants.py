@@ -12,7 +12,7 @@ from reference_formulas import eapo_loop, tide_loop
 
 from trl_credit.methods import CREDIT_METHODS
 from trl_credit.methods.clip_cov import clip_cov_covariance
-from trl_credit.methods.eapo import eapo_advantages, eapo_normalized_entropy
+from trl_credit.methods.eapo import eapo_advantages, eapo_normalized_entropy, quantile_linear
 from trl_credit.methods.settings import SettingError
 from trl_credit.methods.taco import taco_tail_risk
 from trl_credit.methods.tide import tide_advantages, tide_scores
@@ -147,6 +147,11 @@ def test_eapo_with_equal_quantiles_is_a_step_at_the_quantile():
     expected = eapo_loop(adv, entropy, mask, 2.0, (0.1, 0.9))
     assert not torch.allclose(expected, adv.unsqueeze(1).expand(2, 6))  # the step moved credit
     torch.testing.assert_close(result.advantages_BT, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_quantile_of_no_tokens_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"^cannot take a quantile of an empty set of valid tokens$"):
+        quantile_linear(torch.empty(0), 0.5)
 
 
 def test_tide_against_the_previous_policy_reads_the_previous_policy_deviation():
