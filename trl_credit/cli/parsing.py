@@ -7,9 +7,21 @@ own arguments; `grpo` builds its parser over TRL's config classes (`grpo_argumen
 
 from __future__ import annotations
 
+import re
+
 from transformers import HfArgumentParser
 
 from . import UsageError, one_line
+
+# A negative number in any notation Python's `float` reads: argparse's own pattern knows only `-5` and `-0.5`, so
+# `--learning_rate -1e-5` would read `-1e-5` as an option.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+
+def read_negative_numbers_as_values(parser) -> None:
+    """Make `parser` (an `argparse.ArgumentParser`, none of whose options looks like a number) read every negative
+    number after an option as that option's value."""
+    parser._negative_number_matcher = NEGATIVE_NUMBER
 
 
 class CommandParser(HfArgumentParser):
@@ -18,6 +30,7 @@ class CommandParser(HfArgumentParser):
 
     def __init__(self, dataclass_types=(), *, prog: str, **kwargs):
         super().__init__(dataclass_types, prog=prog, allow_abbrev=False, **kwargs)
+        read_negative_numbers_as_values(self)
 
     def error(self, message: str):
         raise UsageError(message)

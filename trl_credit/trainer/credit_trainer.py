@@ -18,6 +18,7 @@ The forwards the methods add are logged per step (`credit/extra_forwards`, see `
 from __future__ import annotations
 
 import os
+import stat
 import warnings
 from collections import Counter
 from contextlib import contextmanager, nullcontext
@@ -26,6 +27,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from transformers.trainer import TRAINING_ARGS_NAME
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
@@ -370,8 +372,13 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.deviation_reference is not None and self.args.should_save:
-            folder = f"checkpoint-{self.state.global_step}"
-            self.deviation_reference.save(os.path.join(self._get_output_dir(trial=trial), folder))
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            self.deviation_reference.save(folder)
+            same_mode_as_training_args(folder)
+
+    def _save(self, output_dir: str | None = None, state_dict=None):
+        super()._save(output_dir, state_dict)
+        same_mode_as_training_args(output_dir or self.args.output_dir)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -388,3 +395,15 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
             for name, total in unscored_answers(self._unscored_counters, self.accelerator).items():
                 self._metrics[mode][name].append(total)
         return rewards_per_func
+
+
+def same_mode_as_training_args(folder: str) -> None:
+    """Give the `.safetensors` files in `folder` the mode of the `training_args.bin` saved beside them: safetensors
+    writes through a temporary file (mode 0600), every other file is opened under the process's umask."""
+    reference = os.path.join(folder, TRAINING_ARGS_NAME)
+    if not os.path.isfile(reference):  # a process that saves nothing (not the main one)
+        return
+    mode = stat.S_IMODE(os.stat(reference).st_mode)
+    for name in os.listdir(folder):
+        if name.endswith(".safetensors"):
+            os.chmod(os.path.join(folder, name), mode)

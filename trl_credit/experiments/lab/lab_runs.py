@@ -142,6 +142,10 @@ class LabConfig:
                 f"prompts_per_step * num_generations = {self.prompts_per_step * self.num_generations} completions "
                 f"must split into micro_batches={self.micro_batches} equal micro-batches"
             )
+        if not 0 < self.solved_threshold <= 1:  # every task's reward is 1.0 for a success, else 0.0
+            raise ValueError(
+                f"solved_threshold must be in (0, 1] (the tasks' rewards are 0 or 1), got {self.solved_threshold}"
+            )
         if self.warm_up_steps < 0:
             raise ValueError(f"warm_up_steps must be >= 0, got {self.warm_up_steps}")
         if not self.learning_rate > 0:
