@@ -416,7 +416,7 @@ def test_every_recipe_names_the_extras_it_needs(recipe):
     config, named, extras = yaml.safe_load(recipe.read_text()), _named_extras(recipe), _extras()
     assert named <= set(extras), f"{recipe.name} names {sorted(named - set(extras))}, which pyproject.toml lacks"
     report_to = config.get("report_to", "none")
-    needed = {integration for integration in ([report_to] if isinstance(report_to, str) else report_to)} - {"none"}
+    needed = set([report_to] if isinstance(report_to, str) else report_to) - {"none"}
     needed |= {"vllm"} if config.get("use_vllm") else set()
     needed |= {"peft"} if config.get("use_peft") else set()
     needed |= {"deepspeed"} if str(config.get("accelerate_config", "")).startswith("zero") else set()

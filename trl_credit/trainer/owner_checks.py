@@ -169,7 +169,7 @@ def check_vllm(args) -> None:
         return
     from vllm import SamplingParams
 
-    _check_vllm_engine(args, [name for name in VLLM_ENGINE_FIELDS])
+    _check_vllm_engine(args, list(VLLM_ENGINE_FIELDS))
     sampling = {
         "n": 1,
         "repetition_penalty": args.repetition_penalty,
