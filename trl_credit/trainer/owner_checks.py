@@ -25,6 +25,7 @@ import importlib.util
 import inspect
 import math
 import numbers
+import re
 from typing import Any
 
 from ..methods import SettingError
@@ -183,11 +184,13 @@ def check_vllm(args) -> None:
     }
     try:
         SamplingParams(**sampling)
-    except (ValueError, TypeError) as error:
-        name = getattr(error, "parameter", None) or next((n for n in sampling if n in str(error)), "generation_kwargs")
-        field = {"max_tokens": "max_completion_length"}.get(name, name)
-        value = getattr(args, field, sampling.get(name))
-        raise _refused(field, value, "vLLM's SamplingParams", error) from None
+    except Exception as error:  # noqa: BLE001 - vLLM's VLLMValidationError (a ValueError only in some releases)
+        named = [n for n in sorted(sampling, key=len, reverse=True) if re.search(rf"\b{n}\b", str(error))]
+        parameter = getattr(error, "parameter", None) or next(iter(named), None)
+        fields = {"max_tokens": "max_completion_length", **{name: name for name in SAMPLING_FLOATS}, "top_k": "top_k"}
+        if parameter in (args.generation_kwargs or {}) or parameter not in fields:
+            raise _refused("generation_kwargs", args.generation_kwargs, "vLLM's SamplingParams", error) from None
+        raise _refused(fields[parameter], getattr(args, fields[parameter]), "vLLM's SamplingParams", error) from None
 
 
 def _check_vllm_engine(args, names: list[str]) -> None:
