@@ -570,3 +570,27 @@ def test_grpo_help_lists_config_and_the_quick_start_defaults_that_apply_without_
     for key in ("max_completion_length", "learning_rate", "max_steps", "per_device_train_batch_size"):
         shown_default = flat.split(f"--{key}", 1)[1].split("(default:", 1)[1].split(")", 1)[0]
         assert shown_default == str(quick_start[key])
+
+
+def test_compare_refuses_a_method_its_runs_would_refuse_before_planning(capsys, monkeypatch, no_model_loading):
+    import trl_credit.experiments.lab.trainer  # noqa: F401  (registers the lab's `oracle`, which grpo cannot train)
+    from trl_credit.methods import CREDIT_METHODS
+
+    assert "oracle" in CREDIT_METHODS
+    _refused_before_any_model(
+        capsys,
+        monkeypatch,
+        ["compare", "--methods", "oracle", "--seeds", "0", "--dry_run"],
+        "the oracle runs would fail",
+    )
+    assert cli_main(["compare", "--methods", "grpo", "no_such_method", "--seeds", "0", "--dry_run"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown credit method 'no_such_method'; trainable: grpo, " in err and "oracle" not in err
+
+
+def test_compare_and_lab_read_negative_numbers_as_values_and_lab_checks_its_threshold(
+    capsys, monkeypatch, no_model_loading
+):
+    argv = ["compare", "--methods", "grpo", "--seeds", "0", "--dry_run", "--learning_rate", "-1e-5"]
+    _refused_before_any_model(capsys, monkeypatch, argv, "the grpo runs would fail: --learning_rate is -1e-05, which")
+    _refused_before_any_model(capsys, monkeypatch, ["lab", "--solved_threshold", "5"], "solved_threshold must be in")

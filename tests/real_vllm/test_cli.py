@@ -73,7 +73,10 @@ def test_grpo_cli_asks_vllm_about_its_settings_before_any_model(tmp_path, vllm_m
     parsed, what they would refuse once the engine starts; `--top_p 0`, which transformers' sampling accepts, is one."""
     recipe = tiny_recipe(tmp_path, vllm_model_dir, max_steps=1)
     cases = {
-        ("--vllm_gpu_memory_utilization", "1.5"): "vLLM's CacheConfig refuses: Input should be less than or equal to 1",
+        (
+            "--vllm_gpu_memory_utilization",
+            "1.5",
+        ): "vLLM's CacheConfig refuses: Input should be less than or equal to 1",
         ("--top_p", "0"): "--top_p is 0.0, which vLLM's SamplingParams refuses: top_p must be in (0, 1]",
         ("--repetition_penalty", "0"): "--repetition_penalty is 0.0, which vLLM's SamplingParams refuses: ",
     }
