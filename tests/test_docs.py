@@ -252,6 +252,6 @@ def test_the_readme_names_every_test_a_plain_run_skips():
     real_vllm = sum(_test_cases(path) for path in sorted((ROOT / "tests" / "real_vllm").glob("test_*.py")))
     chromium = sum(_test_cases(path, "needs_chromium") for path in sorted((ROOT / "tests").glob("test_*.py")))
     readme = " ".join(_text("README.md").split())
-    found = re.search(r"(\d+) skip, saying why: (\d+) real-vLLM tests .*? and (\d+) that render pages", readme)
+    found = re.search(r"(\d+) skip, saying why: (\d+) real-vLLM tests .*? and (\d+) in headless Chromium", readme)
     assert found, "the README does not say which tests skip"
     assert tuple(map(int, found.groups())) == (real_vllm + chromium, real_vllm, chromium)

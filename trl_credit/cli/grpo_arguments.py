@@ -16,9 +16,8 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 
-import yaml
-
 from . import UsageError  # the one usage error of every sub-command
+from .parsing import read_yaml
 
 
 @dataclass
@@ -108,29 +107,6 @@ def _normalise_options(argv: list[str]) -> list[str]:
                 continue
         normalised.append(arg)
     return normalised
-
-
-def _read_yaml(path: str) -> dict:
-    try:
-        with open(path) as handle:
-            config = yaml.safe_load(handle) or {}
-    except OSError as error:
-        raise UsageError(f"cannot read --config {path!r}: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise UsageError(f"--config {path!r} is not valid YAML: {yaml_error_words(error)}") from error
-    if not isinstance(config, dict):
-        raise UsageError(f"--config {path!r} must hold a YAML mapping of argument names to values")
-    return config
-
-
-def yaml_error_words(error: yaml.YAMLError) -> str:
-    """PyYAML's error on one line, with the line and column (1-based) it points at, and a tab called a tab."""
-    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    if "\\t" in problem or "\t" in problem:
-        problem += " (a tab: YAML indents with spaces)"
-    return where + problem
 
 
 def _resolve_method(argv: list[str], config: dict, config_path: str) -> str:
@@ -323,7 +299,7 @@ def parse_arguments(argv: list[str]):
     if config_path is None:
         config_path = str(packaged_dir("configs") / "quickstart.yaml")
         argv = ["--config", config_path, *argv]
-    config = _read_yaml(config_path)
+    config = read_yaml(config_path)
     method = _resolve_method(argv, config, config_path)
     parser = build_parser(method)
     sources = _Sources(argv, config, config_path)

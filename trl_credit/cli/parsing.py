@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import yaml
 from transformers import HfArgumentParser
 
 from . import UsageError, one_line
@@ -57,3 +58,27 @@ def require_scipy() -> None:
         scipy_stats()
     except ImportError as error:
         raise UsageError(one_line(error)) from error
+
+
+def read_yaml(path: str) -> dict:
+    """The mapping a `--config` YAML file holds; `UsageError` naming the file, and where in it, otherwise."""
+    try:
+        with open(path) as handle:
+            config = yaml.safe_load(handle) or {}
+    except OSError as error:
+        raise UsageError(f"cannot read --config {path!r}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise UsageError(f"--config {path!r} is not valid YAML: {yaml_error_words(error)}") from error
+    if not isinstance(config, dict):
+        raise UsageError(f"--config {path!r} must hold a YAML mapping of argument names to values")
+    return config
+
+
+def yaml_error_words(error: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, with the line and column (1-based) it points at, and a tab called a tab."""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    if "\\t" in problem or "\t" in problem:
+        problem += " (a tab: YAML indents with spaces)"
+    return where + problem

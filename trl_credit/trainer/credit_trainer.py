@@ -18,7 +18,6 @@ The forwards the methods add are logged per step (`credit/extra_forwards`, see `
 from __future__ import annotations
 
 import os
-import stat
 import warnings
 from collections import Counter
 from contextlib import contextmanager, nullcontext
@@ -27,7 +26,6 @@ from functools import partial
 from typing import Any
 
 import torch
-from transformers.trainer import TRAINING_ARGS_NAME
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
@@ -54,7 +52,7 @@ from .config import CreditGRPOConfig
 from .diagnostics import advantage_magnitude, credit_metrics, gather_all, unscored_answers, unscored_counters
 from .model_parts import vocab_size
 from .recorders import recorded_final_hidden
-from .reference import DeviationReference, copy_initial_model
+from .reference import DeviationReference, copy_initial_model, same_mode_as_training_args
 from .statistics_sources import EXTRA_FORWARDS, EXTRA_REFERENCE_FORWARDS, TOKEN_CREDIT_LOG_FORWARDS, StatisticsSources
 from .token_credit_log import TokenCreditLog, TokenCreditPreview, TokenCreditPreviews, token_credit_step
 from .token_texts import TokenTexts
@@ -395,15 +393,3 @@ class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
             for name, total in unscored_answers(self._unscored_counters, self.accelerator).items():
                 self._metrics[mode][name].append(total)
         return rewards_per_func
-
-
-def same_mode_as_training_args(folder: str) -> None:
-    """Give the `.safetensors` files in `folder` the mode of the `training_args.bin` saved beside them: safetensors
-    writes through a temporary file (mode 0600), every other file is opened under the process's umask."""
-    reference = os.path.join(folder, TRAINING_ARGS_NAME)
-    if not os.path.isfile(reference):  # a process that saves nothing (not the main one)
-        return
-    mode = stat.S_IMODE(os.stat(reference).st_mode)
-    for name in os.listdir(folder):
-        if name.endswith(".safetensors"):
-            os.chmod(os.path.join(folder, name), mode)
