@@ -142,3 +142,20 @@ def test_resume_after_an_interrupt_records_each_step_token_credit_once(tmp_path,
     capsys.readouterr()
     assert inspect_main([str(run), "--step", "2", "--all"]) == 0
     assert "showing all 4 completions" in capsys.readouterr().out
+
+
+def test_every_saved_file_gets_the_same_mode(tmp_path):
+    """safetensors writes through a temporary file (mode 0600); the model, the reference and the rest are alike."""
+    trainer = _trainer("tide", tmp_path / "run", tide_reference="old", max_steps=1, save_steps=1)
+    trainer.train()
+    trainer.save_model()
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    weights = [
+        checkpoint / TIDE_OLD_REFERENCE_NAME,
+        checkpoint / "model.safetensors",
+        tmp_path / "run" / "model.safetensors",
+    ]
+    assert all(path.is_file() for path in weights)
+    modes = {path.relative_to(tmp_path).as_posix(): oct(path.stat().st_mode & 0o777) for path in weights}
+    expected = oct((tmp_path / "run" / "training_args.bin").stat().st_mode & 0o777)
+    assert set(modes.values()) == {expected}, modes
