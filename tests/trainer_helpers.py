@@ -91,7 +91,8 @@ def token_texts_of(tokenizer):
 def frozen_copy(model):
     """A new model of `model`'s class and config holding a copy of its weights, in eval mode. Not `copy.deepcopy`:
     accelerate wraps a prepared model's `forward` in a closure over the original, which a deep copy would share."""
-    copied = type(model)._from_config(model.config, torch_dtype=model.dtype)
+    with torch.random.fork_rng(devices=[]):  # its random initialisation must not move the run's random stream
+        copied = type(model)._from_config(model.config, torch_dtype=model.dtype)
     copied.load_state_dict(model.state_dict())
     return copied.eval()
 

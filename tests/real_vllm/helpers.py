@@ -44,8 +44,8 @@ def weights_differing_from_vllm(trainer) -> list[str]:
 class RealVLLMRecorder(AdvantageRecorder):
     """[`AdvantageRecorder`] on TRL's real vLLM path, which also keeps, at each generation batch:
 
-    * `weight_checks`: after TRL's weight sync, the vLLM parameters that differ from the trainer's (a list per batch;
-      `[]` means equal);
+    * `weight_checks`: in colocate mode, after TRL's weight sync, the vLLM parameters that differ from the trainer's
+      (a list per batch; `[]` means equal);
     * `is_ratios`, `sampling_logps`: with TRL's importance-sampling correction on, its ratios, checked against
       `clamp(exp(old - sampling), max=cap)` with `old` the policy's own log-probs recomputed here, and the rows of
       vLLM's sampling log-probs.
@@ -56,7 +56,8 @@ class RealVLLMRecorder(AdvantageRecorder):
         self.weight_checks, self.is_ratios, self.sampling_logps = [], [], []
 
     def on_generation(self, batch, rollout_logps_BT, mask_BT):
-        self.weight_checks.append(weights_differing_from_vllm(self.trainer))
+        if self.trainer.args.vllm_mode == "colocate":  # a server's weights live in its own process
+            self.weight_checks.append(weights_differing_from_vllm(self.trainer))
         if self.trainer.vllm_importance_sampling_correction:
             self._check_importance_sampling(batch, rollout_logps_BT, mask_BT.double())
 
