@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from reference_formulas import eapo_loop, gtpo_loop, hicra_loop, otb_loop, stare_token_loop, taco_loop, tide_loop
@@ -230,6 +232,149 @@ def hicra_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
     return out, None
 
 
+# The baselines. Each rule is its official code's (or paper's) rule on one micro-batch, token by token; the module
+# docstrings of trl_credit/methods/ name the code. Candidates and quantiles span `mask_BT`, the positions still in the
+# loss (verl's `response_mask > 0` after the earlier methods of a stack).
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """`torch.quantile`'s default: linear interpolation between the order statistics."""
+    ordered = sorted(values)
+    position = q * (len(ordered) - 1)
+    below = math.floor(position)
+    above = min(below + 1, len(ordered) - 1)
+    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
+
+
+def _cells(mask_BT: Tensor) -> list[tuple[int, int]]:
+    """The valid positions in row-major order (the order of `torch.nonzero` and of a flattened mask)."""
+    return [(i, t) for i in range(mask_BT.size(0)) for t in _valid_positions(mask_BT, i)]
+
+
+def _dropping(batch: ReferenceBatch, dropped: set[tuple[int, int]]) -> tuple[Tensor, Tensor]:
+    """The incoming advantages and a loss mask that is 0 on `dropped` (the official code multiplies `response_mask`)."""
+    loss_mask_BT = torch.ones(batch.mask_BT.shape, dtype=torch.float64)
+    for i, t in dropped:
+        loss_mask_BT[i, t] = 0.0
+    return batch.advantages_BT.clone(), loss_mask_BT
+
+
+def ar_lopti_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
+    """AR-Lopti (TACO's `dp_actor.py`, "AR-Lopti style advantage reweighting"): A * ((1 - alpha) + alpha * p_old)."""
+    alpha, out = hp["ar_lopti_alpha"], torch.zeros(batch.mask_BT.shape, dtype=torch.float64)
+    for i, t in _cells(batch.mask_BT):
+        p_old = math.exp(float(batch["rollout_logps"][i, t]))
+        out[i, t] = float(batch.advantages_BT[i, t]) * ((1 - alpha) + alpha * p_old)
+    return out, None
+
+
+def stapo_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
+    """STAPO (TACO's `dp_actor.py`, "STAPO-style hard masking"): a candidate (A > 0, or any valid token) with
+    p < threshold and H below the candidates' entropy quantile leaves the loss; with no candidate the quantile spans
+    every valid token, as the official code falls back."""
+    cells, advantages_BT = _cells(batch.mask_BT), batch.advantages_BT
+    entropy_BT, logps_BT = batch["policy_entropy"], batch["policy_logps"]
+    only_positive = hp["stapo_only_positive_advantage"]
+    candidates = [(i, t) for i, t in cells if not only_positive or float(advantages_BT[i, t]) > 0]
+    source = [float(entropy_BT[i, t]) for i, t in (candidates or cells)]
+    threshold = _quantile(source, hp["stapo_entropy_quantile"]) if source else 0.0
+    dropped = {
+        (i, t)
+        for i, t in candidates
+        if math.exp(float(logps_BT[i, t])) < hp["stapo_prob_threshold"] and float(entropy_BT[i, t]) < threshold
+    }
+    return _dropping(batch, dropped)
+
+
+def tampo_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
+    """TAMPO (TACO's `dp_actor.py`, "TAMPO-style hard truncation"): a positive token with p <= p_max and H <= H_max
+    leaves the loss."""
+    dropped = {
+        (i, t)
+        for i, t in _cells(batch.mask_BT)
+        if float(batch.advantages_BT[i, t]) > 0
+        and math.exp(float(batch["policy_logps"][i, t])) <= hp["tampo_prob_threshold"]
+        and float(batch["policy_entropy"][i, t]) <= hp["tampo_entropy_threshold"]
+    }
+    return _dropping(batch, dropped)
+
+
+def minp_support_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
+    """Min-p support weighting (TACO's `dp_actor.py`, "Min-p inspired support weighting"): margin
+    m = gap - log(min_p), weight w_min + (1 - w_min) exp(min(m, 0) / tau) on positive tokens (every token without
+    `only_positive_advantage`), 1 elsewhere; the weight is the loss mask, the advantages stay."""
+    # The official code takes log(min_p) as a float32 tensor, in the dtype of the logit gap.
+    log_min_p = float(torch.tensor(hp["minp_support_min_p"], dtype=torch.float32).log())
+    w_min, tau = hp["minp_support_min_weight"], hp["minp_support_tau"]
+    loss_mask_BT = torch.ones(batch.mask_BT.shape, dtype=torch.float64)
+    for i, t in _cells(batch.mask_BT):
+        if hp["minp_support_only_positive_advantage"] and not float(batch.advantages_BT[i, t]) > 0:
+            continue
+        margin = float(batch["policy_logit_gap"][i, t]) - log_min_p
+        loss_mask_BT[i, t] = w_min + (1 - w_min) * math.exp(min(margin, 0.0) / tau)
+    return batch.advantages_BT.clone(), loss_mask_BT
+
+
+def clip_cov_seed(seed: int, step: int, mask_BT: Tensor) -> int:
+    """The documented seeding rule of `clip_cov.py`: the key (seed, step, B, T, valid-token count) folded base
+    1_000_003 modulo 2**63 - 1 seeds a fresh CPU `torch.Generator`."""
+    mixed = 0
+    for part in (seed, step, mask_BT.size(0), mask_BT.size(1), int(mask_BT.sum())):
+        mixed = (mixed * 1_000_003 + part) % (2**63 - 1)
+    return mixed
+
+
+def clip_cov_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
+    """Clip-Cov (verl's `compute_policy_loss_clip_cov`): weighted means over the loss weights w (verl's masked_mean,
+    its 1e-8 included), cov = (A - mean A)(log p - mean log p); candidates: w > 0, not already clipped by PPO,
+    lb < cov < ub; n = max(int(ratio * sum w), 1) of them, drawn by a permutation of the row-major candidates, lose
+    their policy-gradient term (advantage 0; verl multiplies their loss term by 0)."""
+    weights_BT, advantages_BT = batch.loss_weights_BT, batch.advantages_BT
+    logps_BT, old_logps_BT = batch["policy_logps"], batch["rollout_logps"]
+    in_loss = [(i, t) for i, t in _cells(batch.mask_BT) if float(weights_BT[i, t]) > 0]
+    total = sum(float(weights_BT[i, t]) for i, t in in_loss)
+    mean_advantage = sum(float(weights_BT[i, t] * advantages_BT[i, t]) for i, t in in_loss) / (total + 1e-8)
+    mean_logp = sum(float(weights_BT[i, t] * logps_BT[i, t]) for i, t in in_loss) / (total + 1e-8)
+    low, high = batch.clip_range
+    candidates = []
+    for i, t in in_loss:
+        a, ratio = float(advantages_BT[i, t]), math.exp(float(logps_BT[i, t]) - float(old_logps_BT[i, t]))
+        clipped = -a * min(max(ratio, 1 - low), 1 + high) > -a * ratio  # PPO's max keeps the clipped term
+        covariance = (a - mean_advantage) * (float(logps_BT[i, t]) - mean_logp)
+        if not clipped and hp["clip_cov_lb"] < covariance < hp["clip_cov_ub"]:
+            candidates.append((i, t))
+    count = max(int(hp["clip_cov_ratio"] * total), 1)
+    generator = torch.Generator().manual_seed(clip_cov_seed(hp["clip_cov_seed"], batch.step, batch.mask_BT))
+    order = torch.randperm(len(candidates), generator=generator).tolist()
+    out = advantages_BT.clone()
+    for index in order[:count]:
+        out[candidates[index]] = 0.0
+    return out, None
+
+
+def high_entropy_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
+    """80/20 (`get_global_entropy_top_mask` of the paper's code): only the k = max(1, int(rho N + 0.9999)) valid tokens
+    of highest entropy stay in the loss. Ties at the cut keep the earlier token (`torch.topk`'s order among ties is
+    unspecified; the random inputs have none)."""
+    cells, entropy_BT = _cells(batch.mask_BT), batch["policy_entropy"]
+    if not cells:
+        return batch.advantages_BT.clone(), torch.zeros(batch.mask_BT.shape, dtype=torch.float64)
+    k = max(1, int(len(cells) * hp["high_entropy_top_ratio"] + 0.9999))
+    ranked = sorted(range(len(cells)), key=lambda n: (-float(entropy_BT[cells[n]]), n))
+    kept = {cells[n] for n in ranked[:k]}
+    return _dropping(batch, set(cells) - kept)
+
+
+def entropy_adv_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
+    """EntropyAdv (arXiv 2506.14758): A + min(alpha H, |A| / kappa), H the current policy's entropy, detached."""
+    out = torch.zeros(batch.mask_BT.shape, dtype=torch.float64)
+    for i, t in _cells(batch.mask_BT):
+        a = float(batch.advantages_BT[i, t])
+        bonus = min(hp["entropy_adv_alpha"] * float(batch["policy_entropy"][i, t]), abs(a) / hp["entropy_adv_kappa"])
+        out[i, t] = a + bonus
+    return out, None
+
+
 REFERENCE_RULES: dict[str, Rule] = {
     "grpo": grpo_rule,
     "taco": taco_rule,
@@ -239,6 +384,13 @@ REFERENCE_RULES: dict[str, Rule] = {
     "stare": stare_rule,
     "gtpo": gtpo_rule,
     "hicra": hicra_rule,
+    "ar_lopti": ar_lopti_rule,
+    "stapo": stapo_rule,
+    "tampo": tampo_rule,
+    "minp_support": minp_support_rule,
+    "clip_cov": clip_cov_rule,
+    "high_entropy": high_entropy_rule,
+    "entropy_adv": entropy_adv_rule,
 }
 
 
@@ -269,6 +421,28 @@ def reference_stack(
             loss_weights_BT=torch.where(mask_BT, weights_BT, 0.0),
         )
     return batch
+
+
+ROOT = Path(__file__).resolve().parent.parent
+# The official actor's order with each of its three droppers (docs/methods.md names them: "ar_lopti+taco+stapo+clip_cov
+# and its TAMPO and min-p variants"), besides the stacks the docs spell out.
+OFFICIAL_ACTOR_STACKS = ("ar_lopti+taco+tampo+clip_cov", "ar_lopti+taco+minp_support+clip_cov")
+
+
+def documented_stacks() -> list[str]:
+    """Every stack of registered methods that README.md or a page of docs/ names (`eapo+taco`, `otb+stapo`, ...), and
+    the official actor's variants, sorted."""
+    found = set(OFFICIAL_ACTOR_STACKS)
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for spec in re.findall(r"(?<![\w.:/])[a-z_]+(?:\+[a-z_]+)+(?![\w.:/])", page.read_text()):
+            if all(name in CREDIT_METHODS for name in spec.split("+")):
+                found.add(spec)
+    return sorted(found)
+
+
+def stack_settings(spec: str) -> dict[str, dict]:
+    """`MOVING_SETTINGS` of each method of the stack `spec`, `{method: settings}`."""
+    return {name: MOVING_SETTINGS[name] for name in spec.split("+")}
 
 
 # ------------------------------------------------------------------------------------------- moved credit
@@ -313,6 +487,13 @@ MOVING_SETTINGS: dict[str, dict] = {
     "stare": {"stare_target_entropy": 100.0, "stare_variant": "C2", "stare_top_p_ratio": 0.3},
     "gtpo": {"gtpo_entropy_threshold": 1.6},  # filters some responses, not all
     "hicra": {"hicra_grams": ["let me", "wait", "check the", "so", "the"]},
+    "ar_lopti": {},
+    "stapo": {"stapo_prob_threshold": 0.2, "stapo_entropy_quantile": 0.6},
+    "tampo": {"tampo_prob_threshold": 0.2, "tampo_entropy_threshold": 1.5},
+    "minp_support": {},
+    "clip_cov": {"clip_cov_ratio": 0.2, "clip_cov_lb": -1.0, "clip_cov_ub": 1.0, "clip_cov_seed": 3},
+    "high_entropy": {},
+    "entropy_adv": {},
 }
 
 # Token texts of `random_reference_batch`: words that HICRA's moving grams match, several ids per word.

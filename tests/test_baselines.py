@@ -11,12 +11,12 @@ import math
 import pytest
 import torch
 from conftest import naive_logprobs, sampled, tiny_recipe, train_changing_every_parameter
+from reference_credit import ReferenceBatch, assert_credit_moved, credit_moved_share, reference_stack
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
 from trl_credit.methods import (
     CREDIT_METHODS,
-    apply_credit_stack,
     ar_lopti_advantages,
     clip_cov_advantages,
     entropy_adv_advantages,
@@ -369,25 +369,33 @@ def _naive_statistics(model, inputs, temperature):
 
 
 def _expected(method, args, inputs, logps, entropy, logit_gap, step):
-    """The token advantages and loss mask (`None`: no loss mask) of the registered method or stack on this
-    micro-batch, from statistics of the full logits: one micro-batch per generation batch, so the policy is still the
-    rollout policy. The trainer splits a stack between the generation batch and the training forward, and must hand
-    each method what the methods before it produced."""
-    hyperparameters = {k: v for k, v in args.credit_hyperparameters().items() if k != "credit_method"}
-    result = apply_credit_stack(
-        method,
-        inputs["credit_sequence_advantages"].float(),
-        inputs["completion_mask"].bool(),
-        policy_logps=logps,
-        policy_entropy=entropy,
-        policy_logit_gap=logit_gap,
-        rollout_logps=logps,
-        rollout_entropy=entropy,
+    """The token advantages and loss weights of the registered method or stack on this micro-batch, from the
+    independent reference (`reference_credit.reference_stack`) on statistics of the full logits: one micro-batch per
+    generation batch, so the policy is still the rollout policy. The trainer splits a stack between the generation
+    batch and the training forward, and must hand each method what the methods before it produced."""
+    values = args.credit_hyperparameters()
+    names = method.split("+")
+    settings = {
+        name: {key: value for key, value in values.items() if key in CREDIT_METHODS[name].argument_names}
+        for name in names
+    }
+    statistics = {
+        "policy_logps": logps,
+        "policy_entropy": entropy,
+        "policy_logit_gap": logit_gap,
+        "rollout_logps": logps,
+        "rollout_entropy": entropy,
+    }
+    mask = inputs["completion_mask"].bool()
+    batch = ReferenceBatch.start(
+        inputs["credit_sequence_advantages"],
+        mask,
+        statistics={name: torch.where(mask, values_BT, 0.0) for name, values_BT in statistics.items()},
         step=step,
         clip_range=(args.epsilon, args.epsilon_high or args.epsilon),
-        **hyperparameters,
     )
-    return result.advantages_BT, result.loss_mask_BT
+    want = reference_stack(names, batch, settings)
+    return want.advantages_BT.float(), want.loss_weights_BT.float()
 
 
 class ToolMasked(CreditGRPOTrainer):
@@ -404,7 +412,7 @@ class LossRecorder:
     """Checks, where TRL's loss consumes them, the advantages and loss mask against the rule on full logits."""
 
     def __init__(self, monkeypatch, trainer):
-        self.checked, self.statistics = 0, None
+        self.checked, self.statistics, self.moved_share = 0, None, 0.0
         original_compute_loss, original_loss = GRPOTrainer.compute_loss, GRPOTrainer._compute_loss
 
         def compute_loss(trainer_self, model, inputs, *args, **kwargs):
@@ -421,6 +429,10 @@ class LossRecorder:
                 trainer.credit_method, trainer.args, buffered, *self.statistics, trainer.state.global_step
             )
             torch.testing.assert_close(inputs["advantages"], advantages, atol=1e-4, rtol=1e-4)
+            share = credit_moved_share(
+                advantages, buffered["credit_sequence_advantages"], buffered["completion_mask"], loss_mask
+            )
+            self.moved_share = max(self.moved_share, share)
             # TRL's loss mask, completion_mask x tool_mask, as its loss read it: the buffered one minus the drops.
             consumed_mask = (inputs["completion_mask"] * inputs.get("tool_mask", 1)).float()
             want_mask = self.batch["completion_mask"].float() * (1 if loss_mask is None else loss_mask)
@@ -471,6 +483,7 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, make_trainer, 
     recorder = LossRecorder(monkeypatch, trainer)
     train_changing_every_parameter(trainer)
     assert recorder.checked == 2
+    assert_credit_moved(method, recorder.moved_share)  # the comparison above counts only where credit moved
     logged = trainer.state.log_history[0]
     last = method.split("+")[-1]
     assert any(key.startswith(f"{last}/") for key in logged)

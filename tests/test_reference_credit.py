@@ -4,7 +4,7 @@ The registry drives every test: a newly registered method fails here until it ha
 settings. The package's plain-tensor call must equal the reference at 1e-5, and the method must have moved credit.
 """
 
-from pathlib import Path
+import dataclasses
 
 import pytest
 import torch
@@ -13,19 +13,16 @@ from reference_credit import (
     REFERENCE_RULES,
     assert_credit_moved,
     credit_moved_share,
+    documented_stacks,
     random_reference_batch,
     reference_stack,
+    stack_settings,
 )
 
 from trl_credit.methods import CREDIT_METHODS, apply_credit_method, apply_credit_stack
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
-# The baselines' references are being written (issue 38); each leaves this set when its rule lands.
-PENDING = {"ar_lopti", "clip_cov", "entropy_adv", "high_entropy", "minp_support", "stapo", "tampo"}
-REGISTERED = [
-    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason="reference pending")) if name in PENDING else name
-    for name in sorted(CREDIT_METHODS)
-]
+STACKS = documented_stacks()
+REGISTERED = sorted(CREDIT_METHODS)
 SEEDS = [0, 1, 2]
 
 
@@ -77,3 +74,38 @@ def test_assert_credit_moved_names_the_method_that_moved_nothing():
     assert share == 0
     with pytest.raises(AssertionError, match="'taco' moved no credit"):
         assert_credit_moved("taco", share)
+
+
+def test_the_docs_stacks_are_found():
+    # The stacks the docs spell out (docs/methods.md, docs/baselines.md, README.md), so the stack test is not vacuous.
+    assert {"eapo+taco", "eapo+stapo", "otb+taco", "otb+stapo", "ar_lopti+taco+stapo+clip_cov"} <= set(STACKS)
+    assert "eapo+mypackage" not in " ".join(STACKS)  # a user's module path is no registered stack
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("spec", STACKS)
+def test_documented_stack_equals_the_reference_stack(spec, seed):
+    share = _compare(spec, random_reference_batch(seed), stack_settings(spec))
+    assert_credit_moved(spec, share)
+
+
+# The other branches of each rule: options off their defaults, a later step, a one-token draw.
+VARIANTS = [
+    ("eapo", {"eapo_kappa_decay_steps": 8, "eapo_quantiles": [0.2, 0.7]}, 3),
+    ("tide", {"tide_distance": "hellinger", "tide_reference": "old", "tide_tau": 0.2, "tide_kappa": 2.0}, 0),
+    ("stare", {"stare_target_entropy": 100.0, "stare_variant": "O1", "stare_top_p_ratio": 0.5}, 0),
+    ("otb", {"otb_handle_zero_tail": False}, 0),
+    ("gtpo", {"gtpo_entropy_threshold": 100.0, "gtpo_conflict_normalization": False, "gtpo_conflict_weight": 3.0}, 0),
+    ("stapo", {"stapo_prob_threshold": 0.3, "stapo_entropy_quantile": 0.5, "stapo_only_positive_advantage": False}, 0),
+    ("minp_support", {"minp_support_min_p": 0.5, "minp_support_only_positive_advantage": False}, 0),
+    ("clip_cov", {"clip_cov_lb": -10.0, "clip_cov_ub": 10.0, "clip_cov_seed": 7}, 5),  # default ratio: 1 token
+    ("high_entropy", {"high_entropy_top_ratio": 0.55}, 0),
+    ("entropy_adv", {"entropy_adv_alpha": 0.05, "entropy_adv_kappa": 1.5}, 0),
+]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name,settings,step", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_method_variant_equals_its_reference(name, settings, step, seed):
+    batch = dataclasses.replace(random_reference_batch(seed), step=step)
+    assert_credit_moved(name, _compare(name, batch, {name: settings}))
