@@ -16,29 +16,31 @@
 import pytest
 import torch
 from conftest import naive_logprobs, sampled
-from reference_credit import MOVING_SETTINGS, ReferenceBatch, assert_credit_moved, credit_moved_share, reference_stack
+from reference_credit import (
+    MOVING_SETTINGS,
+    ReferenceBatch,
+    assert_credit_moved,
+    credit_moved_share,
+    documented_stacks,
+    reference_stack,
+)
 from trl import GRPOTrainer
 
 from trl_credit.methods import CREDIT_METHODS
 
 # The statistics of the current policy, which put a method in the training forward (the specification's stages).
 TRAINING_FORWARD_STATISTICS = ("policy_logps", "policy_entropy", "policy_logit_gap")
-# The stacks docs/ names (tests/test_docs.py keeps this list equal to them).
-DOCUMENTED_STACKS = (
-    "ar_lopti+taco",
-    "ar_lopti+taco+stapo+clip_cov",
-    "eapo+stapo",
-    "eapo+taco",
-    "otb+stapo",
-    "otb+taco",
-)
+# The stacks README.md and docs/ name, and the official actor's variants (read from the pages).
+DOCUMENTED_STACKS = tuple(documented_stacks())
 
 
 # Where the tiny model needs other settings than `MOVING_SETTINGS` to move credit: grams its vocabulary holds (a third
-# of it), and GTPO's entropy threshold above its mean entropy (~3.3 nats), which otherwise filters every completion.
+# of it), GTPO's entropy threshold above its mean entropy (~3.3 nats), which otherwise filters every completion, and
+# TAMPO's above the entropy of some of its tokens.
 TINY_MODEL_MOVING_SETTINGS = {
     "hicra": {"hicra_grams": [str(n) for n in range(50)]},
     "gtpo": {"gtpo_entropy_threshold": 10.0},
+    "tampo": {"tampo_entropy_threshold": 4.0},  # TAMPO truncates low-entropy tokens only: below log(139) = 4.9
 }
 
 
@@ -276,6 +278,15 @@ class AdvantageRecorder:
         first = [row[0] for row in candidates]  # rows repeated in one micro-batch are the same completion
         stack = {name: torch.stack([row[name] for row in first]) for name in first[0] if name != "statistics"}
         mask_BT = stack["mask_BT"]
+        incoming_BT = stack["advantages_BT"]
+        if self.generation_stage:
+            # The generation stage's output, as the batch carries it (float32), once it equals the reference's: a
+            # selection of the next stage (STAPO's positive tokens) must see the same numbers as the trainer's, and
+            # an advantage of 1e-9 in float64 may be 0 in float32.
+            carried_BT = inputs["advantages"].double().cpu() * mask_BT
+            torch.testing.assert_close(carried_BT, incoming_BT, atol=self.atol, rtol=self.atol)
+            self.max_difference = max(self.max_difference, (carried_BT - incoming_BT).abs().max().item())
+            incoming_BT = carried_BT
         values, _ = policy_statistics(trainer.model, inputs, trainer.temperature, stack["base_mask"].bool())
         statistics = {name: torch.stack([row["statistics"][name] for row in first]) for name in first[0]["statistics"]}
         statistics.update(
@@ -283,7 +294,7 @@ class AdvantageRecorder:
         )
         statistics = {name: value for name, value in statistics.items() if name in self.statistics}
         credit = self._reference_batch(
-            stack["advantages_BT"],
+            incoming_BT,
             stack["sequence_advantages_B"],
             mask_BT,
             stack["loss_weights_BT"],
