@@ -7,6 +7,8 @@ import sys
 
 import pytest
 import yaml
+from conftest import tiny_recipe
+from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_settings
 
 from trl_credit.cli import main as cli_main
 from trl_credit.cli.grpo import parse_arguments, reward_summary
@@ -460,3 +462,28 @@ def test_grpo_help_lists_config_and_the_quick_start_defaults_that_apply_without_
     for key in ("max_completion_length", "learning_rate", "max_steps", "per_device_train_batch_size"):
         shown_default = flat.split(f"--{key}", 1)[1].split("(default:", 1)[1].split(")", 1)[0]
         assert shown_default == str(quick_start[key])
+
+
+def test_grpo_cli_trains_a_documented_stack_exactly(monkeypatch, tmp_path, tiny_model_dir):
+    """`trl-credit grpo --method ar_lopti+taco+stapo+clip_cov` (the longest stack docs/baselines.md names) with each
+    method's moving settings as flags and a reward that varies within groups: the advantages and loss mask TRL's loss
+    consumed are the reference rules' (`AdvantageRecorder` on the trainer the command builds), and credit moved. The
+    other stacks and methods take the same way from the command line to the trainer (`test_engines.py` trains each)."""
+    from trl_credit import CreditGRPOTrainer
+
+    method = "ar_lopti+taco+stapo+clip_cov"
+    assert method in DOCUMENTED_STACKS
+    recorders, original_init = [], CreditGRPOTrainer.__init__
+
+    def recorded_init(trainer, *args, **kwargs):
+        original_init(trainer, *args, **kwargs)
+        recorders.append(AdvantageRecorder(monkeypatch, trainer))
+
+    monkeypatch.setattr(CreditGRPOTrainer, "__init__", recorded_init)
+    reward = ["real_vllm.helpers:text_length_reward"]  # characters, not words: it varies on the tiny model's text
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, max_steps=2, reward_funcs=reward)
+    flags = [f"--{name}={value}" for name, value in moving_settings(method).items()]
+    assert cli_main(["grpo", "--config", str(recipe), "--method", method, *flags]) == 0
+    [recorder] = recorders
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()
