@@ -34,13 +34,15 @@ TRAINING_FORWARD_STATISTICS = ("policy_logps", "policy_entropy", "policy_logit_g
 DOCUMENTED_STACKS = tuple(documented_stacks())
 
 
-# Where the tiny model needs other settings than `MOVING_SETTINGS` to move credit: grams its vocabulary holds (a third
-# of it), GTPO's entropy threshold above its mean entropy (~3.3 nats), which otherwise filters every completion, and
-# TAMPO's above the entropy of some of its tokens.
+# Where the tiny model needs other settings than `MOVING_SETTINGS` to move credit: HICRA's grams from its vocabulary
+# (the numbers: two thirds of it), GTPO's entropy threshold above its mean entropy (~3.3 nats), which otherwise filters
+# every completion, TAMPO's above the entropy of some of its tokens, and a min-p support threshold that its flat
+# distributions reach (a token below half the top token's probability).
 TINY_MODEL_MOVING_SETTINGS = {
-    "hicra": {"hicra_grams": [str(n) for n in range(50)]},
+    "hicra": {"hicra_grams": [str(n) for n in range(100)]},
     "gtpo": {"gtpo_entropy_threshold": 10.0},
     "tampo": {"tampo_entropy_threshold": 4.0},  # TAMPO truncates low-entropy tokens only: below log(139) = 4.9
+    "minp_support": {"minp_support_min_p": 0.5},
 }
 
 

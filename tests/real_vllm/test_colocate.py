@@ -20,7 +20,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_config, tiny_prompt_dataset, train_changing_every_parameter
+from conftest import make_tiny_tokenizer, tiny_config, tiny_prompt_dataset, train_changing_every_parameter
 from trainer_helpers import TRAINING_FORWARD_STATISTICS, moving_settings, path_cases
 
 from real_vllm.helpers import RealVLLMRecorder, text_length_reward, weights_differing_from_vllm
@@ -45,8 +45,14 @@ def colocated_trainer(method, model_dir, output_dir, importance_sampling, num_it
         max_steps=steps,
         **moving_settings(method),
     )
+    # The tokenizer given, not loaded by TRL from the folder: in this environment the loaded one decoded each token of
+    # a completion without the space in front of it, so HICRA's grams matched no whole word and it moved no credit.
     return CreditGRPOTrainer(
-        model=model_dir, reward_funcs=text_length_reward, args=args, train_dataset=tiny_prompt_dataset()
+        model=model_dir,
+        reward_funcs=text_length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=make_tiny_tokenizer(),
     )
 
 

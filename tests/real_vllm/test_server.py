@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from conftest import tiny_config, tiny_prompt_dataset
+from conftest import make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
 from trainer_helpers import moving_settings, path_cases
 
 from real_vllm.cpu_shims import vllm_dist_info
@@ -123,6 +123,7 @@ def test_training_generates_through_the_server(
         reward_funcs=text_length_reward,
         args=args,
         train_dataset=tiny_prompt_dataset(),
+        processing_class=make_tiny_tokenizer(),  # as in test_colocate.py: HICRA's token texts keep their spaces
     )
     generated = []
     original_generate = type(trainer.vllm_generation.vllm_client).generate
