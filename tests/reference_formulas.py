@@ -162,15 +162,19 @@ def stare_token_loop(advantages_BT, logps_BT, mask_BT, batch_entropy, variant, r
 def gtpo_loop(adv, ids, mask, entropy, groups, pad_id, weight=2.0, threshold=0.7, scale=0.1, normalize=True):
     """GTPO's official rules (`build_conflict_mask` and the entropy step of `UnslothEfficientGTPO.forward` in
     winstonsmith1897/GTPO `gtpo/gtpo_training.py`), per group and per token, over each completion's valid tokens.
-    The run from the end is indexed by rank from the end, where the official code also tests for the pad id and
-    counts the conflicts (rank k of either run)."""
+    `ids` are the completion ids as TRL gives them, padding included; `pad_id` is the official `PAD_ID`, which only
+    excludes tokens. Past a completion's end the official keys read the row's other ids (TRL's padding): forwards in
+    order, from the end backwards, as its rotation does. The run from the end is indexed by rank from the end, where
+    the official code also tests for the pad id and counts the conflicts (rank k of either run)."""
     rows, cols = mask.shape
     sign = [int(adv[i] > 0) - int(adv[i] < 0) for i in range(rows)]
     tokens = [[int(ids[i, t]) for t in range(cols) if mask[i, t]] for i in range(rows)]
+    padding = [[int(ids[i, t]) for t in range(cols) if not mask[i, t]] for i in range(rows)]
 
     def token(j, k, from_end):
-        if k >= len(tokens[j]):
-            return pad_id  # past a completion's end its ids are padding
+        if k >= len(tokens[j]):  # past a completion's end: the ids TRL put there
+            past = k - len(tokens[j])
+            return padding[j][len(padding[j]) - 1 - past] if from_end else padding[j][past]
         return tokens[j][len(tokens[j]) - 1 - k] if from_end else tokens[j][k]
 
     out = torch.zeros(mask.shape)

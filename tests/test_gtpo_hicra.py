@@ -12,7 +12,13 @@ from conftest import VOCAB_WORDS, make_tiny_tokenizer, naive_logprobs, train_cha
 from reference_formulas import gtpo_loop, hicra_loop
 from trl import GRPOTrainer
 
-from trl_credit.methods import CREDIT_METHODS, HICRA_PAPER_GRAMS, gtpo_advantages, hicra_advantages
+from trl_credit.methods import (
+    CREDIT_METHODS,
+    HICRA_PAPER_GRAMS,
+    gtpo_advantages,
+    gtpo_conflict_runs,
+    hicra_advantages,
+)
 from trl_credit.trainer.token_texts import TokenTexts
 from trl_credit.trainer.trl_compat import LOSS_TYPES
 
@@ -31,8 +37,10 @@ def gtpo(adv, ids, mask, entropy, groups, pad_id=PAD, **hyperparameters):
     )
 
 
-def gtpo_batch(seed, groups=3, size=4, cols=7, vocab=4, left_pad=False):
-    """Groups of completions over a few token ids (so that conflicts are common), padded with PAD."""
+def gtpo_batch(seed, groups=3, size=4, cols=7, vocab=4, left_pad=False, eos=False):
+    """Groups of completions over a few token ids (so that conflicts are common), padded with PAD. With `eos`, most
+    completions end with PAD as their EOS (a tokenizer whose pad token is its EOS), and every third one is its
+    predecessor cut short just before that EOS: where the official keys read TRL's padding."""
     g = torch.Generator().manual_seed(seed)
     rows = groups * size
     ids = torch.randint(1, vocab + 1, (rows, cols), generator=g)
@@ -41,9 +49,19 @@ def gtpo_batch(seed, groups=3, size=4, cols=7, vocab=4, left_pad=False):
     lengths = torch.randint(1, cols + 1, (rows,), generator=g)
     lengths[0] = cols
     positions = torch.arange(cols).unsqueeze(0)
+    if eos:
+        ends = torch.rand(rows, generator=g) < 0.7
+        for r in range(1, rows, 3):
+            ids[r], lengths[r], ends[r - 1], ends[r] = ids[r - 1], max(int(lengths[r - 1]) - 1, 1), True, False
+        ids[ends] = torch.where(positions == lengths[ends].unsqueeze(1) - 1, PAD, ids[ends])
+    if left_pad:  # the same completions, shifted to the end of their rows
+        shift = cols - lengths.unsqueeze(1)
+        ids = ids.gather(1, (positions - shift) % cols)
     mask = positions >= cols - lengths.unsqueeze(1) if left_pad else positions < lengths.unsqueeze(1)
     ids = torch.where(mask, ids, PAD)
     adv = torch.randint(-2, 3, (rows,), generator=g).float() * 0.5  # ties and zeros among them
+    if eos:  # each cut-short completion is the opposite of the one it was cut from
+        adv[1::3] = torch.where(adv[0::3][: len(adv[1::3])] != 0, -adv[0::3][: len(adv[1::3])], 1.0)
     entropy = torch.rand(rows, cols, generator=g) * 1.4
     group_index = torch.arange(groups).repeat_interleave(size)
     return adv, ids, mask, entropy, group_index
@@ -72,6 +90,72 @@ def test_gtpo_random_groups_match_the_official_rules(seed, config):
     got = gtpo(adv, ids, mask, entropy, groups, **config).advantages_BT
     want = gtpo_loop(adv, ids, mask, entropy, groups, PAD, **_loop_kwargs(config))
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+# (EOS is the pad id, gtpo_pad_id): the official PAD_ID apart from the tokenizer's pad id only excludes tokens (5 is
+# no token of the batches, 2 is one of them), and the conflicts still read TRL's padding (issue 38).
+PAD_VARIANTS = [(True, None), (True, 5), (True, 2), (False, 2)]
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("eos,gtpo_pad_id", PAD_VARIANTS, ids=["eos", "eos-pad5", "eos-pad2", "pad2"])
+def test_gtpo_pad_id_only_excludes_tokens_as_officially(seed, eos, gtpo_pad_id):
+    adv, ids, mask, entropy, groups = gtpo_batch(
+        seed, groups=1 + seed % 3, size=2 + seed % 4, left_pad=seed % 2 == 1, eos=eos
+    )
+    got = gtpo(adv, ids, mask, entropy, groups, gtpo_pad_id=gtpo_pad_id).advantages_BT
+    excluded = PAD if gtpo_pad_id is None else gtpo_pad_id
+    torch.testing.assert_close(got, gtpo_loop(adv, ids, mask, entropy, groups, excluded), atol=1e-6, rtol=1e-6)
+
+
+def test_gtpo_reproduction_of_issue_38_matches_the_official_code():
+    """Tokenizer pad id 0, which is also the EOS; gtpo_pad_id 4; a positive completion [5] (cut short) and a negative
+    one [5, EOS] in one group, as TRL pads them: [5, 0] and [5, 0], masks [1, 0] and [1, 1].
+
+    The official `build_conflict_mask` worked by hand: its keys (rank, id) read the padded rows, so both ranks conflict
+    from the start (the negative's EOS against the positive's padding); from the end its rotation reads [5, 0] and
+    [0, 5], no conflict; PAD_ID 4 excludes nothing. `delta_final` = [[2, 0], [0, 0]] (the positive's padding masked)
+    and `n_conflict` = [1, 2]. Filling ranks past an end with gtpo_pad_id instead gave [[2, 0], [0, -1]]."""
+    ids = torch.tensor([[5, 0], [5, 0]])
+    mask = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool)
+    adv, groups, entropy = torch.tensor([1.0, -1.0]), torch.zeros(2, dtype=torch.long), torch.zeros(2, 2)
+    result = gtpo(adv, ids, mask, entropy, groups, gtpo_pad_id=4)
+    torch.testing.assert_close(result.statistic_BT, torch.tensor([[2.0, 0.0], [0.0, 0.0]]))
+    _, _, counts = gtpo_conflict_runs(ids, mask, groups, torch.sign(adv), excluded_id=4, fill_id=0)
+    assert counts.tolist() == [1, 2]
+    # A = +-1, no entropy: Â = delta * A / n_conflict.
+    torch.testing.assert_close(result.advantages_BT, torch.tensor([[2.0, 0.0], [0.0, 0.0]]))
+    torch.testing.assert_close(result.advantages_BT, gtpo_loop(adv, ids, mask, entropy, groups, 4))
+    # With PAD_ID = the pad id (the default) the EOS leaves the run: the negative keeps its update there.
+    default = gtpo(adv, ids, mask, entropy, groups)
+    torch.testing.assert_close(default.advantages_BT, torch.tensor([[2.0, 0.0], [0.0, -1.0]]))
+    torch.testing.assert_close(default.advantages_BT, gtpo_loop(adv, ids, mask, entropy, groups, PAD))
+
+
+def test_gtpo_a_masked_completion_is_keyed_on_its_own_ids():
+    """A completion out of the loss (TRL's `mask_truncated_completions`) keeps its ids in the row; the official keys
+    read them whatever the mask: here they conflict with the whole positive completion, from both ends."""
+    ids = torch.tensor([[3, 1], [3, 1]])
+    mask = torch.tensor([[1, 1], [0, 0]], dtype=torch.bool)
+    adv, groups, entropy = torch.tensor([1.0, -1.0]), torch.zeros(2, dtype=torch.long), torch.zeros(2, 2)
+    got = gtpo(adv, ids, mask, entropy, groups).advantages_BT
+    torch.testing.assert_close(got, torch.tensor([[2.0, 2.0], [0.0, 0.0]]))  # d = W^2 = 4, n = 2
+    torch.testing.assert_close(got, gtpo_loop(adv, ids, mask, entropy, groups, PAD))
+
+
+def test_gtpo_groups_its_conflicts_by_prompt_where_the_official_code_pools_a_micro_batch():
+    """The documented departure: officially a micro-batch is one conflict group (`GTPO_accumulated_loss` views its
+    rewards as one row); here each prompt's completions form their own. Prompt 0's success and prompt 1's failure
+    are the same text: a conflict only when pooled."""
+    ids = torch.tensor([[1, 2], [3, 4], [3, 4], [1, 2]])
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    adv, entropy = torch.tensor([1.0, -1.0, 1.0, -1.0]), torch.zeros(4, 2)
+    by_prompt = torch.tensor([0, 0, 1, 1])
+    got = gtpo(adv, ids, mask, entropy, by_prompt).advantages_BT
+    torch.testing.assert_close(got, adv.view(-1, 1).expand(4, 2))  # no conflict within a prompt
+    torch.testing.assert_close(got, gtpo_loop(adv, ids, mask, entropy, by_prompt, PAD))
+    pooled = gtpo_loop(adv, ids, mask, entropy, torch.zeros(4, dtype=torch.long), PAD)
+    torch.testing.assert_close(pooled, torch.tensor([[2.0, 2.0], [0.0, 0.0], [2.0, 2.0], [0.0, 0.0]]))
 
 
 def test_gtpo_padding_side_changes_nothing():
@@ -129,11 +213,10 @@ def test_gtpo_ties_and_edges():
     assert torch.isfinite(got).all() and (got[3] == 0).all()
 
 
-def test_gtpo_groups_split_over_processes_give_the_same_advantages():
-    adv, ids, mask, entropy, groups = gtpo_batch(3, groups=3, size=4)
-    whole = gtpo(adv, ids, mask, entropy, groups).advantages_BT
+def gtpo_on_two_processes(adv, ids, mask, entropy, groups, cut, **hyperparameters):
+    """GTPO's advantages of the rows `cut[0]` and `cut[1]` on two threads that gather from each other, as two
+    processes do; each half pads to its own longest completion."""
     barrier, slots, halves = threading.Barrier(2), [None, None], [None, None]
-    cut = [slice(0, 5), slice(5, 12)]  # groups 0 and 1 straddle the cut; each half pads to its own length
 
     def gather_for(rank):
         def gather(values_N):
@@ -155,6 +238,7 @@ def test_gtpo_groups_split_over_processes_give_the_same_advantages():
             entropy[rows, :width],
             groups[rows],
             gather=gather_for(rank),
+            **hyperparameters,
         ).advantages_BT
 
     threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
@@ -162,9 +246,30 @@ def test_gtpo_groups_split_over_processes_give_the_same_advantages():
         thread.start()
     for thread in threads:
         thread.join()
+    return halves
+
+
+@pytest.mark.parametrize("eos,gtpo_pad_id", [(False, None), (True, 5)], ids=["plain", "eos-pad5"])
+def test_gtpo_groups_split_over_processes_give_the_same_advantages(eos, gtpo_pad_id):
+    adv, ids, mask, entropy, groups = gtpo_batch(3, groups=3, size=4, eos=eos)
+    whole = gtpo(adv, ids, mask, entropy, groups, gtpo_pad_id=gtpo_pad_id).advantages_BT
+    cut = [slice(0, 5), slice(5, 12)]  # groups 0 and 1 straddle the cut
+    halves = gtpo_on_two_processes(adv, ids, mask, entropy, groups, cut, gtpo_pad_id=gtpo_pad_id)
     for rank, rows in enumerate(cut):
         width = halves[rank].size(1)
         torch.testing.assert_close(halves[rank], whole[rows, :width])
+
+
+def test_gtpo_rows_of_a_narrower_process_read_the_pad_id_past_their_width():
+    """Issue 38's reproduction with its two completions on two processes: the cut-short [5] alone pads to width 1,
+    and the other process's EOS at rank 1 still meets the tokenizer's pad id there, as in one padded batch."""
+    ids = torch.tensor([[5, 0], [5, 0]])
+    mask = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool)
+    adv, groups, entropy = torch.tensor([1.0, -1.0]), torch.zeros(2, dtype=torch.long), torch.zeros(2, 2)
+    halves = gtpo_on_two_processes(adv, ids, mask, entropy, groups, [slice(0, 1), slice(1, 2)], gtpo_pad_id=4)
+    assert halves[0].shape == (1, 1)
+    torch.testing.assert_close(halves[0], torch.tensor([[2.0]]))
+    torch.testing.assert_close(halves[1], torch.tensor([[0.0, 0.0]]))
 
 
 def test_gtpo_registration_and_errors():
@@ -192,6 +297,10 @@ def test_gtpo_registration_and_errors():
             completion_ids_BT=torch.ones(1, 2, dtype=torch.long),
             group_index_B=torch.zeros(1, dtype=torch.long),
         )
+    # The ids travel through a float gather and key the conflicts, padding included: each must be an exact id.
+    for bad, shown in ((2**24, "1 to 16777216"), (-100, "-100 to 1")):
+        with pytest.raises(ValueError, match=rf"token ids must be in \[0, 16777216\), got {shown}"):
+            gtpo(torch.tensor([1.0]), torch.tensor([[1, bad]]), torch.tensor([[1, 0]]).bool(), torch.zeros(1, 2), [0])
     # gtpo_pad_id overrides the tokenizer's pad id. With 1 as the pad id, the run from the start skips token 1; the run
     # from the end, as officially, skips the token whose rank from the start is that of token 1 from the end (token 3).
     ids, mask = torch.tensor([[1, 2, 3], [1, 2, 3]]), torch.ones(2, 3, dtype=torch.bool)

@@ -254,19 +254,27 @@ def _concat(r0, r1, key):
 
 
 def _weights(advantages_B, advantages_BT, mask_BT):
-    nonzero_BT = mask_BT.bool() & (advantages_B != 0).unsqueeze(1)
-    return (advantages_BT / torch.where(advantages_B != 0, advantages_B, 1.0).unsqueeze(1))[nonzero_BT]
+    """Â / A over the valid tokens whose |A| exceeds 1e-3 of the largest |A| or |Â| (docs/metrics.md)."""
+    valid_BT = mask_BT.bool()
+    incoming_BT = advantages_B.unsqueeze(1).expand_as(advantages_BT)
+    if not valid_BT.any():
+        return advantages_BT[valid_BT]
+    largest = max(incoming_BT[valid_BT].abs().max().item(), advantages_BT[valid_BT].abs().max().item())
+    kept_BT = valid_BT & (incoming_BT.abs() > 1e-3 * largest)
+    return (advantages_BT / torch.where(kept_BT, incoming_BT, 1.0))[kept_BT]
 
 
 def _check_weight_metrics(entry, prefix, advantages_B, advantages_BT, mask_BT):
     weights_N = _weights(advantages_B, advantages_BT, mask_BT)
-    if weights_N.numel() == 0:  # every advantage is zero: no weight is defined, TRL logs None
+    if weights_N.numel() == 0:  # no advantage above the floor: no weight is defined, TRL logs None
         assert entry[f"{prefix}/mean_weight"] is None and entry[f"{prefix}/weight_max"] is None
         return
     assert entry[f"{prefix}/mean_weight"] == pytest.approx(weights_N.mean().item(), abs=1e-5)
     assert entry[f"{prefix}/weight_max"] == pytest.approx(weights_N.max().item(), abs=1e-5)
     assert entry[f"{prefix}/weight_std"] == pytest.approx(weights_N.std(unbiased=False).item(), abs=1e-4)
     valid = mask_BT.bool()
+    shift_N = (advantages_BT - advantages_B.unsqueeze(1))[valid]
+    assert entry[f"{prefix}/mean_shift"] == pytest.approx(shift_N.mean().item(), abs=1e-5)
     assert entry["credit/adv_abs_mean"] == pytest.approx(advantages_BT[valid].abs().mean().item(), abs=1e-5)
 
 

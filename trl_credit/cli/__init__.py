@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable
+from contextlib import contextmanager
 
 SUBCOMMANDS = {
     "grpo": "Train with GRPO and a token-level credit method (mirrors `trl grpo`).",
@@ -31,6 +32,19 @@ class UsageError(Exception):
 def one_line(error: BaseException) -> str:
     """An error's message on one line, for `trl-credit <command>: error: ...` (its type where it has none)."""
     return " ".join(str(error).split()) or type(error).__name__
+
+
+@contextmanager
+def owned_folder(output_dir: str):
+    """Hold the lock of the run folder `output_dir` inside the block (`trl_credit.trainer.run_folder`): a folder that
+    another process holds is a `UsageError` naming that process."""
+    from ..trainer.run_folder import RunFolderBusy, run_folder_lock
+
+    try:
+        with run_folder_lock(output_dir):
+            yield
+    except RunFolderBusy as error:  # taken by another process (this one's own lock is re-entrant)
+        raise UsageError(f"--output_dir {error}") from None
 
 
 def run_command(prog: str, command: Callable[[list[str]], int], argv: list[str]) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from contextlib import nullcontext
 
 from ..experiments.compare.cost import estimate_cost, estimate_disk
 from ..experiments.compare.plan import (
@@ -28,7 +29,7 @@ from ..experiments.compare.plan import (
     run_state,
     settings_lines,
 )
-from . import one_line, run_command
+from . import one_line, owned_folder, run_command
 from .parsing import CommandParser, require_scipy
 
 PROG = "trl-credit compare"
@@ -120,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
 def _compare(argv: list[str]) -> int:
     command = shlex.join(["trl-credit", "compare", *argv])
     config, passthrough = parse(argv)
+    # A comparison owns its folder while it runs (its runs own theirs); a dry run writes nothing.
+    with nullcontext() if config.dry_run else owned_folder(config.output_dir):
+        return _plan_and_execute(config, passthrough, command)
+
+
+def _plan_and_execute(config: CompareConfig, passthrough: list[str], command: str) -> int:
     script_args, training_args, model_args, _ = validate_runs(config, passthrough)
     runs = build_runs(config, passthrough)
     eval_settings = None if config.skip_eval else evaluation_settings(config, script_args, training_args)

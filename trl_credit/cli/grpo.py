@@ -15,10 +15,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+from . import owned_folder
 from .grpo_arguments import UsageError, parse_arguments
 
 _LAUNCHED_ENV = "TRL_CREDIT_LAUNCHED"  # set in processes started by `accelerate launch` from this command
+
+
+class TrainingStopped(Exception):
+    """Training stopped at a non-finite step: reported in one line, exit status 1, nothing saved from that state."""
 
 
 def check_before_loading(training_args, model_args) -> None:
@@ -38,6 +44,18 @@ def check_before_loading(training_args, model_args) -> None:
         cpu_threads()
 
 
+def check_output_folder(script_args, training_args) -> None:
+    """Refuse an `--output_dir` that holds a finished run, unless it is to be overwritten or resumed."""
+    from ..trainer.run_folder import finished_run_files
+
+    found = finished_run_files(training_args.output_dir)
+    if found and not script_args.overwrite_output_dir and training_args.resume_from_checkpoint is None:
+        raise UsageError(
+            f"--output_dir {training_args.output_dir} holds a finished run ({', '.join(found)}): pass "
+            "--overwrite_output_dir true to replace it, or --resume_from_checkpoint CHECKPOINT to continue it"
+        )
+
+
 def cpu_threads() -> int:
     """The threads a CPU run uses: `OMP_NUM_THREADS`, else every core (torch reads the variable only at start-up)."""
     value = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count() or 1)
@@ -46,9 +64,11 @@ def cpu_threads() -> int:
     return int(value)
 
 
-def launch_with_accelerate(accelerate_config: str, argv: list[str]) -> int:
-    """Re-run this module under `accelerate launch`, as `trl grpo` does with its own script."""
+def launch_with_accelerate(accelerate_config: str, argv: list[str], output_dir: str) -> int:
+    """Re-run this module under `accelerate launch`, as `trl grpo` does with its own script; the workers train in the
+    folder this process holds the lock of (`owned_folder`)."""
     from ..resources import accelerate_config_path
+    from ..trainer.run_folder import HELD_BY_PARENT_ENV
 
     try:
         config_file = accelerate_config_path(accelerate_config)
@@ -65,7 +85,8 @@ def launch_with_accelerate(accelerate_config: str, argv: list[str]) -> int:
         *argv,
     ]
     print(f"trl-credit: launching {' '.join(command)}", flush=True)
-    return subprocess.call(command, env={**os.environ, _LAUNCHED_ENV: "1"})
+    held = str(Path(output_dir).resolve())
+    return subprocess.call(command, env={**os.environ, _LAUNCHED_ENV: "1", HELD_BY_PARENT_ENV: held})
 
 
 def training_dataset(script_args, seed: int):
@@ -136,6 +157,7 @@ def train(script_args, training_args, model_args) -> None:
     from ..reports.model_card import with_research_card
     from ..rewards import get_reward_funcs
     from ..trainer import trainer_pair
+    from ..trainer.run_safety import NonFiniteTrainingError
 
     dataset = load_training_data(script_args, training_args)
     try:
@@ -168,7 +190,10 @@ def train(script_args, training_args, model_args) -> None:
         f"trl-credit: {script_args.method} on {script_args.dataset_name} ({len(dataset)} prompts), "
         f"model {model_args.model_name_or_path}, output {training_args.output_dir}"
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    try:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    except NonFiniteTrainingError as error:  # no final model, card or plots from a non-finite state
+        raise TrainingStopped(str(error)) from error
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json in the output folder: the curves, whether or not checkpoints were saved
     dataset_name = hub_dataset_id(script_args.dataset_name) or script_args.dataset_name
@@ -184,14 +209,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         script_args, training_args, model_args, argv = parse_arguments(argv)
         check_before_loading(training_args, model_args)
+        check_output_folder(script_args, training_args)
         if training_args.use_cpu:  # else DeepSpeed, imported by accelerate whenever installed, announces its guess
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        if script_args.accelerate_config and not os.environ.get(_LAUNCHED_ENV):
-            return launch_with_accelerate(script_args.accelerate_config, argv)
-        train(script_args, training_args, model_args)
+        with owned_folder(training_args.output_dir):
+            if script_args.accelerate_config and not os.environ.get(_LAUNCHED_ENV):
+                return launch_with_accelerate(script_args.accelerate_config, argv, training_args.output_dir)
+            train(script_args, training_args, model_args)
     except UsageError as error:
         print(f"trl-credit grpo: error: {error}", file=sys.stderr)
         return 2
+    except TrainingStopped as error:
+        print(f"trl-credit grpo: error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -56,6 +56,13 @@ class CreditScriptArguments:
             "(single_gpu, multi_gpu, zero2, zero3, fsdp2)."
         },
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Train into an --output_dir that holds a finished run, replacing its model, card and state; "
+            "without it (or --resume_from_checkpoint) such a folder is refused."
+        },
+    )
 
     def __post_init__(self):
         # YAML values reach here unconverted (`dataset_name: null`, `reward_funcs: accuracy`): refuse what no flag

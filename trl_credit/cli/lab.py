@@ -33,16 +33,22 @@ def main(argv: list[str] | None = None) -> int:
 def _lab(argv: list[str]) -> int:
     import torch
 
-    from ..experiments.lab.lab_runs import LabConfig, run_lab
+    from ..experiments.lab.lab_runs import LabConfig, previous_records, run_lab
+    from . import UsageError, one_line, owned_folder
     from .parsing import CommandParser, require_scipy
 
     (config,) = CommandParser(LabConfig, prog=PROG, description=__doc__.split("\n\n")[0]).parse_config(argv)
     require_scipy()  # say so before training, not after
+    try:
+        previous_records(config)  # a folder of runs with other settings: refused unless --overwrite_output_dir
+    except ValueError as error:
+        raise UsageError(one_line(error)) from error
     torch.set_num_threads(1)  # a ~20k-parameter model: more threads only add synchronisation
     # The lab trains on the CPU; DeepSpeed, which accelerate imports whenever it is installed, would guess so aloud.
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     command = shlex.join(["trl-credit", "lab", *argv])
-    run_lab(config, command=command)
+    with owned_folder(config.output_dir):
+        run_lab(config, command=command)
     print(f"{PROG}: results in {config.output_dir}/results.json, report in {config.output_dir}/report.md")
     return 0
 

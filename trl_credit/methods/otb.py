@@ -74,42 +74,49 @@ def otb_baselines(
     """
     gather = gather or (lambda values_N: values_N)
     valid_BT = mask_BT.bool()
-    num_rows, num_tokens = valid_BT.shape
-    position_BT = torch.arange(num_tokens, device=valid_BT.device).expand(num_rows, -1)
-    group_BT = group_index_B.view(-1, 1).expand(-1, num_tokens)
-    weight_N = path_variance_BT[valid_BT]
+    num_tokens = valid_BT.size(1)
+    flat_N = valid_BT.flatten().nonzero().squeeze(1)  # the valid tokens, found once
+    rows_N, position_N = flat_N // num_tokens, flat_N % num_tokens
+    weight_N = path_variance_BT.flatten()[flat_N].float()
+    local_groups_B = group_index_B.float().double()
     # Every process's valid tokens, keyed by (group, position), in float64 sums.
-    groups_N = gather(group_BT[valid_BT].float()).double()
-    positions_N = gather(position_BT[valid_BT].float()).double()
-    weights_N = gather(weight_N.float()).double()
-    weighted_returns_N = gather((rewards_B.float().view(-1, 1) * path_variance_BT)[valid_BT]).double()
-    stride = float(positions_N.max().item() + 1) if positions_N.numel() else 1.0
-    keys, slot_N = torch.unique(groups_N * stride + positions_N, return_inverse=True)
-    numerator = torch.zeros(keys.numel(), dtype=torch.float64, device=keys.device).index_add_(
-        0, slot_N, weighted_returns_N
-    )
-    denominator = torch.zeros_like(numerator).index_add_(0, slot_N, weights_N)
-    local_keys_N = group_BT[valid_BT].double() * stride + position_BT[valid_BT].double()
-    local_slot_N = torch.searchsorted(keys, local_keys_N)
-    baselines_BT = torch.zeros(valid_BT.shape, dtype=torch.float32, device=valid_BT.device)
-    baselines_BT[valid_BT] = (numerator[local_slot_N] / (denominator[local_slot_N] + _EPS)).float()
-
-    # Group sizes and response lengths (valid-token counts) over every process's rows.
+    groups_N = gather(local_groups_B.float()[rows_N]).double()
+    positions_N = gather(position_N.float()).double()
+    weights_N = gather(weight_N).double()
+    weighted_returns_N = gather(rewards_B.float()[rows_N] * weight_N).double()
     all_groups_R = gather(group_index_B.float())
     all_lengths_R = gather(valid_BT.sum(dim=1).float())
-    zero_tail_BT = torch.zeros_like(valid_BT)
-    for row in range(num_rows):
-        members = all_groups_R == float(group_index_B[row])
-        if int(members.sum()) < 2:  # a group of one response: no baseline
-            baselines_BT[row] = 0.0
-            continue
-        if not handle_zero_tail:
-            continue
-        lengths = torch.sort(all_lengths_R[members]).values
-        longest, second = lengths[-1], lengths[-2]
-        if longest > second and valid_BT[row].sum() == longest:  # the only longest response of its group
-            zero_tail_BT[row, int(second) :] = valid_BT[row, int(second) :]
-            baselines_BT[row, int(second) :] = 0.0
+    # A dense (group, position) table: the groups are found among the rows (few), not among the tokens, so no sort of
+    # the batch's tokens; each slot sums its tokens in the order of the tokens.
+    group_ids = torch.unique(all_groups_R.double())
+    stride = int(positions_N.max().item()) + 1 if positions_N.numel() else 1
+    slot_N = torch.searchsorted(group_ids, groups_N) * stride + positions_N.long()
+    numerator = torch.zeros(group_ids.numel() * stride, dtype=torch.float64, device=group_ids.device)
+    numerator.index_add_(0, slot_N, weighted_returns_N)
+    denominator = torch.zeros_like(numerator).index_add_(0, slot_N, weights_N)
+    local_group_B = torch.searchsorted(group_ids, local_groups_B)
+    local_slot_N = local_group_B[rows_N] * stride + position_N
+    baselines_BT = torch.zeros(valid_BT.shape, dtype=torch.float32, device=valid_BT.device)
+    baselines_BT.view(-1)[flat_N] = (numerator[local_slot_N] / (denominator[local_slot_N] + _EPS)).float()
+
+    # Per group, over every process's rows: its size, its longest response (valid-token count), how many responses
+    # have that length, and the longest of the others (the second longest when the longest is alone).
+    group_R = torch.searchsorted(group_ids, all_groups_R.double())
+    sizes_K = torch.bincount(group_R, minlength=group_ids.numel())
+    longest_K = torch.full((group_ids.numel(),), -1.0, device=group_R.device)
+    longest_K.scatter_reduce_(0, group_R, all_lengths_R, "amax")
+    is_longest_R = all_lengths_R == longest_K[group_R]
+    longest_count_K = torch.bincount(group_R, weights=is_longest_R.double(), minlength=group_ids.numel())
+    second_K = torch.full_like(longest_K, -1.0).scatter_reduce_(
+        0, group_R, all_lengths_R.masked_fill(is_longest_R, -1.0), "amax"
+    )
+    lengths_B = valid_BT.sum(dim=1).float()
+    alone_B = sizes_K[local_group_B] < 2  # a group of one response: no baseline
+    # The only longest response of its group loses its baseline past the second longest's length.
+    tail_B = ~alone_B & (longest_count_K[local_group_B] == 1) & (lengths_B == longest_K[local_group_B])
+    past_second_BT = torch.arange(num_tokens, device=valid_BT.device) >= second_K[local_group_B].view(-1, 1)
+    zero_tail_BT = (tail_B.view(-1, 1) & past_second_BT & valid_BT) if handle_zero_tail else torch.zeros_like(valid_BT)
+    baselines_BT = baselines_BT.masked_fill(zero_tail_BT | alone_B.view(-1, 1), 0.0)
     return baselines_BT, zero_tail_BT
 
 

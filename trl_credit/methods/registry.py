@@ -32,9 +32,12 @@ BATCH_FIELDS = frozenset(f.name for f in dataclasses.fields(CreditBatch)) - {
 
 # What the trainer logs for every method of a stack, as `name/metric`, besides the method's own metrics.
 COMMON_DIAGNOSTICS = {
-    "mean_weight": "mean factor Â / A by which the method multiplied the incoming advantages (valid tokens, A != 0)",
-    "weight_std": "standard deviation of that factor",
-    "weight_max": "largest factor",
+    "mean_weight": "mean factor Â / A by which the method multiplied the incoming advantages, over the valid tokens "
+    "whose |A| exceeds 1e-3 of the largest |A| or |Â| of the batch (a near-zero A has no meaningful factor)",
+    "weight_std": "standard deviation of that factor, over the same tokens",
+    "weight_max": "largest factor, over the same tokens",
+    "mean_shift": "mean change Â - A over the valid tokens (defined where the factor is not: an additive rule on "
+    "near-zero advantages)",
     "kept_fraction": "mean loss-mask weight over the tokens the method saw in the loss (methods that drop tokens)",
 }
 

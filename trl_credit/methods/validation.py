@@ -37,21 +37,17 @@ def checked_batch(method: CreditMethod, batch: CreditBatch, hyperparameters: Map
                     f"carry {what} of shape ({mask_BT.size(0)},), got None"
                 )
             _check(name, what, values_B, rows_B)
-    _check(name, "advantages_BT", batch.advantages_BT, mask_BT)
+    advantages_BT = _check(name, "advantages_BT", batch.advantages_BT, mask_BT)
     weights_BT = _check(name, "loss_weights_BT", batch.loss_weights_BT, mask_BT, bounds=(0.0, 1.0))
     statistics = dict(batch.statistics)
     for statistic in method.statistics_for(hyperparameters):
         if statistic not in statistics:
             raise ValueError(f"credit method {name!r} reads statistic {statistic!r}, which the batch does not have")
         bounds = STATISTIC_RANGES.get(statistic)
-        values_BT = _check(name, f"statistic {statistic!r}", statistics[statistic].detach(), mask_BT, bounds, True)
-        statistics[statistic] = torch.where(mask_BT, values_BT, 0.0)
-    return dataclasses.replace(
-        batch,
-        advantages_BT=torch.where(mask_BT, batch.advantages_BT.float(), 0.0),
-        statistics=statistics,
-        loss_weights_BT=torch.where(mask_BT, weights_BT, 0.0),
-    )
+        statistics[statistic] = _check(
+            name, f"statistic {statistic!r}", statistics[statistic].detach(), mask_BT, bounds, True
+        )
+    return dataclasses.replace(batch, advantages_BT=advantages_BT, statistics=statistics, loss_weights_BT=weights_BT)
 
 
 def check_result(method: CreditMethod, batch: CreditBatch, result: CreditResult) -> None:
@@ -83,26 +79,32 @@ def _check(
     bounds: tuple[float, float] | None = None,
     tolerant: bool = False,
 ) -> torch.Tensor:
-    """`tensor` as float after checking it has the shape of `like` and is finite (and within `bounds`, `tolerant` of
-    a streamed computation's rounding) wherever `like` (a mask) is true; whatever masked positions hold is ignored."""
+    """`tensor` as float, zero wherever `like` (a mask) is false, after checking it has the shape of `like` and is
+    finite (and within `bounds`, `tolerant` of a streamed computation's rounding) wherever `like` is true; whatever
+    masked positions hold is ignored."""
     per_token = like.dim() == 2
     if tensor.shape != like.shape:
         raise ValueError(
             f"credit method {method!r}: {what} must have {'the shape of the mask' if per_token else 'shape'} "
             f"{tuple(like.shape)}, got {tuple(tensor.shape)}"
         )
-    values = tensor.float()
-    bad = ~torch.isfinite(values) & like
-    if bad.any():  # one reduction on the common path; the count only for the message
+    values = torch.where(like, tensor.float(), 0.0)
+    # One reduction on the common path: a NaN or inf makes the sum non-finite (an overflow too, which the exact test
+    # clears); the count only for the message.
+    if not torch.isfinite(values.sum()) and not torch.isfinite(values).all():
         raise ValueError(
             f"credit method {method!r}: {what} has NaN or inf{' at valid positions' if per_token else ''} "
-            f"({int(bad.sum())} of {int(like.sum())} values)"
+            f"({int((~torch.isfinite(values)).sum())} of {int(like.sum())} values)"
         )
     if bounds is not None:
         low, high = bounds
         slack = _RANGE_TOLERANCE if tolerant else 0.0
-        outside = like & ((values < low - slack) | (values > high + slack))
-        if outside.any():
+        if low <= 0.0 <= high and values.numel():  # the zeros at masked positions pass: one pass for min and max
+            smallest, largest = torch.aminmax(values)
+            outside = bool(smallest < low - slack) or bool(largest > high + slack)
+        else:
+            outside = bool((like & ((values < low - slack) | (values > high + slack))).any())
+        if outside:
             valid = values[like]
             raise ValueError(
                 f"credit method {method!r}: {what} must lie in [{low:g}, {high:g}] at valid positions, got values in "

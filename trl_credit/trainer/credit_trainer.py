@@ -53,6 +53,7 @@ from .diagnostics import advantage_magnitude, credit_metrics, gather_all, unscor
 from .model_parts import vocab_size
 from .recorders import recorded_final_hidden
 from .reference import DeviationReference, copy_initial_model
+from .run_safety import RunSafety
 from .statistics_sources import EXTRA_FORWARDS, EXTRA_REFERENCE_FORWARDS, TOKEN_CREDIT_LOG_FORWARDS, StatisticsSources
 from .token_credit_log import TokenCreditLog, TokenCreditPreview, TokenCreditPreviews, token_credit_step
 from .token_texts import TokenTexts
@@ -92,13 +93,13 @@ def trl_card_attributes(methods) -> dict[str, Any]:
     return attributes
 
 
-class CreditGRPOTrainer(StatisticsSources, TokenCreditPreviews, GRPOTrainer):
+class CreditGRPOTrainer(RunSafety, StatisticsSources, TokenCreditPreviews, GRPOTrainer):
     """[`~trl.GRPOTrainer`] whose advantage is reshaped per token by the methods of `args.credit_method`.
 
     Overrides `_generate_and_score_completions` (methods that read the generation batch), and `_compute_loss` with
     `_get_per_token_logps_and_entropies` (methods that read the training forward). Use it exactly like
     `GRPOTrainer`, with a [`CreditGRPOConfig`]. Its model card is TRL's, tagged and cited as `trl_card_attributes`
-    says.
+    says. It stops at the first non-finite step and holds its output folder while it trains (`run_safety`).
     """
 
     config_class = CreditGRPOConfig

@@ -21,19 +21,30 @@ TRAINER_METRICS = {
 }
 
 
+# A token's weight is defined where its incoming |A| exceeds this share of the largest |A| or |Â| of the batch: the
+# factor of a near-zero advantage means nothing (GTPO's additive -gamma * H over a tied group's rounding noise gives
+# thousands), and this bounds every factor below 1 / WEIGHT_FLOOR.
+WEIGHT_FLOOR = 1e-3
+
+
 @torch.no_grad()
 def credit_metrics(accelerator, name: str, incoming_BT, result: CreditResult, mask_BT) -> dict[str, float]:
     """`name/...` metrics of one method of the stack, reduced over every process (a collective on each one).
 
     Besides the method's own metrics, every method gets `registry.COMMON_DIAGNOSTICS`. The weight of a token is the factor
-    its advantage was multiplied by (`out / in`, where `in != 0`).
+    its advantage was multiplied by (`out / in`), where `|in|` exceeds `WEIGHT_FLOOR` times the largest `|in|` or
+    `|out|` over the valid tokens of every process; `mean_shift` is the mean of `out - in`, defined on every token.
     """
-    reshaped_BT = mask_BT & (incoming_BT != 0)
+    magnitudes_N = torch.maximum(incoming_BT.abs(), result.advantages_BT.abs())[mask_BT].float()
+    local_scale = magnitudes_N.max() if magnitudes_N.numel() else magnitudes_N.new_zeros(())
+    scale = accelerator.gather(local_scale.reshape(1).to(accelerator.device)).max().item()
+    reshaped_BT = mask_BT & (incoming_BT.abs() > WEIGHT_FLOOR * scale)
     weights_N = (result.advantages_BT / torch.where(reshaped_BT, incoming_BT, 1.0))[reshaped_BT]
     valid_count = mask_BT.sum()
     sums = {
         "mean_weight": (weights_N.sum(), reshaped_BT.sum()),
         "weight_sq": ((weights_N**2).sum(), reshaped_BT.sum()),
+        "mean_shift": ((result.advantages_BT - incoming_BT)[mask_BT].sum(), valid_count),
     }
     if result.loss_mask_BT is not None:
         sums["kept_fraction"] = ((result.loss_mask_BT * mask_BT).sum(), valid_count)

@@ -65,6 +65,8 @@ class LabConfig:
             and pass@k.
         pass_k (`list[int]`, *optional*, defaults to `[1, 8]`): the k of pass@k (each <= eval_samples).
         output_dir (`str`, *optional*, defaults to `"lab_results"`): where `results.json` and `report.md` go.
+        overwrite_output_dir (`bool`, *optional*, defaults to `False`): replace the runs of a `results.json` that
+            were trained with other settings (else such a folder is refused: `previous_records`).
     """
 
     methods: list[str] = field(
@@ -99,6 +101,10 @@ class LabConfig:
     eval_samples: int = field(default=32, metadata={"help": "Completions per prompt for avg@n and pass@k at the end."})
     pass_k: list[int] = field(default_factory=lambda: [1, 8], metadata={"help": "k of pass@k (<= eval_samples)."})
     output_dir: str = field(default="lab_results", metadata={"help": "Folder for results.json and report.md."})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Replace the runs of an output_dir whose results.json holds runs with other settings."},
+    )
     credit_kwargs: dict[str, Any] | str | None = field(
         default=None,
         metadata={
@@ -331,6 +337,33 @@ def run_one(task_name: str, method: str, seed: int, config: LabConfig, work_dir:
     }
 
 
+def _settings(config: LabConfig) -> dict:
+    """The settings every run of a `results.json` shares: those that select the runs and the folder apart."""
+    grid = ("methods", "tasks", "seeds", "output_dir", "overwrite_output_dir")
+    return {k: v for k, v in asdict(config).items() if k not in grid}
+
+
+def previous_records(config: LabConfig) -> list[dict]:
+    """The runs of `OUTPUT_DIR/results.json` trained with `config`'s settings, which the lab does not repeat.
+
+    Raises:
+        ValueError: it holds runs with other settings, and `overwrite_output_dir` is off.
+    """
+    results_path = Path(config.output_dir) / "results.json"
+    previous = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    # Settings added after a results.json was written count at their defaults.
+    settings, previous_settings = _settings(config), {**_settings(LabConfig()), **previous.get("settings", {})}
+    if previous_settings == settings:
+        return previous.get("runs", [])
+    differ = sorted(k for k in settings if previous_settings.get(k) != settings[k])
+    if previous.get("runs") and not config.overwrite_output_dir:
+        raise ValueError(
+            f"{results_path} holds {len(previous['runs'])} runs with other settings ({', '.join(differ)}): pass "
+            "--overwrite_output_dir true to replace them, or their settings to add runs to them"
+        )
+    return []
+
+
 def run_lab(config: LabConfig, command: str = "trl-credit lab", log=None) -> dict:
     """Run every (task, method, seed), write `results.json` and `report.md` to `config.output_dir`; return the summary.
 
@@ -338,16 +371,10 @@ def run_lab(config: LabConfig, command: str = "trl-credit lab", log=None) -> dic
     """
     log = log or functools.partial(print, flush=True)
     output_dir = Path(config.output_dir)
+    records = previous_records(config)
     output_dir.mkdir(parents=True, exist_ok=True)
     results_path = output_dir / "results.json"
-    settings = {k: v for k, v in asdict(config).items() if k not in ("methods", "tasks", "seeds", "output_dir")}
-    previous = json.loads(results_path.read_text()) if results_path.is_file() else {}
-    # Settings added after a results.json was written count at their defaults.
-    previous_settings = {
-        **{k: v for k, v in asdict(LabConfig()).items() if k in settings},
-        **previous.get("settings", {}),
-    }
-    records = [r for r in previous.get("runs", []) if previous_settings == settings]
+    settings = _settings(config)
     done = {(r["task"], r["method"], r["seed"]) for r in records}
     for task in config.tasks:
         for seed in config.seeds:

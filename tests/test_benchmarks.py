@@ -1,0 +1,130 @@
+"""The scaling and official-code benchmarks: every registered method runs in them, the memory probe measures what a
+call allocates, and the official functions are taken out of a clone's files as they are written there."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from trl_credit.methods import CREDIT_METHODS
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture
+def benchmarks(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _method_inputs
+    import official
+    import scaling
+
+    return _method_inputs, scaling, official
+
+
+@pytest.mark.parametrize("name", sorted(CREDIT_METHODS))
+def test_scaling_runs_every_registered_method_on_its_own_statistics(benchmarks, name):
+    _method_inputs, scaling, _ = benchmarks
+    calls = scaling.method_calls(8, 32, 4)
+    assert set(calls) == {"floor", *CREDIT_METHODS}
+    result = calls[name]()
+    assert result.advantages_BT.shape == (8, 32) and torch.isfinite(result.advantages_BT).all()
+    _, _, named = _method_inputs.method_batch(8, 32, 4)
+    method = CREDIT_METHODS[name]
+    given = _method_inputs.arguments_for(method, named)
+    from trl_credit.methods.batch import STATISTICS
+
+    assert {k for k in given if k in STATISTICS} == set(method.statistics_for(method.hyperparameters()))
+
+
+def test_memory_probe_measures_an_allocation(benchmarks):
+    """In a process with the benchmark's allocator settings, a call that holds 64 MiB reads as 64 MiB (+ page noise),
+    one that allocates nothing as about 0."""
+    _method_inputs, _, _ = benchmarks
+    script = textwrap.dedent(
+        f"""
+        import json, sys, torch
+        sys.path.insert(0, {str(BENCHMARKS)!r})
+        from _method_inputs import extra_peak_bytes
+        held = extra_peak_bytes(lambda: torch.ones(16 * 2**20))  # 16 Mi floats = 64 MiB
+        freed = extra_peak_bytes(lambda: float(torch.ones(16 * 2**20).sum()))  # freed before the probe returns
+        nothing = extra_peak_bytes(lambda: None)
+        print(json.dumps([held, freed, nothing]))
+        """
+    )
+    env = {**os.environ, **_method_inputs.MEMORY_ENV}
+    output = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    held, freed, nothing = json.loads(output.stdout.strip().splitlines()[-1])
+    mib = 2**20
+    assert 64 * mib <= held < 72 * mib and 64 * mib <= freed < 72 * mib  # the peak counts, freed or not
+    assert nothing < 2 * mib
+
+
+def test_official_functions_are_extracted_from_the_clone_as_written(benchmarks, tmp_path):
+    _, _, official = benchmarks
+    source = tmp_path / "core_algos.py"
+    source.write_text(
+        textwrap.dedent(
+            """
+            import verl_only_module  # never imported by the benchmark
+            SCALE: float = 3.0
+
+            @register_adv_est("x")  # verl's registry: dropped
+            @torch.no_grad()
+            def weighted(values: torch.Tensor, config: ActorConfig) -> torch.Tensor:
+                return values * SCALE + config["shift"]
+
+            def unrelated():
+                raise AssertionError
+            """
+        )
+    )
+    namespace = official.extract(source, ["SCALE", "weighted"], {"torch": torch})
+    values = torch.tensor([1.0, -2.0], requires_grad=True)
+    out = namespace["weighted"](values, {"shift": 0.5})
+    assert out.tolist() == [3.5, -5.5] and not out.requires_grad  # torch.no_grad kept
+    assert "unrelated" not in namespace
+    with pytest.raises(SystemExit, match=r"no top-level \['missing'\]"):
+        official.extract(source, ["missing"], {})
+
+
+def test_actor_blocks_run_as_functions_of_the_loop_variables(benchmarks, tmp_path):
+    _, _, official = benchmarks
+    actor = tmp_path / "dp_actor.py"
+    actor.write_text(
+        textwrap.dedent(
+            """
+            class Actor:
+                def update_policy(self, advantages, response_mask, old_log_prob):
+                    if adv_reweight_enable:
+                        print("a different block under the same flag, which changes no loop variable")
+                    for step in range(2):
+                        if adv_reweight_enable:
+                            advantages = advantages * (0.5 + 0.5 * old_log_prob.exp())
+                        elif tampo_mask_enable:
+                            response_mask = response_mask * 0
+            """
+        )
+    )
+    block = official.actor_block(actor, "adv_reweight_enable", {"torch": torch})
+    arguments = dict.fromkeys(official.BLOCK_ARGUMENTS)
+    logp = torch.log(torch.tensor([0.5, 1.0]))
+    arguments.update(advantages=torch.tensor([2.0, 2.0]), old_log_prob=logp, response_mask=torch.ones(2))
+    advantages, mask = block(**arguments)
+    assert advantages.tolist() == [1.5, 2.0] and mask.tolist() == [1.0, 1.0]
+    tampo = official.actor_block(actor, "tampo_mask_enable", {"torch": torch})
+    assert tampo(**arguments)[1].tolist() == [0.0, 0.0]
+    with pytest.raises(SystemExit, match="no `if stapo_enable` block"):
+        official.actor_block(actor, "stapo_enable", {})
+
+
+def test_a_missing_clone_is_named_with_its_clone_command(benchmarks, tmp_path):
+    _, _, official = benchmarks
+    with pytest.raises(SystemExit, match="git clone https://github.com/xiuyilou/TACO"):
+        official.official_functions(tmp_path)

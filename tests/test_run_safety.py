@@ -1,0 +1,286 @@
+"""A run never trains on, or saves, a non-finite model, and owns its output folder (`trl_credit.trainer.run_safety`,
+`trl_credit.trainer.run_folder`), from Python and from `trl-credit grpo`, `compare` and `lab`.
+
+Each non-finite case is made by what a user could do (a NaN weight decay, a reward function returning inf) or, for the
+loss itself, by a trainer subclass whose loss turns NaN at step 2; the checks read what is on disk afterwards. A lock
+held by another process is held by a real one, spawned by the test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset, tiny_recipe
+from safetensors.torch import load_file
+
+from trl_credit import CreditGRPOTrainer
+from trl_credit.cli import main as cli_main
+from trl_credit.experiments.lab.lab_runs import LabConfig, previous_records
+from trl_credit.trainer.run_folder import LOCK_FILE, RunFolderBusy, run_folder_lock
+from trl_credit.trainer.run_safety import NonFiniteTrainingError
+
+FINAL_FILES = ("model.safetensors", "config.json", "trainer_state.json")  # `save_model` and `save_state`
+
+
+def _trainer(output_dir, trainer_class=CreditGRPOTrainer, reward=length_reward, **overrides):
+    tokenizer = make_tiny_tokenizer()
+    settings = dict(max_steps=3, save_strategy="steps", save_steps=1) | overrides
+    return trainer_class(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=reward,
+        args=tiny_config("taco", output_dir, **settings),
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+
+
+def _checkpoints(folder) -> list[str]:
+    return sorted(p.name for p in folder.glob("checkpoint-*"))
+
+
+def _all_finite(model) -> bool:
+    return all(torch.isfinite(p).all() for p in model.parameters())
+
+
+class NaNLossAtStep2(CreditGRPOTrainer):
+    """The loss of step 2 (every micro-batch of it) is NaN, as a diverging model's would be."""
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        return loss * math.nan if self.state.global_step == 1 else loss
+
+
+class NaNGradientAtStep2(CreditGRPOTrainer):
+    """A finite loss whose backward overflows at step 2: one gradient element is NaN."""
+
+    def training_step(self, *args, **kwargs):
+        loss = super().training_step(*args, **kwargs)
+        if self.state.global_step == 1:
+            next(self.model.parameters()).grad.view(-1)[0] = math.nan
+        return loss
+
+
+@pytest.mark.parametrize(
+    "trainer_class,stopped",
+    [
+        (
+            NaNLossAtStep2,
+            "the loss is not finite (likely cause: a diverged model (learning_rate=0.05 may be too high))",
+        ),
+        (NaNGradientAtStep2, "the gradient norm is not finite (likely cause: an overflow in the backward pass"),
+    ],
+)
+def test_a_nan_loss_or_gradient_stops_at_its_step_before_the_update_keeping_the_earlier_checkpoint(
+    tmp_path, trainer_class, stopped
+):
+    out = tmp_path / "run"
+    trainer = _trainer(out, trainer_class)
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        trainer.train()
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(f"step 2: {stopped}")
+    assert f"the last checkpoint, {out / 'checkpoint-1'}, is from a finite step" in message
+    assert _checkpoints(out) == ["checkpoint-1"]  # save_steps=1, yet no checkpoint of step 2
+    # Step 2's update never ran: the weights are checkpoint-1's, finite.
+    saved = load_file(out / "checkpoint-1" / "model.safetensors")
+    assert saved.keys() == trainer.model.state_dict().keys()
+    for name, value in trainer.model.state_dict().items():
+        assert torch.isfinite(saved[name]).all() and torch.equal(value, saved[name]), name
+
+
+def test_a_nan_weight_decay_stops_at_step_1_and_writes_no_checkpoint_of_it(tmp_path):
+    out = tmp_path / "run"
+    trainer = _trainer(out)
+    # Set on the built trainer, as a config that refuses NaN cannot be given it: the trainer must not rely on that.
+    trainer.args.weight_decay = math.nan
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        trainer.train()
+    message = str(raised.value)
+    assert message.startswith("step 1: the weights after the update are not finite (likely cause: weight_decay=nan)")
+    assert message.endswith("no checkpoint was saved")
+    assert not _all_finite(trainer.model)  # what the guard saw; none of it reached the disk
+    assert not out.exists() or _checkpoints(out) == []
+
+
+def _reward_from_step_2(value: float):
+    def reward_from_step_2(completions, trainer_state, **kwargs):
+        return [value if trainer_state.global_step >= 1 else r for r in length_reward(completions)]
+
+    return reward_from_step_2
+
+
+def test_an_infinite_reward_stops_training_naming_the_reward_function(tmp_path):
+    out = tmp_path / "run"
+    trainer = _trainer(out, reward=_reward_from_step_2(math.inf))
+    with pytest.raises(NonFiniteTrainingError, match=r"^step 2: the rewards of reward_from_step_2 are not finite"):
+        trainer.train()
+    assert _checkpoints(out) == ["checkpoint-1"] and _all_finite(trainer.model)
+
+
+def test_a_nan_reward_is_trls_no_reward_and_trains_on(tmp_path):
+    """TRL reads NaN as "every reward function returned None": such completions get no advantage, nothing is NaN."""
+    trainer = _trainer(tmp_path / "run", reward=_reward_from_step_2(math.nan))
+    trainer.train()
+    assert trainer.state.global_step == 3 and _all_finite(trainer.model)
+
+
+# -------------------------------------------------------------------------------------------------- the CLI
+
+
+def infinite_from_step_2(completions, trainer_state, **kwargs):
+    """A reward function for `--reward_funcs test_run_safety:infinite_from_step_2`."""
+    return _reward_from_step_2(math.inf)(completions, trainer_state)
+
+
+def test_grpo_stops_at_a_non_finite_step_exits_1_and_saves_no_final_model_or_card(tmp_path, tiny_model_dir, capsys):
+    recipe = tiny_recipe(
+        tmp_path,
+        tiny_model_dir,
+        max_steps=3,
+        save_strategy="steps",
+        save_steps=1,
+        reward_funcs=["test_run_safety:infinite_from_step_2"],
+    )
+    assert cli_main(["grpo", "--config", str(recipe)]) == 1
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("trl-credit grpo:")]
+    assert errors == [
+        "trl-credit grpo: error: step 2: the rewards of infinite_from_step_2 are not finite (likely cause: "
+        "infinite_from_step_2 returning inf); training stopped before saving step 2; the last checkpoint, "
+        f"{tmp_path / 'run' / 'checkpoint-1'}, is from a finite step"
+    ]
+    assert "saved to" not in captured.out
+    run = tmp_path / "run"
+    assert not [name for name in FINAL_FILES if (run / name).exists()]
+    # The card (README.md, plots/) there is the one written with checkpoint-1, as TRL writes it with each checkpoint.
+    assert _checkpoints(run) == ["checkpoint-1"]
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Any attempt to resolve or load a model fails the test: the refusal must come first."""
+    import huggingface_hub.constants
+
+    import trl_credit.data.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the refusal")
+
+    monkeypatch.setattr(trl_credit.data.models, "resolve_model_path", refuse)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+HOLDER = """
+import sys
+from trl_credit.trainer.run_folder import run_folder_lock
+with run_folder_lock(sys.argv[1]):
+    print("held", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.fixture
+def holder():
+    """`holder(folder)`: another process holding the lock of `folder` until the test ends (or it is killed)."""
+    processes = []
+
+    def hold(folder):
+        process = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        processes.append(process)
+        assert process.stdout.readline() == "held\n"
+        return process
+
+    yield hold
+    for process in processes:
+        process.stdin.close()
+        process.wait(timeout=30)
+
+
+def _one_error_line(capsys, command: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"trl-credit {command}: error:"), err
+    return err[0]
+
+
+def test_a_second_run_into_a_held_folder_is_refused_before_loading_naming_the_holder(
+    tmp_path, tiny_model_dir, holder, no_model_loading, capsys
+):
+    recipe = tiny_recipe(tmp_path, tiny_model_dir)
+    process = holder(tmp_path / "run")
+    assert cli_main(["grpo", "--config", str(recipe)]) == 2
+    assert f"is in use by process {process.pid}, which is training into it" in _one_error_line(capsys, "grpo")
+    assert sorted(os.listdir(tmp_path / "run")) == [LOCK_FILE]
+
+    for command, argv in (
+        ("compare", ["--methods", "grpo", "--seeds", "0", "--skip_eval"]),
+        ("lab", ["--methods", "grpo", "--tasks", "rare", "--seeds", "0"]),
+    ):
+        assert cli_main([command, *argv, "--output_dir", str(tmp_path / "run")]) == 2
+        assert f"in use by process {process.pid}" in _one_error_line(capsys, command)
+
+
+def test_a_trainer_into_a_held_folder_is_refused(tmp_path, holder):
+    process = holder(tmp_path / "run")
+    with pytest.raises(RunFolderBusy, match=f"in use by process {process.pid}"):
+        _trainer(tmp_path / "run").train()
+
+
+def test_the_lock_is_reentrant_here_and_outlives_no_crash(tmp_path, holder):
+    folder = tmp_path / "run"
+    with run_folder_lock(folder), run_folder_lock(folder):  # the CLI's, then the trainer's, in one process
+        (folder / "log.txt").write_text("written")
+    holder(folder)  # released: another process takes it
+    crashed = holder(tmp_path / "other")
+    os.kill(crashed.pid, signal.SIGKILL)  # a crash: the operating system releases its lock
+    crashed.wait()
+    with run_folder_lock(tmp_path / "other"):
+        assert (tmp_path / "other" / LOCK_FILE).read_text().strip() == str(os.getpid())
+    with run_folder_lock(tmp_path / "empty"):  # a run that wrote nothing leaves no folder behind
+        pass
+    assert not (tmp_path / "empty").exists()
+
+
+def test_a_finished_run_is_refused_naming_both_fixes_and_both_are_accepted(tmp_path, tiny_model_dir, holder, capsys):
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, save_strategy="steps", save_steps=1)
+    run = tmp_path / "run"
+    assert cli_main(["grpo", "--config", str(recipe)]) == 0
+    holder(run).stdin.close()  # the lock was released when the command ended
+    state = (run / "trainer_state.json").read_text()
+    capsys.readouterr()
+
+    assert cli_main(["grpo", "--config", str(recipe), "--method", "eapo"]) == 2
+    error = _one_error_line(capsys, "grpo")
+    assert f"--output_dir {run} holds a finished run (trainer_state.json, config.json, model.safetensors)" in error
+    assert "--overwrite_output_dir true" in error and "--resume_from_checkpoint" in error
+    assert (run / "trainer_state.json").read_text() == state
+
+    assert cli_main(["grpo", "--config", str(recipe), "--method", "eapo", "--overwrite_output_dir", "true"]) == 0
+    assert "eapo" in (run / "README.md").read_text().lower()
+    resumed = ["--resume_from_checkpoint", str(run / "checkpoint-1"), "--max_steps", "2"]
+    assert cli_main(["grpo", "--config", str(recipe), "--method", "eapo", *resumed]) == 0
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 2
+
+
+def test_lab_refuses_a_folder_of_runs_with_other_settings_unless_overwritten(tmp_path, capsys):
+    other = LabConfig(output_dir=str(tmp_path), learning_rate=1e-3)
+    settings = {k: v for k, v in vars(other).items() if k not in ("methods", "tasks", "seeds", "output_dir")}
+    settings.pop("overwrite_output_dir")
+    run = {"task": "rare", "method": "grpo", "seed": 0}
+    (tmp_path / "results.json").write_text(json.dumps({"settings": settings, "runs": [run]}))
+
+    assert previous_records(other) == [run]  # the same settings: continued, nothing repeated
+    assert previous_records(LabConfig(output_dir=str(tmp_path), overwrite_output_dir=True)) == []
+    assert (
+        cli_main(["lab", "--methods", "grpo", "--tasks", "rare", "--seeds", "0", "--output_dir", str(tmp_path)]) == 2
+    )
+    error = _one_error_line(capsys, "lab")
+    assert "holds 1 runs with other settings (learning_rate): pass --overwrite_output_dir true" in error

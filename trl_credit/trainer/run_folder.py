@@ -1,0 +1,93 @@
+"""A run owns its output folder: one process at a time writes into it (`run_folder_lock`), and a folder that holds a
+finished run is recognised (`finished_run_files`) so that the command line can refuse to replace it.
+
+The lock is an exclusive `fcntl.flock` on `LOCK_FILE` in the folder, taken without waiting: a second process gets
+`RunFolderBusy`, naming the process that holds it (its pid, written into the file). The operating system releases the
+lock when its process exits, however it exits, so a crash never leaves a stale lock behind. The file stays (deleting
+a lock file races with a process that just opened it), except in a folder that taking the lock created and the run
+left empty, which is removed. Its name starts with `_`, which TRL's `push_to_hub` does not upload.
+
+Within one process the lock is re-entrant: `trl-credit grpo` takes it before loading the model and the trainer takes it
+again for `train()`, and a notebook that trains a second trainer into the folder of the first, one after the other, is
+the same run. A command that starts worker processes (`accelerate launch`) passes the folder it holds to them in
+`HELD_BY_PARENT_ENV`, so that they do not wait for a lock their parent holds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK_FILE = "_trl_credit.lock"
+# Set by a process that holds the lock of a folder in the environment of the workers it starts: the folder's path.
+HELD_BY_PARENT_ENV = "TRL_CREDIT_RUN_FOLDER_HELD"
+# What a finished run leaves at the top of its output folder: `save_state` and `save_model` at the end of training
+# (a checkpoint keeps its own in `checkpoint-N`; TRL writes the model card, README.md, at every checkpoint too).
+FINISHED_RUN_FILES = ("trainer_state.json", "config.json", "adapter_config.json", "model.safetensors")
+
+# The locks this process holds: folder (resolved) -> [open lock file, depth, whether taking it created the folder].
+_held: dict[str, list] = {}
+
+
+class RunFolderBusy(RuntimeError):
+    """Another process holds the lock of the output folder."""
+
+
+def _key(folder) -> str:
+    return str(Path(folder).resolve())
+
+
+def finished_run_files(folder) -> list[str]:
+    """The files of `FINISHED_RUN_FILES` at the top of `folder`: empty when it holds no finished run."""
+    return [name for name in FINISHED_RUN_FILES if (Path(folder) / name).is_file()]
+
+
+def _holder(lock_file) -> str:
+    lock_file.seek(0)
+    pid = lock_file.read().strip()
+    return f"process {pid}" if pid.isdigit() else "another process"
+
+
+@contextmanager
+def run_folder_lock(folder):
+    """Hold the exclusive lock of the run folder `folder` (created if missing) inside the block.
+
+    Raises:
+        RunFolderBusy: another process holds it (the message names its pid).
+    """
+    key = _key(folder)
+    if os.environ.get(HELD_BY_PARENT_ENV) == key:  # a worker of the process that holds it
+        yield
+        return
+    if key in _held:
+        _held[key][1] += 1
+    else:
+        created = not os.path.exists(key)
+        Path(key).mkdir(parents=True, exist_ok=True)
+        lock_file = open(Path(key) / LOCK_FILE, "a+")  # noqa: SIM115 - held across the block, closed below
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(lock_file)
+            lock_file.close()
+            raise RunFolderBusy(
+                f"{folder} is in use by {holder}, which is training into it: wait for it to end, or choose another "
+                "output folder"
+            ) from None
+        lock_file.truncate(0)
+        lock_file.write(f"{os.getpid()}\n")
+        lock_file.flush()
+        _held[key] = [lock_file, 1, created]
+    try:
+        yield
+    finally:
+        _held[key][1] -= 1
+        if _held[key][1] == 0:
+            lock_file, _, created = _held.pop(key)
+            lock_file.truncate(0)
+            if created and os.listdir(key) == [LOCK_FILE]:  # a run that wrote nothing leaves no empty folder
+                os.unlink(lock_file.name)
+                os.rmdir(key)
+            lock_file.close()  # closing the file releases the lock
