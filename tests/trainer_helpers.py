@@ -141,7 +141,7 @@ class AdvantageRecorder:
         self.reference_model = frozen_copy(policy) if deviations else None
         self.token_texts = token_texts_of(trainer.processing_class)
         self.expected = {}
-        self.checked_batches, self.max_difference = 0, 0.0
+        self.checked_batches, self.max_difference, self.tie_swaps = 0, 0.0, 0
         self.moved_tokens, self.valid_tokens = 0.0, 0
         self._rewards_B, self._forward_expected = None, None
         original_generate = GRPOTrainer._generate_and_score_completions
@@ -306,8 +306,17 @@ class AdvantageRecorder:
             completion_ids_BT=inputs["completion_ids"],
         )
         credit = reference_stack(self.forward_stage, credit, self.hyperparameters)
+        ranked_BTS = torch.stack([credit.statistics[name] for name in sorted(credit.statistics)], dim=-1)
         return [
-            [{**row, "advantages_BT": credit.advantages_BT[i], "loss_weights_BT": credit.loss_weights_BT[i]}]
+            [
+                {
+                    **row,
+                    "advantages_BT": credit.advantages_BT[i],
+                    "loss_weights_BT": credit.loss_weights_BT[i],
+                    "incoming": incoming_BT[i],
+                    "ranked": ranked_BTS[i],
+                }
+            ]
             for i, row in enumerate(first)
         ]
 
@@ -321,7 +330,7 @@ class AdvantageRecorder:
         loss_mask = inputs["completion_mask"].double().cpu()
         if "tool_mask" in inputs:
             loss_mask = loss_mask * inputs["tool_mask"].double().cpu()
-        difference = 0.0
+        chosen = []
         for i, rows in enumerate(expected_rows):
             row_differences = []
             for row in rows:
@@ -333,22 +342,29 @@ class AdvantageRecorder:
                         (loss_mask[i] - want_mask).abs().max().item(),
                     )
                 )
-            difference = max(difference, min(row_differences))
-            best = rows[row_differences.index(min(row_differences))]
+            chosen.append(rows[row_differences.index(min(row_differences))])
+        want_BT = torch.stack([row["advantages_BT"] for row in chosen]) * base_BT
+        weights_BT = torch.stack([row["loss_weights_BT"] for row in chosen]) * base_BT
+        if "ranked" in chosen[0]:
+            want_BT, weights_BT = self._tie_swaps(chosen, consumed * base_BT, loss_mask, want_BT, weights_BT)
+        for i in range(base_BT.size(0)):
             torch.testing.assert_close(
                 consumed[i] * base_BT[i],
-                best["advantages_BT"] * base_BT[i],
+                want_BT[i],
                 atol=self.atol,
                 rtol=self.atol,
                 msg=lambda m, i=i: f"row {i} advantages: {m}",
             )
             torch.testing.assert_close(
                 loss_mask[i],
-                best["loss_weights_BT"] * base_BT[i],
+                weights_BT[i],
                 atol=self.atol,
                 rtol=self.atol,
                 msg=lambda m, i=i: f"row {i} loss mask: {m}",
             )
+        difference = max(
+            ((consumed * base_BT - want_BT).abs().max().item(), (loss_mask - weights_BT).abs().max().item())
+        )
         self.max_difference = max(self.max_difference, difference)
         sequence_B = torch.stack([rows[0]["sequence_advantages_B"] for rows in expected_rows])
         valid = int(base_BT.sum())
@@ -356,6 +372,43 @@ class AdvantageRecorder:
         self.moved_tokens += share * valid
         self.valid_tokens += valid
         self.checked_batches += 1
+
+    def _tie_swaps(self, chosen, consumed_BT, loss_mask_BT, want_BT, weights_BT):
+        """A rule that ranks tokens (STARE's top-k surprisals) may take either of two tokens whose statistics are
+        equal (rows sharing a prefix): where the trainer and the reference took different members of such a tie, the
+        two tokens' factors (advantage / incoming advantage) and loss weights are swapped. Those pairs take the
+        trainer's values, counted in `tie_swaps`; any other difference stays one."""
+        incoming_BT = torch.stack([row["incoming"] for row in chosen])
+        ranked_BTS = torch.stack([row["ranked"] for row in chosen])
+        tol = 10 * self.atol
+        differs = ((consumed_BT - want_BT).abs() > tol) | ((loss_mask_BT - weights_BT).abs() > tol)
+        positions = [tuple(p) for p in differs.nonzero().tolist()]
+        if not positions or (incoming_BT[differs] == 0).any():
+            return want_BT, weights_BT
+
+        def factor(values_BT, p):
+            return values_BT[p] / incoming_BT[p]
+
+        unpaired = set(positions)
+        for p in positions:
+            if p not in unpaired:
+                continue
+            for q in unpaired - {p}:
+                same = (ranked_BTS[p] - ranked_BTS[q]).abs().max() <= 1e-9  # the package's float32 ties exactly
+                tied = same and incoming_BT[p].sign() == incoming_BT[q].sign()
+                if tied and all(
+                    abs(factor(consumed_BT, a) - factor(want_BT, b)) <= tol
+                    and abs(loss_mask_BT[a] - weights_BT[b]) <= tol
+                    for a, b in ((p, q), (q, p))
+                ):
+                    unpaired -= {p, q}
+                    break
+        swapped = set(positions) - unpaired
+        want_BT, weights_BT = want_BT.clone(), weights_BT.clone()
+        for p in swapped:
+            want_BT[p], weights_BT[p] = consumed_BT[p], loss_mask_BT[p]
+        self.tie_swaps += len(swapped) // 2
+        return want_BT, weights_BT
 
 
 def assert_all_params_changed(before, after):

@@ -109,5 +109,6 @@ def test_colocate_training_is_exact(monkeypatch, tmp_path, vllm_model_dir, share
         ratio = f"IS ratio in [{ratios.min().item():.4f}, {ratios.max().item():.4f}]"
     print(
         f"\n[real vLLM colocate] {method} {cell}: max |consumed - recomputed| = {recorder.max_difference:.2e}, "
-        f"moved share = {recorder.moved_share():.3f}, credit/extra_forwards = {want}, {ratio}"
+        f"moved share = {recorder.moved_share():.3f}, tie swaps = {recorder.tie_swaps}, "
+        f"credit/extra_forwards = {want}, {ratio}"
     )
