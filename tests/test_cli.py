@@ -8,6 +8,8 @@ import sys
 
 import pytest
 import yaml
+from conftest import tiny_recipe
+from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_settings
 
 from trl_credit.cli import UsageError
 from trl_credit.cli import main as cli_main
@@ -594,3 +596,28 @@ def test_compare_and_lab_read_negative_numbers_as_values_and_lab_checks_its_thre
     argv = ["compare", "--methods", "grpo", "--seeds", "0", "--dry_run", "--learning_rate", "-1e-5"]
     _refused_before_any_model(capsys, monkeypatch, argv, "the grpo runs would fail: --learning_rate is -1e-05, which")
     _refused_before_any_model(capsys, monkeypatch, ["lab", "--solved_threshold", "5"], "solved_threshold must be in")
+
+
+def test_grpo_cli_trains_a_documented_stack_exactly(monkeypatch, tmp_path, tiny_model_dir):
+    """`trl-credit grpo --method ar_lopti+taco+stapo+clip_cov` (the longest stack docs/baselines.md names) with each
+    method's moving settings as flags and a reward that varies within groups: the advantages and loss mask TRL's loss
+    consumed are the reference rules' (`AdvantageRecorder` on the trainer the command builds), and credit moved. The
+    other stacks and methods take the same way from the command line to the trainer (`test_engines.py` trains each)."""
+    from trl_credit import CreditGRPOTrainer
+
+    method = "ar_lopti+taco+stapo+clip_cov"
+    assert method in DOCUMENTED_STACKS
+    recorders, original_init = [], CreditGRPOTrainer.__init__
+
+    def recorded_init(trainer, *args, **kwargs):
+        original_init(trainer, *args, **kwargs)
+        recorders.append(AdvantageRecorder(monkeypatch, trainer))
+
+    monkeypatch.setattr(CreditGRPOTrainer, "__init__", recorded_init)
+    reward = ["real_vllm.helpers:text_length_reward"]  # characters, not words: it varies on the tiny model's text
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, max_steps=2, reward_funcs=reward)
+    flags = [f"--{name}={value}" for name, value in moving_settings(method).items()]
+    assert cli_main(["grpo", "--config", str(recipe), "--method", method, *flags]) == 0
+    [recorder] = recorders
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import tiny_recipe
+from trainer_helpers import moving_settings
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
@@ -24,8 +25,11 @@ def run(arguments, shims=False):
 
 
 def test_grpo_cli_trains_with_colocated_vllm(tmp_path, vllm_model_dir):
-    recipe = tiny_recipe(tmp_path, vllm_model_dir, max_steps=2)
+    """A reward that varies within groups on vLLM's completions, and TACO's tail threshold where tokens fall in the
+    tail (`MOVING_SETTINGS`): the run trains (gradient norm > 0) and TACO moves credit."""
+    recipe = tiny_recipe(tmp_path, vllm_model_dir, max_steps=2, reward_funcs=["real_vllm.helpers:text_length_reward"])
     flags = ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.1"]
+    flags += [f"--{name}={value}" for name, value in moving_settings("taco").items()]
     done = run(["grpo", "--config", str(recipe), "--method", "taco", *flags], shims=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "trl-credit: taco on" in done.stdout
@@ -35,6 +39,8 @@ def test_grpo_cli_trains_with_colocated_vllm(tmp_path, vllm_model_dir):
     assert len(steps) == 2
     for entry in steps:  # vLLM generated, TRL's IS correction ran (its old-log-prob forward feeds TACO's statistics)
         assert entry["credit/extra_forwards"] == 0 and "sampling/importance_sampling_ratio/mean" in entry
+        assert entry["reward_std"] > 0 and entry["grad_norm"] > 0
+    assert any(entry["taco/tail_fraction_pos"] > 0 for entry in steps)  # positive credit in the tail was shrunk
     assert (tmp_path / "run" / "model.safetensors").is_file()
 
 
