@@ -2,12 +2,16 @@
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 import yaml
+from conftest import tiny_recipe
+from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_settings
 
+from trl_credit.cli import UsageError
 from trl_credit.cli import main as cli_main
 from trl_credit.cli.grpo import parse_arguments, reward_summary
 from trl_credit.resources import packaged_dir
@@ -134,6 +138,7 @@ BAD_INPUT = [
     (["--max_steps", "-5"], {}, "--max_steps must be an integer >= 1, or -1 to train for num_train_epochs, got -5"),
     (["--max_steps", "0"], {}, "--max_steps must be an integer >= 1, or -1 to train for num_train_epochs, got 0"),
     (["--num_generations", "1"], {}, "--num_generations must be an integer >= 2"),
+    (["--max_steps", "-1e1"], {}, "--max_steps: invalid int value: '-1e1'"),
     # Models, data and back ends that cannot be reached.
     (["--model_name_or_path", "/no/such/model"], {}, "--model_name_or_path: model path /no/such/model does not exist"),
     (
@@ -164,21 +169,65 @@ BAD_INPUT = [
     ),
     (["--method", "{tmp}/raising_method.py:m"], {}, "RuntimeError: refused at import"),
     # TRL's own fields with a domain, which TRL checks only after the model has loaded, or never.
-    (["--loss_type", "foo"], {}, "--loss_type must be one of TRL's loss types (grpo, dr_grpo, dapo, "),
-    (["--temperature", "-1"], {}, "--temperature must be a finite number > 0, got -1.0"),
-    (["--learning_rate", "nan"], {}, "--learning_rate must be a finite number >= 0, got nan"),
-    (["--learning_rate", "inf"], {}, "--learning_rate must be a finite number >= 0, got inf"),
+    (
+        ["--loss_type", "foo"],
+        {},
+        "--loss_type must be one of grpo, dr_grpo, dapo, bnpo, cispo, sapo, luspo, vespo (TRL",
+    ),
+    (["--scale_rewards", "foo"], {}, "--scale_rewards must be one of group, batch, none (TRL's values), got 'foo'"),
+    (["--vllm_mode", "foo"], {}, "--vllm_mode must be one of server, colocate (TRL's values), got 'foo'"),
+    (["--learning_rate", "nan"], {}, "--learning_rate must be a finite number, got nan"),
+    (["--learning_rate", "inf"], {}, "--learning_rate must be a finite number, got inf"),
     (["--config", "{yaml}"], {"learning_rate": None}, "learning_rate (in "),
-    (["--config", "{yaml}"], {"learning_rate": [1e-5, 2e-5]}, "must be a finite number >= 0, got [1e-05, 2e-05]"),
+    (["--config", "{yaml}"], {"learning_rate": [1e-5, 2e-5]}, "must be a finite number, got [1e-05, 2e-05]"),
+    (["--weight_decay", "nan"], {}, "--weight_decay must be a finite number, got nan"),
+    (["--adam_beta1", "nan"], {}, "--adam_beta1 must be a finite number, got nan"),
+    (["--max_grad_norm", "nan"], {}, "--max_grad_norm must be a finite number >= 0 (0 turns clipping off), got nan"),
+    (["--max_grad_norm", "-1"], {}, "--max_grad_norm must be a finite number >= 0 (0 turns clipping off), got -1.0"),
+    # Asked of the library that owns the setting, whose words follow: torch's optimizer, transformers' logits
+    # processors and reporting callbacks, the Hub; a negative number in any notation is a value.
+    (["--weight_decay=-1"], {}, "--weight_decay is -1.0, which the optimizer of optim 'adamw_torch_fused' refuses: "),
+    (["--learning_rate", "-1e-5"], {}, "--learning_rate is -1e-05, which the optimizer of optim 'adamw_torch_fused' "),
+    (["--adam_beta2", "1.5"], {}, "--adam_beta2 is 1.5, which the optimizer of optim 'adamw_torch_fused' refuses: I"),
+    (["--repetition_penalty", "0"], {}, "--repetition_penalty is 0.0, which transformers' RepetitionPenaltyLogitsP"),
+    (["--temperature", "-1"], {}, "--temperature is -1.0, which transformers' TemperatureLogitsWarper refuses: "),
+    (["--config", "{yaml}"], {"temperature": 0}, "temperature (in "),
+    (["--report_to", "wandb"], {}, "--report_to is ['wandb'], which transformers' WandbCallback refuses: "),
+    (
+        ["--report_to", "nothing"],
+        {},
+        "--report_to is ['nothing'], which transformers refuses: nothing is not supported",
+    ),
+    (["--push_to_hub", "true"], {}, "--push_to_hub is on, but the Hugging Face Hub is offline (HF_HUB_OFFLINE=1)"),
+    (
+        ["--vllm_gpu_memory_utilization", "1.5"],
+        {},
+        "--vllm_gpu_memory_utilization 1.5 has no effect: use_vllm is off",
+    ),
+    (
+        ["--per_device_train_batch_size", "4", "--num_generations", "3"],
+        {},
+        "--per_device_train_batch_size 4 is not divisible by --num_generations 3: ",
+    ),
+    (["--save_steps", "1"], {}, "--save_steps 1 has no effect: save_strategy (in "),
+    (["--save_steps", "-1", "--save_strategy", "steps"], {}, "--save_steps must be a number > 0 (an integer number"),
+    (["--save_steps", "-1"], {}, "--save_steps must be a number > 0"),
+    (["--config", "{tmp}/tab.yaml"], {}, "tab.yaml' is not valid YAML: line 2, column 1: found character '\\t' that "),
+    (
+        ["--method", "trl_credit.experiments.lab.oracle:oracle"],
+        {},
+        "oracle reads task_decisive, which CreditGRPOTrainer (the trainer of trl-credit grpo) does not compute",
+    ),
     (["--config", "{yaml}"], {"max_steps": 3.7}, "-1 to train for num_train_epochs, got 3.7"),
     (["--config", "{yaml}"], {"max_completion_length": [48, 64]}, "must be an integer >= 1, got [48, 64]"),
     (["--beta", "-1"], {}, "--beta must be a finite number >= 0, got -1.0"),
     (["--epsilon", "-0.2"], {}, "--epsilon must be a finite number > 0, got -0.2"),
     (["--epsilon_high", "-0.2"], {}, "--epsilon_high must be a finite number > 0, or unset, got -0.2"),
     (["--num_iterations", "0"], {}, "--num_iterations must be an integer >= 1, got 0"),
-    (["--top_p", "0"], {}, "--top_p must be a number in (0, 1], got 0.0"),
-    (["--top_k", "-1"], {}, "--top_k must be an integer >= 0 (0 turns top-k filtering off), got -1"),
-    (["--min_p", "1.5"], {}, "--min_p must be a number in [0, 1], or unset, got 1.5"),
+    (["--top_p", "1.5"], {}, "--top_p is 1.5, which transformers' TopPLogitsWarper refuses: `top_p` has to be a "),
+    (["--top_p", "nan"], {}, "--top_p must be a finite number, got nan"),
+    (["--top_k", "-1"], {}, "--top_k is -1, which transformers' TopKLogitsWarper refuses: `top_k` has to be a "),
+    (["--min_p", "1.5"], {}, "--min_p is 1.5, which transformers' MinPLogitsWarper refuses: `min_p` has to be a "),
     (["--seed", "-1"], {}, "--seed must be an integer in [0, 2**32 - 1], got -1"),
     (["--config", "{yaml}"], {"seed": None}, "must be an integer in [0, 2**32 - 1], got None"),
     # What depends on the rest of the run: the reward functions, the model's context, the folders.
@@ -223,6 +272,7 @@ def _bad_input_files(tmp_path) -> None:
     (tmp_path / "empty.jsonl").write_text("\n")
     (tmp_path / "syntax_error_method.py").write_text("def m(:\n")
     (tmp_path / "raising_method.py").write_text("raise RuntimeError('refused at import')\n")
+    (tmp_path / "tab.yaml").write_text("max_steps: 3\n\tlearning_rate: 1e-5\n")
 
 
 def _refused_before_any_model(capsys, monkeypatch, argv: list[str], message: str) -> None:
@@ -320,22 +370,72 @@ def test_loss_types_are_those_trl_documents():
 
 
 @pytest.mark.parametrize(
-    "field,value",
-    [("loss_type", "foo"), ("temperature", 0.0), ("learning_rate", float("nan")), ("beta", -1.0), ("top_k", -1)],
+    "field,value,words",
+    [
+        ("loss_type", "foo", "must be one of grpo, "),
+        ("scale_rewards", "foo", "must be one of group, batch, none"),
+        ("temperature", 0.0, "is 0.0, which transformers' TemperatureLogitsWarper refuses"),
+        ("repetition_penalty", 0.0, "is 0.0, which transformers' RepetitionPenaltyLogitsProcessor refuses"),
+        ("learning_rate", float("nan"), "must be a finite number, got nan"),
+        ("weight_decay", float("nan"), "must be a finite number, got nan"),
+        ("weight_decay", -1.0, "is -1.0, which the optimizer of optim 'adamw_torch_fused' refuses"),
+        ("adam_beta1", 1.0, "is 1.0, which the optimizer of optim 'adamw_torch_fused' refuses: Invalid beta"),
+        ("beta", -1.0, "must be a finite number >= 0"),
+        ("top_k", -1, "is -1, which transformers' TopKLogitsWarper refuses"),
+        ("report_to", "wandb", "is ['wandb'], which transformers' WandbCallback refuses"),
+        ("push_to_hub", True, "is on, but the Hugging Face Hub is offline"),
+        ("vllm_mode", "foo", "must be one of server, colocate"),
+    ],
 )
-def test_trl_field_checks_apply_to_python_configs(field, value):
+def test_owner_checks_apply_to_python_configs(monkeypatch, field, value, words):
+    """A config built in Python (a notebook) is checked as the command line is, when it is built."""
+    import huggingface_hub.constants
+
     from trl_credit import CreditGRPOConfig
 
-    with pytest.raises(ValueError, match=rf"^{field} must be "):
-        CreditGRPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none", **{field: value})
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    if field == "report_to" and importlib.util.find_spec("wandb") is not None:
+        pytest.fail("wandb is installed: the case needs an integration that is not")
+    with pytest.raises(ValueError, match=rf"^{field} {re.escape(words)}"):
+        CreditGRPOConfig(**{"output_dir": "unused", "use_cpu": True, "bf16": False, "report_to": "none", field: value})
+
+
+def _named_extras(recipe) -> set[str]:
+    """The extras a recipe's comments name (`# Needs: pip install 'trl-credit[vllm,tensorboard]'`)."""
+    return {extra for found in re.findall(r"trl-credit\[([\w,]+)\]", recipe.read_text()) for extra in found.split(",")}
+
+
+def _extras() -> dict[str, list[str]]:
+    import tomllib
+
+    project = tomllib.loads((packaged_dir("configs").parent / "pyproject.toml").read_text())["project"]
+    return project["optional-dependencies"]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_recipe_names_the_extras_it_needs(recipe):
+    """What a recipe switches on, it names the extra of: vLLM, PEFT, DeepSpeed and its reporting integrations."""
+    config, named, extras = yaml.safe_load(recipe.read_text()), _named_extras(recipe), _extras()
+    assert named <= set(extras), f"{recipe.name} names {sorted(named - set(extras))}, which pyproject.toml lacks"
+    report_to = config.get("report_to", "none")
+    needed = set([report_to] if isinstance(report_to, str) else report_to) - {"none"}
+    needed |= {"vllm"} if config.get("use_vllm") else set()
+    needed |= {"peft"} if config.get("use_peft") else set()
+    needed |= {"deepspeed"} if str(config.get("accelerate_config", "")).startswith("zero") else set()
+    installed_by_named = {re.split(r"[<>=\[ ]", req)[0] for extra in named for req in extras[extra]}
+    assert needed <= installed_by_named, f"{recipe.name} needs {sorted(needed - installed_by_named)}: name the extra"
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_parses_into_the_config_classes(recipe):
     # GPU recipes ask for bf16, which TrainingArguments refuses on a CPU-only machine: override just that.
-    script_args, training_args, model_args, _ = parse_arguments(
-        ["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"]
-    )
+    argv = ["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"]
+    missing = [extra for extra in sorted(_named_extras(recipe)) if extra == "tensorboard" and not _importable(extra)]
+    if missing:  # refused before load, saying which extra installs it; then everything else parses
+        with pytest.raises(UsageError, match=re.escape(f"(pip install 'trl-credit[{missing[0]}]')")):
+            parse_arguments(argv)
+        argv += ["--report_to", "none"]
+    script_args, training_args, model_args, _ = parse_arguments(argv)
     config = yaml.safe_load(recipe.read_text())
     assert training_args.credit_method == script_args.method == config.get("method", "grpo")
     for key in config:  # a method's hyperparameter reaches credit_kwargs, with the value the recipe gives
@@ -348,6 +448,18 @@ def test_every_recipe_parses_into_the_config_classes(recipe):
         from trl_credit.resources import accelerate_config_path
 
         assert accelerate_config_path(script_args.accelerate_config).is_file()
+
+
+def _importable(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.parametrize("given", ["none", "None", ""])
+def test_accelerate_config_none_keeps_a_recipe_in_one_process(given):
+    recipe = packaged_dir("configs") / "taco_qwen3_1.7b_base.yaml"  # names `accelerate_config: zero2`
+    argv = ["--config", str(recipe), "--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
+    assert parse_arguments(argv)[0].accelerate_config == "zero2"
+    assert parse_arguments([*argv, "--accelerate_config", given])[0].accelerate_config is None
 
 
 def test_flags_override_yaml_defaults():
@@ -460,3 +572,52 @@ def test_grpo_help_lists_config_and_the_quick_start_defaults_that_apply_without_
     for key in ("max_completion_length", "learning_rate", "max_steps", "per_device_train_batch_size"):
         shown_default = flat.split(f"--{key}", 1)[1].split("(default:", 1)[1].split(")", 1)[0]
         assert shown_default == str(quick_start[key])
+
+
+def test_compare_refuses_a_method_its_runs_would_refuse_before_planning(capsys, monkeypatch, no_model_loading):
+    import trl_credit.experiments.lab.trainer  # noqa: F401  (registers the lab's `oracle`, which grpo cannot train)
+    from trl_credit.methods import CREDIT_METHODS
+
+    assert "oracle" in CREDIT_METHODS
+    _refused_before_any_model(
+        capsys,
+        monkeypatch,
+        ["compare", "--methods", "oracle", "--seeds", "0", "--dry_run"],
+        "the oracle runs would fail",
+    )
+    assert cli_main(["compare", "--methods", "grpo", "no_such_method", "--seeds", "0", "--dry_run"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown credit method 'no_such_method'; trainable: grpo, " in err and "oracle" not in err
+
+
+def test_compare_and_lab_read_negative_numbers_as_values_and_lab_checks_its_threshold(
+    capsys, monkeypatch, no_model_loading
+):
+    argv = ["compare", "--methods", "grpo", "--seeds", "0", "--dry_run", "--learning_rate", "-1e-5"]
+    _refused_before_any_model(capsys, monkeypatch, argv, "the grpo runs would fail: --learning_rate is -1e-05, which")
+    _refused_before_any_model(capsys, monkeypatch, ["lab", "--solved_threshold", "5"], "solved_threshold must be in")
+
+
+def test_grpo_cli_trains_a_documented_stack_exactly(monkeypatch, tmp_path, tiny_model_dir):
+    """`trl-credit grpo --method ar_lopti+taco+stapo+clip_cov` (the longest stack docs/baselines.md names) with each
+    method's moving settings as flags and a reward that varies within groups: the advantages and loss mask TRL's loss
+    consumed are the reference rules' (`AdvantageRecorder` on the trainer the command builds), and credit moved. The
+    other stacks and methods take the same way from the command line to the trainer (`test_engines.py` trains each)."""
+    from trl_credit import CreditGRPOTrainer
+
+    method = "ar_lopti+taco+stapo+clip_cov"
+    assert method in DOCUMENTED_STACKS
+    recorders, original_init = [], CreditGRPOTrainer.__init__
+
+    def recorded_init(trainer, *args, **kwargs):
+        original_init(trainer, *args, **kwargs)
+        recorders.append(AdvantageRecorder(monkeypatch, trainer))
+
+    monkeypatch.setattr(CreditGRPOTrainer, "__init__", recorded_init)
+    reward = ["real_vllm.helpers:text_length_reward"]  # characters, not words: it varies on the tiny model's text
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, max_steps=2, reward_funcs=reward)
+    flags = [f"--{name}={value}" for name, value in moving_settings(method).items()]
+    assert cli_main(["grpo", "--config", str(recipe), "--method", method, *flags]) == 0
+    [recorder] = recorders
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()

@@ -3,10 +3,9 @@
 * The accelerate YAMLs load with accelerate's own config loader and mirror TRL's.
 * vLLM is emulated by a `rollout_func` returning completions and sampling log-probs, with `use_vllm` switched on
   after construction: TRL's real vLLM code then runs the old-log-prob forward, computes the importance-sampling
-  ratio and multiplies the per-token loss by it. Every registered method trains there; TACO's, EAPO's and TIDE's
-  token advantages must be the pure functions' output (EAPO and TIDE take the policy's statistics from TRL's
-  old-log-prob forward there; `test_architectures.py` checks them against the model's logits and that no second
-  policy forward runs).
+  ratio and multiplies the per-token loss by it. Every registered method and documented stack trains there, in
+  settings where it moves credit, and the advantages and loss mask TRL's loss consumed equal the reference rules of
+  `tests/reference_credit.py` on statistics recomputed from the model's logits (`trainer_helpers.AdvantageRecorder`).
 * DeepSpeed ZeRO-2, ZeRO-3 (LM head partitioned at every step, so `full_lm_head` gathers it and `vocab_size` reads
   `ds_shape`) and FSDP2 are tested for real with two processes in `test_multiprocess.py`, every method.
 """
@@ -20,10 +19,16 @@ import pytest
 import torch
 import yaml
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
-from trainer_helpers import AdvantageRecorder, FakeVLLMGeneration, assert_all_params_changed, make_rollout_func
+from trainer_helpers import (
+    AdvantageRecorder,
+    FakeVLLMGeneration,
+    assert_all_params_changed,
+    make_rollout_func,
+    moving_settings,
+    path_cases,
+)
 
 from trl_credit import CreditGRPOTrainer
-from trl_credit.methods import CREDIT_METHODS
 from trl_credit.trainer.model_parts import full_lm_head, unsharded_root, vocab_size
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,11 +101,16 @@ class ISRecorder(CreditGRPOTrainer):
         return super()._compute_loss(model, inputs)
 
 
-def _train_through_vllm_path(monkeypatch, tmp_path, method, is_mode, check_advantages=True):
+def _train_through_vllm_path(monkeypatch, tmp_path, method, is_mode, **overrides):
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     tokenizer = make_tiny_tokenizer()
+    settings = {**moving_settings(method), **overrides}
     args = tiny_config(
-        method, tmp_path / "out", vllm_importance_sampling_mode=is_mode, vllm_importance_sampling_clip_max=2.0
+        method,
+        tmp_path / "out",
+        vllm_importance_sampling_mode=is_mode,
+        vllm_importance_sampling_clip_max=2.0,
+        **settings,
     )
     trainer = ISRecorder(
         model=make_tiny_model(tokenizer),
@@ -108,37 +118,45 @@ def _train_through_vllm_path(monkeypatch, tmp_path, method, is_mode, check_advan
         args=args,
         train_dataset=tiny_prompt_dataset(),
         processing_class=tokenizer,
-        rollout_func=make_rollout_func(),
+        rollout_func=make_rollout_func(vary_lengths=True),  # rewards that vary within groups
     )
     # What `use_vllm=True` would set up, minus the engine: TRL's generation-batch and loss code take the vLLM branch.
     trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
     assert trainer.vllm_importance_sampling_correction
-    # An independent recomputation of the consumed advantages (grpo, taco, eapo, tide).
-    recorder = AdvantageRecorder(monkeypatch, trainer) if check_advantages else None
+    recorder = AdvantageRecorder(monkeypatch, trainer)  # an independent recomputation of the consumed credit
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
 
-    assert recorder is None or recorder.checked_batches == 3
-    assert trainer.vllm_generation.syncs == 3  # one weight sync per generation batch
+    steps = trainer.state.max_steps * trainer.args.gradient_accumulation_steps
+    assert recorder.checked_batches == steps
+    recorder.assert_credit_moved()
+    generations = -(-steps // trainer.num_iterations)
+    assert trainer.vllm_generation.syncs == generations  # one weight sync per generation batch
     ratios = torch.cat([r.flatten() for r in trainer.is_ratios])
     assert ratios.numel() and (ratios != 1).any()  # the correction really multiplied the per-token loss
     log = trainer.state.log_history[0]
     assert "sampling/importance_sampling_ratio/mean" in log
     assert_all_params_changed(before, dict(trainer.model.named_parameters()))
+    for name in method.split("+"):
+        assert name == "grpo" or any(key.startswith(f"{name}/") for key in log), f"{name} logged no metric of its own"
+    print(
+        f"\n[fake vLLM {is_mode}] {method}: max |consumed - recomputed| = {recorder.max_difference:.2e}, "
+        f"moved share = {recorder.moved_share():.3f}"
+    )
     return log
 
 
-@pytest.mark.parametrize("method", ["grpo", "taco", "eapo", "tide"])
-@pytest.mark.parametrize("is_mode", ["token_truncate", "sequence_mask"])
-def test_vllm_importance_sampling_path(monkeypatch, tmp_path, method, is_mode):
-    _train_through_vllm_path(monkeypatch, tmp_path, method, is_mode)
+@pytest.mark.parametrize("method", path_cases())
+def test_vllm_importance_sampling_path(monkeypatch, tmp_path, method):
+    """Every registered method and documented stack through TRL's vLLM branch (IS correction, token_truncate)."""
+    _train_through_vllm_path(monkeypatch, tmp_path, method, "token_truncate")
 
 
-@pytest.mark.parametrize("method", sorted(set(CREDIT_METHODS) - {"taco", "eapo", "tide"}))
-def test_vllm_importance_sampling_path_of_the_baselines(monkeypatch, tmp_path, method):
-    """The papers' baselines (their advantages are checked in test_baselines.py) train through the same path."""
-    log = _train_through_vllm_path(monkeypatch, tmp_path, method, "token_truncate", check_advantages=False)
-    assert any(key.startswith(f"{method}/") for key in log), f"{method} logged no metric of its own"
+@pytest.mark.parametrize("method", path_cases())
+def test_vllm_sequence_mask_path_over_two_iterations(monkeypatch, tmp_path, method):
+    """The same with TRL's sequence-masking IS mode and `num_iterations=2` (each micro-batch trained on twice): 3 steps,
+    so that a second generation batch comes from a trained policy (TIDE's deviation is 0 at the first)."""
+    _train_through_vllm_path(monkeypatch, tmp_path, method, "sequence_mask", num_iterations=2)
 
 
 # ------------------------------------------------------------------------------------------------- gpu_check

@@ -1,5 +1,6 @@
 """The packaged recipes (configs/*.yaml) parse without a deprecation warning of TRL or transformers."""
 
+import importlib.util
 import warnings
 from pathlib import Path
 
@@ -16,7 +17,10 @@ def test_recipe_uses_current_argument_names(recipe):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         # GPU recipes ask for bf16, which TrainingArguments refuses on a CPU-only machine: override just that.
-        parse_arguments(["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"])
+        argv = ["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"]
+        if importlib.util.find_spec("tensorboard") is None:  # the recipes' [tensorboard] extra (test_cli.py)
+            argv += ["--report_to", "none"]
+        parse_arguments(argv)
     deprecations = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))]
     assert not deprecations, f"{recipe.name}: {deprecations}"
 

@@ -414,3 +414,21 @@ def test_the_private_surface_reader_sees_reads_overrides_and_foreign_writes(tmp_
     )
     monkeypatch.setattr(trl_credit, "__file__", str(tmp_path / "__init__.py"))
     assert set(_private_names_the_package_touches()) == {"_tag_names", "_compute_loss", "_metrics", "_kernel"}
+
+
+def test_trl_choices_are_the_values_trl_documents():
+    """Each enumerated field's values are the ones TRL's help quotes, its default among them, and the help quotes no
+    other word that could be a value (the rest are field names, booleans and other fields' values)."""
+    import dataclasses
+    import re
+
+    from trl import GRPOConfig
+
+    fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    every_value = {value for values in trl_compat.TRL_CHOICES.values() for value in values}
+    for name, values in trl_compat.TRL_CHOICES.items():
+        quoted = set(re.findall(r"[`'\"](\w+)['`\"]", fields[name].metadata["help"]))
+        assert set(values) <= quoted, f"{name}: {sorted(set(values) - quoted)} not in TRL's help"
+        unexplained = quoted - set(values) - set(fields) - {"True", "False"} - every_value
+        assert not unexplained, f"{name}: TRL's help names {sorted(unexplained)}, which TRL_CHOICES lacks"
+        assert fields[name].default in values

@@ -1,20 +1,70 @@
-"""Helpers shared by the trainer tests (test_trainer, test_engines, test_architectures, test_extending).
+"""Helpers shared by the trainer tests (test_trainer, test_engines, test_resume, test_architectures, ...).
 
-- `AdvantageRecorder` wraps TRL's `GRPOTrainer` methods (which `CreditGRPOTrainer` reaches through `super()`): at
-  generation time it recomputes each method's statistics the plain way (full logits, torch quantiles), and at loss
-  time it checks that the advantages TRL's `_compute_loss` consumed are the specification's per-token loops over
-  those statistics.
+- `AdvantageRecorder` wraps TRL's `GRPOTrainer` methods (which `CreditGRPOTrainer` reaches through `super()`). For the
+  trainer's stack (`args.credit_stack`, each method's `statistics_for`), it recomputes every declared statistic the
+  plain way (full logits of the generating policy, of the reference model, of the policy in the loss), runs the
+  reference rules of `tests/reference_credit.py` in the stage the specification puts each method (the generation
+  batch for methods of rollout statistics, each micro-batch for methods of the current policy), and checks the
+  advantages and the loss mask TRL's `_compute_loss` consumed against them. Nothing in it names a method.
+- `DOCUMENTED_STACKS`, `path_cases`: the stacks the docs name, and every registered method plus those stacks, with
+  the settings (`MOVING_SETTINGS`) under which each moves credit.
 - `assert_all_params_changed`: TRL's own check that a short run trained every trainable parameter.
 - `FakeVLLMGeneration` and `make_rollout_func`: TRL's vLLM path on a CPU, a `rollout_func` sampling from the policy
   with log-probs perturbed like an inference engine's, and a stand-in for the weight sync.
 """
 
+import pytest
 import torch
 from conftest import naive_logprobs, sampled
-from reference_formulas import eapo_loop, taco_loop, tide_loop
+from reference_credit import (
+    MOVING_SETTINGS,
+    ReferenceBatch,
+    assert_credit_moved,
+    credit_moved_share,
+    documented_stacks,
+    reference_stack,
+)
 from trl import GRPOTrainer
 
-from trl_credit.methods.eapo import eapo_kappa_schedule
+from trl_credit.methods import CREDIT_METHODS
+
+# The statistics of the current policy, which put a method in the training forward (the specification's stages).
+TRAINING_FORWARD_STATISTICS = ("policy_logps", "policy_entropy", "policy_logit_gap")
+# The stacks README.md and docs/ name, and the official actor's variants (read from the pages).
+DOCUMENTED_STACKS = tuple(documented_stacks())
+
+
+# Where the tiny model needs other settings than `MOVING_SETTINGS` to move credit: HICRA's grams from its vocabulary
+# (the numbers: two thirds of it), GTPO's entropy threshold above its mean entropy (~3.3 nats), which otherwise filters
+# every completion, TAMPO's above the entropy of some of its tokens, and a min-p support threshold that its flat
+# distributions reach (a token below half the top token's probability).
+TINY_MODEL_MOVING_SETTINGS = {
+    "hicra": {"hicra_grams": [str(n) for n in range(100)]},
+    "gtpo": {"gtpo_entropy_threshold": 10.0},
+    "tampo": {"tampo_entropy_threshold": 4.0},  # TAMPO truncates low-entropy tokens only: below log(139) = 4.9
+    "minp_support": {"minp_support_min_p": 0.5},
+}
+
+
+def moving_settings(credit_method: str) -> dict:
+    """The settings under which every method of `credit_method` (a name or a `+` stack) moves credit on the tiny
+    model: `MOVING_SETTINGS`, with `TINY_MODEL_MOVING_SETTINGS` on top."""
+    settings = {}
+    for name in credit_method.split("+"):
+        settings.update(MOVING_SETTINGS.get(name, {}))
+        settings.update(TINY_MODEL_MOVING_SETTINGS.get(name, {}))
+    return settings
+
+
+def path_cases(excluded: dict[str, str] | None = None) -> list:
+    """`pytest.param(credit_method)` for GRPO, every registered method and every documented stack; a case in
+    `excluded` (name -> reason) is skipped with its reason, so that `--collect-only` names it."""
+    cases = []
+    for name in ["grpo", *sorted(CREDIT_METHODS), *DOCUMENTED_STACKS]:
+        reason = (excluded or {}).get(name)
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        cases.append(pytest.param(name, marks=marks, id=name))
+    return cases
 
 
 def _row_key(prompt_ids, completion_ids):
@@ -28,17 +78,83 @@ def _inputs(batch):
     return input_ids, attention_mask, mask
 
 
-class AdvantageRecorder:
-    """Expected token advantages computed outside the trainer, checked where TRL consumes them."""
+def token_texts_of(tokenizer):
+    """`texts(ids) -> [text of each id]`: each token decoded after the letter `a` (a word-level or SentencePiece
+    tokenizer drops the space in front of a token decoded alone), that letter cut off."""
+    anchor = tokenizer.encode("a", add_special_tokens=False)
+    anchor_text = tokenizer.decode(anchor, clean_up_tokenization_spaces=False)
 
-    def __init__(self, monkeypatch, trainer):
-        self.trainer = trainer
+    def texts(ids):
+        decoded = [tokenizer.decode(anchor + [i], clean_up_tokenization_spaces=False) for i in ids]
+        return [text[len(anchor_text) :] if text.startswith(anchor_text) else text for text in decoded]
+
+    return texts
+
+
+@torch.no_grad()
+def frozen_copy(model):
+    """A new model of `model`'s class and config holding a copy of its weights, in eval mode. Not `copy.deepcopy`:
+    accelerate wraps a prepared model's `forward` in a closure over the original, which a deep copy would share."""
+    with torch.random.fork_rng(devices=[]):  # its random initialisation must not move the run's random stream
+        copied = type(model)._from_config(model.config, torch_dtype=model.dtype)
+    copied.load_state_dict(model.state_dict())
+    return copied.eval()
+
+
+@torch.no_grad()
+def policy_statistics(model, batch, temperature, mask_BT):
+    """Every per-token statistic of `model` on `batch`, from its full float64 log-probs: sampled-token log-prob,
+    entropy, sum of squared probabilities and logit gap to the largest logit, zero where masked; and the `(B, T, V)`
+    log-probs."""
+    logp_BTV = naive_logprobs(model, batch, temperature, torch.float64)
+    logps_BT = sampled(logp_BTV, batch["completion_ids"])
+    probs_BTV = logp_BTV.exp()
+    values = {
+        "logps": logps_BT,
+        "entropy": -(probs_BTV * logp_BTV).sum(-1),
+        "sum_sq_probs": (probs_BTV**2).sum(-1),
+        "logit_gap": logps_BT - logp_BTV.max(-1).values,  # z_y - max z at the temperature: log-softmax shifts both
+    }
+    return {name: torch.where(mask_BT, value, 0.0) for name, value in values.items()}, logp_BTV
+
+
+class AdvantageRecorder:
+    """Expected token advantages and loss mask of the trainer's stack, computed outside the trainer, checked where
+    TRL's `_compute_loss` consumes them. Keeps `checked_batches`, `max_difference` (largest |consumed - expected| of
+    an advantage or a loss-mask weight) and `moved_share()` (the share of valid tokens whose credit differs from
+    GRPO's broadcast advantage, over every checked micro-batch). `atol`: the tolerance of the comparison."""
+
+    def __init__(self, monkeypatch, trainer, atol=1e-5):
+        self.trainer, self.atol = trainer, atol
+        args = trainer.args
+        methods = [step.method for step in args.credit_stack]
+        self.hyperparameters = {m.name: args.method_hyperparameters(m) for m in methods}
+        stages = {
+            m.name: any(s in TRAINING_FORWARD_STATISTICS for s in m.statistics_for(self.hyperparameters[m.name]))
+            for m in methods
+        }
+        self.generation_stage = [name for name, forward in stages.items() if not forward]
+        self.forward_stage = [name for name, forward in stages.items() if forward]
+        self.statistics = {s for m in methods for s in m.statistics_for(self.hyperparameters[m.name])}
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        # The frozen initial model, and the policy of the previous generation batch (the initial one at first).
+        deviations = self.statistics & {"reference_deviation", "previous_policy_deviation"}
+        self.reference_model = frozen_copy(policy) if deviations else None
+        self.token_texts = token_texts_of(trainer.processing_class)
         self.expected = {}
-        self.checked_batches = 0
-        self.expected_taco = None
+        self.checked_batches, self.max_difference, self.tie_swaps = 0, 0.0, 0
+        self.moved_tokens, self.valid_tokens = 0.0, 0
+        self._rewards_B, self._forward_expected = None, None
         original_generate = GRPOTrainer._generate_and_score_completions
+        original_rewards = GRPOTrainer._calculate_rewards
         original_compute_loss = GRPOTrainer.compute_loss
         original_loss = GRPOTrainer._compute_loss
+
+        def rewards(trainer_self, *a, **kw):
+            rewards_per_func = original_rewards(trainer_self, *a, **kw)
+            weights = trainer_self.reward_weights.to(rewards_per_func.device)
+            self._rewards_B = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)  # TRL's reward of each row
+            return rewards_per_func
 
         def generate(trainer_self, inputs):
             batch = original_generate(trainer_self, inputs)
@@ -47,68 +163,253 @@ class AdvantageRecorder:
 
         def compute_loss(trainer_self, model, inputs, *args, **kwargs):
             # Before the trainer's `_compute_loss` starts: its training forward is the only one TRL's loss sees.
-            self.expected_taco = self._expect_taco(inputs) if trainer.args.credit_method == "taco" else None
+            self._forward_expected = self._expect_training_forward(inputs)
             return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
 
         def inner_loss(trainer_self, model, inputs):
             loss = original_loss(trainer_self, model, inputs)
-            self._check(inputs, self.expected_taco)
+            self._check(inputs, self._forward_expected)
             return loss
 
+        monkeypatch.setattr(GRPOTrainer, "_calculate_rewards", rewards)
         monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate)
         monkeypatch.setattr(GRPOTrainer, "compute_loss", compute_loss)
         monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
 
+    def moved_share(self) -> float:
+        return self.moved_tokens / max(self.valid_tokens, 1)
+
+    def assert_credit_moved(self):
+        """The stack moved credit (the shared rule of `reference_credit`); GRPO, an empty stack, moved none."""
+        if self.trainer.args.credit_stack:
+            assert_credit_moved(self.trainer.args.credit_method, self.moved_share())
+        else:
+            assert self.moved_share() == 0.0, "GRPO's advantages differ from its own broadcast A_i"
+
+    def _reference_batch(self, advantages_BT, sequence_B, mask_BT, loss_weights_BT, statistics, **fields):
+        trainer = self.trainer
+        return ReferenceBatch(
+            advantages_BT=advantages_BT,
+            sequence_advantages_B=sequence_B,
+            mask_BT=mask_BT,
+            loss_weights_BT=loss_weights_BT,
+            statistics=statistics,
+            vocab_size=self._vocab_size,
+            step=trainer.state.global_step,
+            clip_range=(trainer.epsilon_low, trainer.epsilon_high),
+            pad_token_id=trainer.processing_class.pad_token_id,
+            token_texts=self.token_texts,
+            **fields,
+        )
+
     @torch.no_grad()
     def _expect_generation(self, batch):
-        trainer, args = self.trainer, self.trainer.args
-        if trainer.args.credit_method not in ("eapo", "tide"):
-            return
-        _, _, mask = _inputs(batch)
-        logp_policy = naive_logprobs(trainer.model, batch, trainer.temperature)
-        entropy = -(logp_policy.exp() * logp_policy).sum(-1)
-        hp = args.credit_hyperparameters()
-        if not mask.any():
-            expected = torch.zeros(mask.shape)  # every token masked: no statistic
-        elif trainer.args.credit_method == "eapo":
-            kappa = eapo_kappa_schedule(hp["eapo_kappa"], trainer.state.global_step, hp["eapo_kappa_decay_steps"])
-            expected = eapo_loop(batch["advantages"], entropy, mask, kappa, hp["eapo_quantiles"])
-        else:
-            reference = trainer.deviation_reference.model_and_context()[0]
-            logp_ref = naive_logprobs(reference, batch, trainer.temperature)
-            deviation = (1 - torch.exp(0.5 * (logp_policy + logp_ref)).sum(-1)).clamp(0, 1)
-            vocab = logp_policy.size(-1)
-            expected = tide_loop(
-                batch["advantages"], deviation, entropy, mask, vocab, hp["tide_tau"], hp["tide_kappa"]
-            )
-        for i in range(mask.size(0)):
-            self.expected[_row_key(batch["prompt_ids"][i], batch["completion_ids"][i])] = expected[i]
+        """The generation stage over the whole generation batch, from the generating policy, keyed by row."""
+        trainer = self.trainer
+        _, _, base_mask = _inputs(batch)
+        mask_BT = base_mask.bool()
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        values, logp_BTV = policy_statistics(policy, batch, trainer.temperature, mask_BT)
+        self._vocab_size = logp_BTV.size(-1)
+        self.on_generation(batch, values["logps"], mask_BT)
+        entropy_BT = values["entropy"]
+        statistics = {
+            "rollout_logps": values["logps"],
+            "rollout_entropy": entropy_BT,
+            "rollout_sum_sq_probs": values["sum_sq_probs"],
+        }
+        mean_entropy = entropy_BT[mask_BT].mean() if mask_BT.any() else torch.tensor(0.0, dtype=torch.float64)
+        statistics["rollout_mean_entropy"] = torch.where(mask_BT, mean_entropy, 0.0)
+        if self.reference_model is not None:
+            logq_BTV = naive_logprobs(self.reference_model, batch, trainer.temperature, torch.float64)
+            deviation_BT = (1 - torch.exp(0.5 * (logp_BTV + logq_BTV)).sum(-1)).clamp(0, 1)  # squared Hellinger
+            for name in ("reference_deviation", "previous_policy_deviation"):
+                statistics[name] = torch.where(mask_BT, deviation_BT, 0.0)
+            if "previous_policy_deviation" in self.statistics and trainer.model.training:
+                self.reference_model = frozen_copy(policy)
+        statistics = {name: value for name, value in statistics.items() if name in self.statistics}
+        sequence_B = batch["advantages"].double()
+        rows = mask_BT.size(0)
+        group_index_B = torch.arange(rows) // trainer.num_generations  # TRL samples each prompt's group in a row
+        credit = self._reference_batch(
+            sequence_B.unsqueeze(1) * mask_BT,
+            sequence_B,
+            mask_BT,
+            mask_BT.double(),
+            statistics,
+            group_index_B=group_index_B,
+            rewards_B=self._rewards_B.double().cpu(),
+            completion_ids_BT=batch["completion_ids"],
+        )
+        if self.generation_stage:
+            credit = reference_stack(self.generation_stage, credit, self.hyperparameters)
+        self.expected = {}  # TRL buffers the micro-batches of the latest generation batch only
+        for i in range(rows):
+            row = {
+                name: getattr(credit, name)[i]
+                for name in (
+                    "advantages_BT",
+                    "mask_BT",
+                    "loss_weights_BT",
+                    "sequence_advantages_B",
+                    "group_index_B",
+                    "rewards_B",
+                )
+            }
+            row["statistics"] = {name: value[i] for name, value in credit.statistics.items()}
+            row["base_mask"] = base_mask[i].double()
+            self.expected.setdefault(_row_key(batch["prompt_ids"][i], batch["completion_ids"][i]), []).append(row)
+
+    def on_generation(self, batch, rollout_logps_BT, mask_BT):
+        """A subclass's checks of the generation batch (the policy's sampled-token log-probs given, float64)."""
+
+    def _rows(self, inputs):
+        rows = []
+        for i in range(inputs["completion_ids"].size(0)):
+            candidates = self.expected[_row_key(inputs["prompt_ids"][i], inputs["completion_ids"][i])]
+            rows.append(candidates)
+        return rows
 
     @torch.no_grad()
-    def _expect_taco(self, inputs):
+    def _expect_training_forward(self, inputs):
+        """Each row's candidates (rows repeated in a generation batch may differ in batch-wide methods), after the
+        training-forward stage run on the policy as TRL's loss sees it (no optimizer step runs before its forward)."""
+        candidates = self._rows(inputs)
+        if not self.forward_stage:
+            return candidates
         trainer = self.trainer
-        _, _, mask = _inputs(inputs)
-        logp_all = naive_logprobs(trainer.model, inputs, trainer.temperature)
-        logps = sampled(logp_all, inputs["completion_ids"])
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-        hp = trainer.args.credit_hyperparameters()
-        return taco_loop(inputs["advantages"], logps, entropy, mask, hp["taco_alpha"], hp["taco_lambda"])
+        first = [row[0] for row in candidates]  # rows repeated in one micro-batch are the same completion
+        stack = {name: torch.stack([row[name] for row in first]) for name in first[0] if name != "statistics"}
+        mask_BT = stack["mask_BT"]
+        incoming_BT = stack["advantages_BT"]
+        if self.generation_stage:
+            # The generation stage's output, as the batch carries it (float32), once it equals the reference's: a
+            # selection of the next stage (STAPO's positive tokens) must see the same numbers as the trainer's, and
+            # an advantage of 1e-9 in float64 may be 0 in float32.
+            carried_BT = inputs["advantages"].double().cpu() * mask_BT
+            torch.testing.assert_close(carried_BT, incoming_BT, atol=self.atol, rtol=self.atol)
+            self.max_difference = max(self.max_difference, (carried_BT - incoming_BT).abs().max().item())
+            incoming_BT = carried_BT
+        values, _ = policy_statistics(trainer.model, inputs, trainer.temperature, stack["base_mask"].bool())
+        statistics = {name: torch.stack([row["statistics"][name] for row in first]) for name in first[0]["statistics"]}
+        statistics.update(
+            {f"policy_{name}": torch.where(mask_BT, values[name], 0.0) for name in ("logps", "entropy", "logit_gap")}
+        )
+        statistics = {name: value for name, value in statistics.items() if name in self.statistics}
+        credit = self._reference_batch(
+            incoming_BT,
+            stack["sequence_advantages_B"],
+            mask_BT,
+            stack["loss_weights_BT"],
+            statistics,
+            group_index_B=stack["group_index_B"],
+            rewards_B=stack["rewards_B"],
+            completion_ids_BT=inputs["completion_ids"],
+        )
+        credit = reference_stack(self.forward_stage, credit, self.hyperparameters)
+        ranked_BTS = torch.stack([credit.statistics[name] for name in sorted(credit.statistics)], dim=-1)
+        return [
+            [
+                {
+                    **row,
+                    "advantages_BT": credit.advantages_BT[i],
+                    "loss_weights_BT": credit.loss_weights_BT[i],
+                    "incoming": incoming_BT[i],
+                    "ranked": ranked_BTS[i],
+                }
+            ]
+            for i, row in enumerate(first)
+        ]
 
-    def _check(self, inputs, expected):
-        consumed = inputs["advantages"]
-        _, _, mask = _inputs(inputs)
-        method = self.trainer.args.credit_method
-        if method == "grpo":
-            assert consumed.dim() == 1
-        elif method == "taco":
-            torch.testing.assert_close(consumed, expected, atol=1e-4, rtol=1e-4)
-        else:
-            assert consumed.shape == mask.shape
-            assert (consumed[mask == 0] == 0).all()
-            for i in range(consumed.size(0)):
-                want = self.expected[_row_key(inputs["prompt_ids"][i], inputs["completion_ids"][i])]
-                torch.testing.assert_close(consumed[i], want, atol=1e-4, rtol=1e-4)
+    @torch.no_grad()
+    def _check(self, inputs, expected_rows):
+        """TRL's loss consumed the expected advantages and loss mask (completion mask x tool mask, as TRL reads it)."""
+        base_BT = torch.stack([rows[0]["base_mask"] for rows in expected_rows])
+        consumed = inputs["advantages"].double().cpu()
+        if consumed.dim() == 1:  # GRPO: TRL broadcasts its sequence advantage
+            consumed = consumed.unsqueeze(1) * base_BT
+        loss_mask = inputs["completion_mask"].double().cpu()
+        if "tool_mask" in inputs:
+            loss_mask = loss_mask * inputs["tool_mask"].double().cpu()
+        chosen = []
+        for i, rows in enumerate(expected_rows):
+            row_differences = []
+            for row in rows:
+                want_adv = row["advantages_BT"] * base_BT[i]
+                want_mask = row["loss_weights_BT"] * base_BT[i]
+                row_differences.append(
+                    max(
+                        ((consumed[i] - want_adv) * base_BT[i]).abs().max().item(),
+                        (loss_mask[i] - want_mask).abs().max().item(),
+                    )
+                )
+            chosen.append(rows[row_differences.index(min(row_differences))])
+        want_BT = torch.stack([row["advantages_BT"] for row in chosen]) * base_BT
+        weights_BT = torch.stack([row["loss_weights_BT"] for row in chosen]) * base_BT
+        if "ranked" in chosen[0]:
+            want_BT, weights_BT = self._tie_swaps(chosen, consumed * base_BT, loss_mask, want_BT, weights_BT)
+        for i in range(base_BT.size(0)):
+            torch.testing.assert_close(
+                consumed[i] * base_BT[i],
+                want_BT[i],
+                atol=self.atol,
+                rtol=self.atol,
+                msg=lambda m, i=i: f"row {i} advantages: {m}",
+            )
+            torch.testing.assert_close(
+                loss_mask[i],
+                weights_BT[i],
+                atol=self.atol,
+                rtol=self.atol,
+                msg=lambda m, i=i: f"row {i} loss mask: {m}",
+            )
+        difference = max(
+            ((consumed * base_BT - want_BT).abs().max().item(), (loss_mask - weights_BT).abs().max().item())
+        )
+        self.max_difference = max(self.max_difference, difference)
+        sequence_B = torch.stack([rows[0]["sequence_advantages_B"] for rows in expected_rows])
+        valid = int(base_BT.sum())
+        share = credit_moved_share(consumed, sequence_B, base_BT.bool(), loss_mask)
+        self.moved_tokens += share * valid
+        self.valid_tokens += valid
         self.checked_batches += 1
+
+    def _tie_swaps(self, chosen, consumed_BT, loss_mask_BT, want_BT, weights_BT):
+        """A rule that ranks tokens (STARE's top-k surprisals) may take either of two tokens whose statistics are
+        equal (rows sharing a prefix): where the trainer and the reference took different members of such a tie, the
+        two tokens' factors (advantage / incoming advantage) and loss weights are swapped. Those pairs take the
+        trainer's values, counted in `tie_swaps`; any other difference stays one."""
+        incoming_BT = torch.stack([row["incoming"] for row in chosen])
+        ranked_BTS = torch.stack([row["ranked"] for row in chosen])
+        tol = 10 * self.atol
+        differs = ((consumed_BT - want_BT).abs() > tol) | ((loss_mask_BT - weights_BT).abs() > tol)
+        positions = [tuple(p) for p in differs.nonzero().tolist()]
+        if not positions or (incoming_BT[differs] == 0).any():
+            return want_BT, weights_BT
+
+        def factor(values_BT, p):
+            return values_BT[p] / incoming_BT[p]
+
+        unpaired = set(positions)
+        for p in positions:
+            if p not in unpaired:
+                continue
+            for q in unpaired - {p}:
+                same = (ranked_BTS[p] - ranked_BTS[q]).abs().max() <= 1e-9  # the package's float32 ties exactly
+                tied = same and incoming_BT[p].sign() == incoming_BT[q].sign()
+                if tied and all(
+                    abs(factor(consumed_BT, a) - factor(want_BT, b)) <= tol
+                    and abs(loss_mask_BT[a] - weights_BT[b]) <= tol
+                    for a, b in ((p, q), (q, p))
+                ):
+                    unpaired -= {p, q}
+                    break
+        swapped = set(positions) - unpaired
+        want_BT, weights_BT = want_BT.clone(), weights_BT.clone()
+        for p in swapped:
+            want_BT[p], weights_BT[p] = consumed_BT[p], loss_mask_BT[p]
+        self.tie_swaps += len(swapped) // 2
+        return want_BT, weights_BT
 
 
 def assert_all_params_changed(before, after):

@@ -90,10 +90,25 @@ def single_process_environment(monkeypatch):
 
 
 @pytest.fixture(scope="session")
-def colocated_engines():
-    """Trainers whose colocated engine stays alive until the session ends: a vLLM engine shut down mid-session tears
-    down torch's default process group (vLLM's `external_launcher` initialises it, and TRL's next `LLM` and
-    accelerate's `wait_for_everyone` find it gone). Under 1 GiB each (`VLLM_CPU_KVCACHE_SPACE=1`, a tiny model)."""
-    trainers = []
-    yield trainers
-    trainers.clear()
+def shared_colocated_engine(vllm_cpu_shims):
+    """Every colocated trainer of the session generates with one vLLM engine per model folder (as
+    `benchmarks/step_overhead.py` shares one): TRL syncs each trainer's weights into it before its first generation
+    (its `_last_loaded_step` starts at -1) and at every later step, which the tests check. The engine stays alive until
+    the session ends: a vLLM engine shut down mid-session tears down torch's default process group (vLLM's
+    `external_launcher` initialises it, and TRL's next `LLM` and accelerate's `wait_for_everyone` find it gone).
+    Under 1 GiB (`VLLM_CPU_KVCACHE_SPACE=1`, a tiny model); one engine start instead of one per trainer."""
+    if not VLLM_AVAILABLE:
+        yield {}
+        return
+    import trl.generation.vllm_generation as trl_vllm
+
+    engines, engine_class = {}, trl_vllm.LLM  # the CPU shims' float32, eager `LLM`
+
+    def shared_engine(*args, **kwargs):
+        if kwargs["model"] not in engines:
+            engines[kwargs["model"]] = engine_class(*args, **kwargs)
+        return engines[kwargs["model"]]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(trl_vllm, "LLM", shared_engine)
+        yield engines

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import tiny_recipe
+from trainer_helpers import moving_settings
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
@@ -23,8 +25,11 @@ def run(arguments, shims=False):
 
 
 def test_grpo_cli_trains_with_colocated_vllm(tmp_path, vllm_model_dir):
-    recipe = tiny_recipe(tmp_path, vllm_model_dir, max_steps=2)
+    """A reward that varies within groups on vLLM's completions, and TACO's tail threshold where tokens fall in the
+    tail (`MOVING_SETTINGS`): the run trains (gradient norm > 0) and TACO moves credit."""
+    recipe = tiny_recipe(tmp_path, vllm_model_dir, max_steps=2, reward_funcs=["real_vllm.helpers:text_length_reward"])
     flags = ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.1"]
+    flags += [f"--{name}={value}" for name, value in moving_settings("taco").items()]
     done = run(["grpo", "--config", str(recipe), "--method", "taco", *flags], shims=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "trl-credit: taco on" in done.stdout
@@ -34,6 +39,8 @@ def test_grpo_cli_trains_with_colocated_vllm(tmp_path, vllm_model_dir):
     assert len(steps) == 2
     for entry in steps:  # vLLM generated, TRL's IS correction ran (its old-log-prob forward feeds TACO's statistics)
         assert entry["credit/extra_forwards"] == 0 and "sampling/importance_sampling_ratio/mean" in entry
+        assert entry["reward_std"] > 0 and entry["grad_norm"] > 0
+    assert any(entry["taco/tail_fraction_pos"] > 0 for entry in steps)  # positive credit in the tail was shrunk
     assert (tmp_path / "run" / "model.safetensors").is_file()
 
 
@@ -65,3 +72,26 @@ def test_eval_cli_with_the_vllm_backend_samples_what_transformers_does(tmp_path,
         assert json.loads((tmp_path / backend / "summary.json").read_text())["n"] == 2
     assert len(outputs["vllm"]) == 3 and all(len(group) == 2 for group in outputs["vllm"])
     assert outputs["vllm"] == outputs["transformers"]
+
+
+def test_grpo_cli_asks_vllm_about_its_settings_before_any_model(tmp_path, vllm_model_dir):
+    """With `--use_vllm true`, vLLM's own checks (its engine config, `SamplingParams`) refuse, when the arguments are
+    parsed, what they would refuse once the engine starts; `--top_p 0`, which transformers' sampling accepts, is one."""
+    recipe = tiny_recipe(tmp_path, vllm_model_dir, max_steps=1)
+    cases = {
+        (
+            "--vllm_gpu_memory_utilization",
+            "1.5",
+        ): "vLLM's CacheConfig refuses: Input should be less than or equal to 1",
+        ("--top_p", "0"): "--top_p is 0.0, which vLLM's SamplingParams refuses: top_p must be in (0, 1]",
+        ("--repetition_penalty", "0"): "--repetition_penalty is 0.0, which vLLM's SamplingParams refuses: ",
+    }
+    from trl_credit.cli import UsageError
+    from trl_credit.cli.grpo_arguments import parse_arguments
+
+    arguments = ["--config", str(recipe), "--use_vllm", "true", "--output_dir", str(tmp_path / "run")]
+    for flags, message in cases.items():
+        with pytest.raises(UsageError) as refused:
+            parse_arguments([*arguments, *flags])
+        assert message in str(refused.value) and len(str(refused.value).splitlines()) == 1, flags
+    assert not (tmp_path / "run").exists()

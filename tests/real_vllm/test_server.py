@@ -1,5 +1,6 @@
-"""Server mode: `trl vllm-serve` on 127.0.0.1, started and stopped here; TRL's trainer generates through it, and
-after training the server generates greedily what the trained model does (its weights reached the server)."""
+"""Server mode: `trl vllm-serve` on 127.0.0.1, started once and stopped here; every registered method and documented
+stack trains generating through it, the advantages TRL's loss consumed equal the reference rules, and after training
+the server generates greedily what the trained model does (its weights reached the server)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from conftest import tiny_config, tiny_prompt_dataset
+from conftest import make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from trainer_helpers import moving_settings, path_cases
 
 from real_vllm.cpu_shims import vllm_dist_info
-from real_vllm.helpers import text_length_reward
+from real_vllm.helpers import RealVLLMRecorder, text_length_reward
 from trl_credit import CreditGRPOTrainer
 
 SERVER_START_S = 240
@@ -96,23 +98,32 @@ def reload_weights_transport(monkeypatch, vllm_server):
     return pushes
 
 
-def test_training_generates_through_the_server(tmp_path, vllm_model_dir, vllm_server, reload_weights_transport):
+@pytest.mark.parametrize("method", path_cases())
+def test_training_generates_through_the_server(
+    monkeypatch, tmp_path, vllm_model_dir, vllm_server, reload_weights_transport, method
+):
+    """Each registered method and documented stack, generating through the server: the advantages and loss mask TRL's
+    loss consumed equal the reference rules (`RealVLLMRecorder`, in settings where the method moves credit), and the
+    weights after step 2 reach the server (its greedy completions are the trained model's)."""
     _, port, _ = vllm_server
     args = tiny_config(
-        "taco",
+        method,
         tmp_path / "out",
         use_vllm=True,
         vllm_mode="server",
         vllm_server_host="127.0.0.1",
         vllm_server_port=port,
         vllm_server_timeout=60,
+        vllm_importance_sampling_mode="token_truncate",
         max_steps=2,
+        **moving_settings(method),
     )
     trainer = CreditGRPOTrainer(
         model=vllm_model_dir,
         reward_funcs=text_length_reward,
         args=args,
         train_dataset=tiny_prompt_dataset(),
+        processing_class=make_tiny_tokenizer(),  # as in test_colocate.py: HICRA's token texts keep their spaces
     )
     generated = []
     original_generate = type(trainer.vllm_generation.vllm_client).generate
@@ -123,9 +134,13 @@ def test_training_generates_through_the_server(tmp_path, vllm_model_dir, vllm_se
         return out
 
     trainer.vllm_generation.vllm_client.generate = counting_generate.__get__(trainer.vllm_generation.vllm_client)
+    recorder = RealVLLMRecorder(monkeypatch, trainer)
     trainer.train()
     assert generated == [4, 4]  # each step's 4 completions (one prompt, 4 generations) come from the server
-    assert len(reload_weights_transport) == 2  # one weight push per generation batch
+    # One weight push per generation batch, the first before any generation (the server held the previous case's).
+    assert len(reload_weights_transport) == 2
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()
     log = trainer.state.log_history[0]
     assert "credit/extra_forwards" in log and "sampling/importance_sampling_ratio/mean" in log
 
@@ -141,3 +156,7 @@ def test_training_generates_through_the_server(tmp_path, vllm_model_dir, vllm_se
         for prompt, completion in zip(prompts, served, strict=True):
             greedy = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt) :]
             assert completion == greedy.tolist()[: len(completion)]
+    print(
+        f"\n[real vLLM server] {method}: max |consumed - recomputed| = {recorder.max_difference:.2e}, "
+        f"moved share = {recorder.moved_share():.3f}"
+    )

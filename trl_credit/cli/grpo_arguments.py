@@ -16,9 +16,8 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 
-import yaml
-
 from . import UsageError  # the one usage error of every sub-command
+from .parsing import read_yaml
 
 
 @dataclass
@@ -53,7 +52,7 @@ class CreditScriptArguments:
         default=None,
         metadata={
             "help": "Launch through `accelerate launch` with this config: a file or a packaged name "
-            "(single_gpu, multi_gpu, zero2, zero3, fsdp2)."
+            "(single_gpu, multi_gpu, zero2, zero3, fsdp2); `none` runs in this process, whatever the recipe names."
         },
     )
     overwrite_output_dir: bool = field(
@@ -77,6 +76,8 @@ class CreditScriptArguments:
         for name in ("dataset_train_split", "prompt_column", "answer_column", "system_prompt", "accelerate_config"):
             if not isinstance(getattr(self, name), (str, type(None))):
                 raise SettingError(name, f"must be a string, got {getattr(self, name)!r}")
+        if isinstance(self.accelerate_config, str) and self.accelerate_config.strip().lower() in ("", "none"):
+            self.accelerate_config = None  # `--accelerate_config none`: stay in this process, whatever the recipe says
         if not (self.reward_funcs and isinstance(self.reward_funcs, list) and all(map(_is_name, self.reward_funcs))):
             raise SettingError("reward_funcs", f"must be a list of reward function names, got {self.reward_funcs!r}")
         check_num_samples(self.dataset_name, self.max_train_samples, "max_train_samples")
@@ -113,19 +114,6 @@ def _normalise_options(argv: list[str]) -> list[str]:
                 continue
         normalised.append(arg)
     return normalised
-
-
-def _read_yaml(path: str) -> dict:
-    try:
-        with open(path) as handle:
-            config = yaml.safe_load(handle) or {}
-    except OSError as error:
-        raise UsageError(f"cannot read --config {path!r}: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise UsageError(f"--config {path!r} is not valid YAML: {error}".splitlines()[0]) from error
-    if not isinstance(config, dict):
-        raise UsageError(f"--config {path!r} must hold a YAML mapping of argument names to values")
-    return config
 
 
 def _resolve_method(argv: list[str], config: dict, config_path: str) -> str:
@@ -184,6 +172,7 @@ def build_parser(method: str):
     from trl import ModelConfig, TrlParser
 
     from ..trainer import trainer_pair
+    from .parsing import read_negative_numbers_as_values
 
     config_class = trainer_pair(method)[0]
     dataclass_types = (
@@ -199,6 +188,7 @@ def build_parser(method: str):
         formatter_class=_HelpFormatter,
         allow_abbrev=False,  # `--taco_alph` is a typo, not `--taco_alpha`
     )
+    read_negative_numbers_as_values(parser)
     # The config field `--method` sets: accepted as its other name (`_resolve_method`), with the resolved default.
     credit_method = parser._option_string_actions["--credit_method"]
     credit_method.default = method
@@ -316,7 +306,7 @@ def parse_arguments(argv: list[str]):
     if config_path is None:
         config_path = str(packaged_dir("configs") / "quickstart.yaml")
         argv = ["--config", config_path, *argv]
-    config = _read_yaml(config_path)
+    config = read_yaml(config_path)
     method = _resolve_method(argv, config, config_path)
     parser = build_parser(method)
     sources = _Sources(argv, config, config_path)
@@ -333,8 +323,12 @@ def parse_arguments(argv: list[str]):
         )
         training_args.credit_method = script_args.method = method
         _merge_method_arguments(training_args, method_args, sources)
+        _check_trainable(method, training_args)
     except SettingError as error:  # a value given as a flag, a YAML key or in credit_kwargs: name it as given
-        raise UsageError(f"{sources.describe(error.name)} {error.problem}") from error
+        problem = error.problem
+        for name in error.mentions:
+            problem = re.sub(rf"\b{name}\b", sources.describe(name), problem, count=1)
+        raise UsageError(f"{sources.describe(error.name)} {problem}") from error
     except ValueError as error:  # dataclass validation (TRL's own, or the credit stack's order)
         raise UsageError(str(error).splitlines()[0]) from error
     if model_args.model_name_or_path is None:
@@ -344,6 +338,20 @@ def parse_arguments(argv: list[str]):
         training_args.output_dir = os.path.join("outputs", f"{model_name}-{_safe_method_name(method)}")
     _check_against_the_run(script_args, training_args, model_args, sources)
     return script_args, training_args, model_args, argv
+
+
+def _check_trainable(method: str, training_args) -> None:
+    """Refuse a method whose statistics the trainer does not compute (one registered for another trainer, as the
+    lab's `oracle`): its trainer would refuse it only once the model has loaded."""
+    from ..trainer import trainer_pair
+    from ..trainer.pairs import missing_statistics
+
+    trainer_class = trainer_pair(method)[1]
+    for name, missing in missing_statistics(trainer_class, training_args).items():
+        raise UsageError(
+            f"--method {method}: {name} reads {', '.join(missing)}, which {trainer_class.__name__} (the trainer of "
+            "trl-credit grpo) does not compute; it trains only with the trainer that registered it"
+        )
 
 
 def _check_against_the_run(script_args, training_args, model_args, sources: _Sources) -> None:
@@ -363,6 +371,11 @@ def _check_against_the_run(script_args, training_args, model_args, sources: _Sou
         raise UsageError(
             f"{sources.describe('max_completion_length')} {training_args.max_completion_length} leaves no room for "
             f"the prompt in the model's context of {context[0]} positions (max_position_embeddings in {context[1]})"
+        )
+    if sources.given("save_steps") and training_args.save_strategy == "no":  # transformers would save nothing
+        raise UsageError(
+            f"{sources.describe('save_steps')} {training_args.save_steps:g} has no effect: "
+            f"{sources.describe('save_strategy')} is 'no'; add --save_strategy steps to save checkpoints"
         )
     _check_writable(training_args.output_dir, sources.describe("output_dir"))
     checkpoint = training_args.resume_from_checkpoint

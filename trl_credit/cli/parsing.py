@@ -7,9 +7,22 @@ own arguments; `grpo` builds its parser over TRL's config classes (`grpo_argumen
 
 from __future__ import annotations
 
+import re
+
+import yaml
 from transformers import HfArgumentParser
 
 from . import UsageError, one_line
+
+# A negative number in any notation Python's `float` reads: argparse's own pattern knows only `-5` and `-0.5`, so
+# `--learning_rate -1e-5` would read `-1e-5` as an option.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+
+def read_negative_numbers_as_values(parser) -> None:
+    """Make `parser` (an `argparse.ArgumentParser`, none of whose options looks like a number) read every negative
+    number after an option as that option's value."""
+    parser._negative_number_matcher = NEGATIVE_NUMBER
 
 
 class CommandParser(HfArgumentParser):
@@ -18,6 +31,7 @@ class CommandParser(HfArgumentParser):
 
     def __init__(self, dataclass_types=(), *, prog: str, **kwargs):
         super().__init__(dataclass_types, prog=prog, allow_abbrev=False, **kwargs)
+        read_negative_numbers_as_values(self)
 
     def error(self, message: str):
         raise UsageError(message)
@@ -44,3 +58,27 @@ def require_scipy() -> None:
         scipy_stats()
     except ImportError as error:
         raise UsageError(one_line(error)) from error
+
+
+def read_yaml(path: str) -> dict:
+    """The mapping a `--config` YAML file holds; `UsageError` naming the file, and where in it, otherwise."""
+    try:
+        with open(path) as handle:
+            config = yaml.safe_load(handle) or {}
+    except OSError as error:
+        raise UsageError(f"cannot read --config {path!r}: {error.strerror}") from error
+    except yaml.YAMLError as error:
+        raise UsageError(f"--config {path!r} is not valid YAML: {yaml_error_words(error)}") from error
+    if not isinstance(config, dict):
+        raise UsageError(f"--config {path!r} must hold a YAML mapping of argument names to values")
+    return config
+
+
+def yaml_error_words(error: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, with the line and column (1-based) it points at, and a tab called a tab."""
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    if "\\t" in problem or "\t" in problem:
+        problem += " (a tab: YAML indents with spaces)"
+    return where + problem

@@ -21,11 +21,12 @@ Check = tuple[Callable[[Any], bool], str]
 
 class SettingError(ValueError):
     """A setting (a method hyperparameter, a run size) that is unknown, of the wrong type or out of range; `name` and
-    `problem` apart, so that a front end can say where the value came from (`--taco_alpha`, a YAML key)."""
+    `problem` apart, so that a front end can say where the value came from (`--taco_alpha`, a YAML key). `mentions`
+    are the other settings the problem names, as plain field names, for the front end to name the same way."""
 
-    def __init__(self, name: str, problem: str):
+    def __init__(self, name: str, problem: str, mentions: tuple[str, ...] = ()):
         super().__init__(f"{name} {problem}")
-        self.name, self.problem = name, problem
+        self.name, self.problem, self.mentions = name, problem, mentions
 
 
 def check_fields(arguments: Any, **checks: Check) -> None:

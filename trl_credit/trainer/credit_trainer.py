@@ -44,7 +44,7 @@ from .diagnostics import (
 )
 from .model_parts import vocab_size
 from .recorders import recorded_final_hidden
-from .reference import DeviationReference, copy_initial_model
+from .reference import DeviationReference, copy_initial_model, same_mode_as_training_args
 from .run_safety import RunSafety
 from .statistics_sources import StatisticsSources
 from .token_credit_log import TokenCreditLog, TokenCreditPreview, token_credit_step
@@ -358,8 +358,13 @@ class CreditGRPOTrainer(RunSafety, StatisticsSources, GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.deviation_reference is not None and self.args.should_save:
-            folder = f"checkpoint-{self.state.global_step}"
-            self.deviation_reference.save(os.path.join(self._get_output_dir(trial=trial), folder))
+            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+            self.deviation_reference.save(folder)
+            same_mode_as_training_args(folder)
+
+    def _save(self, output_dir: str | None = None, state_dict=None):
+        super()._save(output_dir, state_dict)
+        same_mode_as_training_args(output_dir or self.args.output_dir)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

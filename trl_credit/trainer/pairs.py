@@ -96,3 +96,31 @@ TIDEConfig, TIDETrainer = paper_pair(
 def trainer_pair(credit_method: str) -> tuple[type[CreditGRPOConfig], type[CreditGRPOTrainer]]:
     """The config and trainer classes for `credit_method` (a name or a stack): its pair, else the general ones."""
     return _PAIRS.get(credit_method, (CreditGRPOConfig, CreditGRPOTrainer))
+
+
+def missing_statistics(trainer_class: type[CreditGRPOTrainer], args: CreditGRPOConfig) -> dict[str, list[str]]:
+    """`{method: statistics it reads that trainer_class does not compute}` for the methods of `args`' stack that
+    `trainer_class` cannot train (as its `__init__` would find, after the model has loaded)."""
+    missing = {}
+    for method in args.credit_methods:
+        unsupplied = [
+            name
+            for name in method.statistics_for(args.method_hyperparameters(method))
+            if name not in trainer_class.supplied_statistics
+        ]
+        if unsupplied:
+            missing[method.name] = unsupplied
+    return missing
+
+
+def trainable_methods() -> list[str]:
+    """The registered methods that `trl-credit grpo` trains (with their default hyperparameters): those whose
+    statistics their trainer computes. A method registered for another trainer (the lab's `oracle`) is not one."""
+    from ..methods import CREDIT_METHODS
+
+    trainable = []
+    for name, method in CREDIT_METHODS.items():
+        supplied = trainer_pair(name)[1].supplied_statistics
+        if all(stat in supplied for stat in method.statistics_for(method.hyperparameters({}))):
+            trainable.append(name)
+    return trainable

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import copy
 import os
+import stat
 from contextlib import nullcontext
 
 from accelerate.utils import is_peft_model
 from safetensors.torch import load_model, save_model
+from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.utils import logging
 from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.trainer.utils import create_model_from_path, disable_dropout_in_model, get_config_model_id, use_adapter
@@ -112,3 +114,15 @@ class DeviationReference:
                 "policy instead of the policy of the previous generation batch."
             )
             self.model.load_state_dict(self.trainer.accelerator.unwrap_model(self.trainer.model).state_dict())
+
+
+def same_mode_as_training_args(folder: str) -> None:
+    """Give the `.safetensors` files in `folder` the mode of the `training_args.bin` saved beside them: safetensors
+    writes through a temporary file (mode 0600), every other file is opened under the process's umask."""
+    reference = os.path.join(folder, TRAINING_ARGS_NAME)
+    if not os.path.isfile(reference):  # a process that saves nothing (not the main one)
+        return
+    mode = stat.S_IMODE(os.stat(reference).st_mode)
+    for name in os.listdir(folder):
+        if name.endswith(".safetensors"):
+            os.chmod(os.path.join(folder, name), mode)

@@ -49,6 +49,18 @@ LOGIT_TRANSFORM_KEYS = (
 GENERATION_ATTRIBUTES = ("use_vllm", "use_transformers_continuous_batching", "rollout_func", "tools", "_is_vlm")
 NORMALISER_AT_GENERATION = ("cispo", "dapo", "vespo")  # normalised by `num_items_in_batch`
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")  # the same in TRL 1.15 and 1.16
+# The values of `GRPOConfig`'s enumerated fields, as TRL's help lists them (the same in TRL 1.15 and 1.16): TRL declares
+# no `choices` for them and compares them only inside a training step (`loss_type` at the first loss, `scale_rewards`
+# at the first rewards), after the model has loaded. `tests/test_trl_compat.py` checks each against TRL's help.
+TRL_CHOICES = {
+    "loss_type": LOSS_TYPES,
+    "scale_rewards": ("group", "batch", "none"),  # TRL maps True/False to group/none in `GRPOConfig.__post_init__`
+    "multi_objective_aggregation": ("sum_then_normalize", "normalize_then_sum"),
+    "importance_sampling_level": ("token", "sequence"),
+    "vllm_mode": ("server", "colocate"),
+    "vllm_model_impl": ("transformers", "vllm"),
+    "vllm_importance_sampling_mode": ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+}
 PRIVATE_SURFACES = {
     # GRPOTrainer's methods the trainer overrides (each calls `super()`), and the ones it calls.
     "_generate_and_score_completions": "overridden: the generation stage runs on TRL's generation batch",
@@ -57,6 +69,7 @@ PRIVATE_SURFACES = {
     "_calculate_rewards": "overridden: keeps the rewards per function and logs the unscored answers",
     "_save_checkpoint": "overridden: saves the previous-policy reference with the checkpoint",
     "_load_optimizer_and_scheduler": "overridden: loads the previous-policy reference on resume",
+    "_save": "overridden: gives the saved .safetensors files the mode of the other saved files",
     "_get_output_dir": "called: the folder of the checkpoint being saved",
     # GRPOTrainer's attributes.
     "_metrics": "appended to: the credit metrics, logged with TRL's own",

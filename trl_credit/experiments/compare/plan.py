@@ -187,12 +187,24 @@ def _option_groups(argv: list[str]) -> list[list[str]]:
 
 
 def _method_stack(method: str):
-    from ...methods import get_credit_method, parse_credit_methods
+    from ...methods import CREDIT_METHODS, get_credit_method, parse_credit_methods
+    from ...trainer.pairs import trainable_methods
 
     try:
-        return [get_credit_method(name) for name in parse_credit_methods(method)]
+        names = parse_credit_methods(method)
+        trainable = trainable_methods()
+        for name in names:  # a method registered for another trainer (the lab's `oracle`) is no run of compare
+            if name in CREDIT_METHODS and name not in trainable:
+                raise ValueError(
+                    f"{name} is registered for another trainer than trl-credit grpo's; trainable: grpo, "
+                    f"{', '.join(sorted(trainable))}"
+                )
+        return [get_credit_method(name) for name in names]
     except ValueError as error:  # an unknown name: the same words as `trl-credit grpo --method` would print
-        raise CompareUsageError(f"the {method} runs would fail: --method {method!r}: {error}") from error
+        message = str(error).split("; registered: ", 1)[0]
+        if message != str(error):
+            message += f"; trainable: grpo, {', '.join(sorted(trainable_methods()))}"
+        raise CompareUsageError(f"the {method} runs would fail: --method {method!r}: {message}") from error
 
 
 def route_method_settings(methods: list[str], passthrough: list[str]) -> tuple[list[str], dict[str, list[str]]]:

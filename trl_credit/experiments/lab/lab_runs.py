@@ -131,14 +131,8 @@ class LabConfig:
             )
         for task in self.tasks:
             get_task(task, self.horizon, self.decisive)
-        for name in (
-            "max_steps",
-            "num_generations",
-            "prompts_per_step",
-            "micro_batches",
-            "eval_samples",
-            "solved_window",
-        ):
+        counts = ("max_steps", "num_generations", "prompts_per_step", "micro_batches", "eval_samples", "solved_window")
+        for name in counts:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_generations < 2:
@@ -148,6 +142,8 @@ class LabConfig:
                 f"prompts_per_step * num_generations = {self.prompts_per_step * self.num_generations} completions "
                 f"must split into micro_batches={self.micro_batches} equal micro-batches"
             )
+        if not 0 < self.solved_threshold <= 1:  # every task's reward is 1.0 for a success, else 0.0: never solved
+            raise ValueError(f"solved_threshold must be in (0, 1] (rewards are 0 or 1), got {self.solved_threshold}")
         if self.warm_up_steps < 0:
             raise ValueError(f"warm_up_steps must be >= 0, got {self.warm_up_steps}")
         if not self.learning_rate > 0:

@@ -1,0 +1,192 @@
+"""Behaviour that mutation testing (docs/testing.md) found no test for: each method's hyperparameter ranges at their
+edges, and a few rules in cases the random-input tests never reach (equal EAPO quantiles, out-of-range TIDE inputs,
+the Clip-Cov covariance at dropped tokens). Expected values are the ranges the fields' help states and numbers worked
+by hand or by the loops of tests/reference_formulas.py."""
+
+import math
+import typing
+
+import pytest
+import torch
+from reference_formulas import eapo_loop, tide_loop
+
+from trl_credit.methods import CREDIT_METHODS
+from trl_credit.methods.clip_cov import clip_cov_covariance
+from trl_credit.methods.eapo import eapo_advantages, eapo_normalized_entropy, quantile_linear
+from trl_credit.methods.settings import SettingError
+from trl_credit.methods.taco import taco_tail_risk
+from trl_credit.methods.tide import tide_advantages, tide_scores
+
+INF, NAN = math.inf, math.nan
+
+# field: (the allowed values in the words of its error, values accepted, values refused). The ranges are the ones the
+# fields' help and docs/methods.md state; the edges sit on both sides of each bound.
+RANGES = {
+    "ar_lopti_alpha": ("in [0, 1]", [0.0, 1.0], [-0.01, 1.01, NAN]),
+    "clip_cov_ratio": ("in (0, 1]", [1e-6, 1.0], [0.0, 1.01, NAN]),
+    "clip_cov_lb": ("finite", [-1e9, 4.0], [-INF, NAN]),
+    "clip_cov_ub": ("finite", [1e9, 1.5], [INF, NAN]),
+    "eapo_kappa": ("finite and >= 0", [0.0, 18.0], [-0.1, INF, NAN]),
+    "eapo_kappa_decay_steps": (">= 0", [0, 5], [-1]),
+    "eapo_quantiles": (
+        "two values lo, hi with 0 <= lo < hi <= 1",
+        [[0.0, 1.0], [0.2, 0.3]],
+        [[0.5, 0.5], [0.1, 1.01], [-0.1, 0.5], [0.1], [0.1, 0.5, 0.9]],
+    ),
+    "entropy_adv_alpha": ("finite and >= 0", [0.0, 3.0], [-0.1, INF]),
+    "entropy_adv_kappa": ("finite and > 1", [1.0001, 50.0], [1.0, 0.5, INF]),
+    "gtpo_conflict_weight": ("finite and > 0", [1e-3, 2.0], [0.0, -1.0, INF]),
+    "gtpo_entropy_threshold": (">= 0 (inf filters no completion)", [0.0, INF], [-0.1]),
+    "gtpo_entropy_scale": ("finite and >= 0", [0.0, 0.5], [-0.1, INF]),
+    "gtpo_pad_id": ("None (the tokenizer's pad id) or an id >= 0", [None, 0, 7], [-1]),
+    "hicra_alpha": ("in [0, 1)", [0.0, 0.99], [1.0, -0.1]),
+    "hicra_grams": ("a non-empty list of non-blank phrases", [["a b"]], [[], ["  "]]),
+    "high_entropy_top_ratio": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
+    "minp_support_min_p": ("in (0, 1)", [1e-6, 0.999], [0.0, 1.0]),
+    "minp_support_tau": ("finite and > 0", [1e-3], [0.0, INF]),
+    "minp_support_min_weight": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
+    "stapo_prob_threshold": ("in (0, 1)", [1e-6, 0.999], [0.0, 1.0]),
+    "stapo_entropy_quantile": ("in (0, 1)", [1e-6, 0.999], [0.0, 1.0]),
+    "stare_top_p_ratio": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
+    "stare_reweight_w": ("finite and > 0", [1e-3], [0.0, INF]),
+    "stare_reweight_m": ("finite and > 0", [1e-3], [0.0, INF]),
+    "stare_target_entropy": (">= 0 (inf: always on)", [0.0, INF], [-0.1]),
+    "taco_alpha": ("in (0, 1]", [1e-6, 1.0], [0.0, 1.01]),
+    "taco_lambda": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
+    "tampo_prob_threshold": ("in (0, 1]", [1e-6, 1.0], [0.0, 1.01]),
+    "tampo_entropy_threshold": ("finite and >= 0", [0.0], [-0.1, INF]),
+    "tide_tau": ("finite and > 0", [1e-3], [0.0, INF]),
+    "tide_kappa": ("finite and >= 0", [0.0], [-0.1, INF]),
+    "tide_distance": ("one of ('squared_hellinger', 'hellinger')", ["squared_hellinger", "hellinger"], ["kl"]),
+    "tide_reference": ("one of ('ref', 'old')", ["ref", "old"], ["base"]),
+}
+# Fields any value of their type fits (flags and Literal choices apart, which their type refuses): a seed.
+UNBOUNDED = {"clip_cov_seed"}
+
+
+def _owner(field_name: str):
+    return next(method for method in CREDIT_METHODS.values() if field_name in method.argument_names)
+
+
+def _bounded_fields():
+    for method in CREDIT_METHODS.values():
+        hints = typing.get_type_hints(method.arguments) if method.arguments else {}
+        for field in method.argument_fields():
+            declared = hints[field.name]
+            if declared is bool or typing.get_origin(declared) is typing.Literal or field.name in UNBOUNDED:
+                continue
+            yield field.name
+
+
+def test_every_bounded_field_has_its_range_here():
+    # A new method's ranged hyperparameters enter these edge tests, or this test names them.
+    assert sorted(set(_bounded_fields()) - set(RANGES)) == []
+    assert sorted(set(RANGES) - set(_bounded_fields())) == []
+
+
+@pytest.mark.parametrize("field_name", sorted(RANGES))
+def test_a_hyperparameter_is_accepted_inside_its_range_and_refused_outside(field_name):
+    method = _owner(field_name)
+    allowed, accepted, refused = RANGES[field_name]
+    for value in accepted:
+        settings = method.hyperparameters({field_name: value})
+        assert settings[field_name] == value or (value is not None and math.isnan(settings[field_name]))
+    for value in refused:
+        with pytest.raises(SettingError) as error:
+            method.hyperparameters({field_name: value})
+        assert error.value.name == field_name
+        assert str(error.value).startswith(f"{field_name} must be {allowed}, got "), str(error.value)
+
+
+def test_clip_cov_upper_bound_must_exceed_the_lower():
+    method = CREDIT_METHODS["clip_cov"]
+    assert method.hyperparameters({"clip_cov_lb": 2.0, "clip_cov_ub": 2.5})["clip_cov_ub"] == 2.5
+    with pytest.raises(SettingError) as error:
+        method.hyperparameters({"clip_cov_lb": 2.0, "clip_cov_ub": 2.0})
+    assert error.value.name == "clip_cov_ub"
+    assert str(error.value) == "clip_cov_ub must be > clip_cov_lb = 2.0, got 2.0"
+
+
+def test_public_helpers_default_to_the_registered_defaults():
+    defaults = {f.name: f.default for m in CREDIT_METHODS.values() for f in m.argument_fields()}
+    logps, entropy = torch.tensor([-6.0, -1.0]), torch.tensor([0.5, 0.2])
+    assert torch.equal(taco_tail_risk(logps, entropy), taco_tail_risk(logps, entropy, defaults["taco_alpha"]))
+    deviation, entropy, vocab = torch.tensor([0.04, 0.36]), torch.tensor([1.0, 2.0]), 20
+    assert torch.equal(
+        tide_scores(deviation, entropy, vocab),
+        tide_scores(deviation, entropy, vocab, defaults["tide_kappa"], defaults["tide_distance"]),
+    )
+
+
+def test_eapo_kappa_decays_linearly_to_zero_and_stays_there():
+    # kappa * max(0, 1 - step / decay_steps): 2.0 over 4 steps gives 2, 1.5, 1, 0 and 0 past the end.
+    adv, mask = torch.tensor([1.0, -1.0]), torch.ones(2, 3, dtype=torch.bool)
+    entropy = torch.tensor([[0.1, 0.5, 0.9], [0.2, 0.6, 1.0]])
+    for step, expected in [(0, 2.0), (1, 1.5), (2, 1.0), (4, 0.0), (6, 0.0)]:
+        result = eapo_advantages(
+            adv, mask, rollout_entropy=entropy, step=step, eapo_kappa=2.0, eapo_kappa_decay_steps=4
+        )
+        assert result.metrics["kappa"] == pytest.approx(expected)
+    # One decay step: full kappa at step 0, none from step 1 on; 0 decay steps keep kappa constant.
+    one = [eapo_advantages(adv, mask, rollout_entropy=entropy, step=s, eapo_kappa_decay_steps=1) for s in (0, 1)]
+    assert [r.metrics["kappa"] for r in one] == pytest.approx([math.log(4.0), 0.0])
+    assert torch.allclose(one[1].advantages_BT, adv.unsqueeze(1).expand(2, 3))  # kappa 0: every weight 1
+    constant = eapo_advantages(adv, mask, rollout_entropy=entropy, step=10**6, eapo_kappa_decay_steps=0)
+    assert constant.metrics["kappa"] == pytest.approx(math.log(4.0))
+
+
+def test_eapo_with_equal_quantiles_is_a_step_at_the_quantile():
+    # Eleven tokens at H = 1 and one at H = 2: the 10 % and 90 % quantiles are both 1, so h = 1 above 1, 0 at it.
+    assert torch.equal(eapo_normalized_entropy(torch.tensor([0.5, 1.0, 2.0]), 1.0, 1.0), torch.tensor([0.0, 0.0, 1.0]))
+    adv = torch.tensor([1.0, -0.5])
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    entropy = torch.ones(2, 6)
+    entropy[0, 3] = 2.0
+    result = eapo_advantages(adv, mask, rollout_entropy=entropy, eapo_kappa=2.0)
+    assert result.metrics["q_lo"] == result.metrics["q_hi"] == pytest.approx(1.0)
+    expected = eapo_loop(adv, entropy, mask, 2.0, (0.1, 0.9))
+    assert not torch.allclose(expected, adv.unsqueeze(1).expand(2, 6))  # the step moved credit
+    torch.testing.assert_close(result.advantages_BT, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_a_quantile_of_no_tokens_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"^cannot take a quantile of an empty set of valid tokens$"):
+        quantile_linear(torch.empty(0), 0.5)
+
+
+def test_tide_against_the_previous_policy_reads_the_previous_policy_deviation():
+    method = CREDIT_METHODS["tide"]
+    assert "previous_policy_deviation" in method.statistics_for(method.hyperparameters({"tide_reference": "old"}))
+    assert "reference_deviation" in method.statistics_for(method.hyperparameters({"tide_reference": "ref"}))
+    g = torch.Generator().manual_seed(3)
+    adv, mask = torch.tensor([1.0, -2.0, 0.5]), torch.ones(3, 4, dtype=torch.bool)
+    mask[2, 2:] = False
+    deviation, entropy, vocab = torch.rand(3, 4, generator=g) * 0.5, torch.rand(3, 4, generator=g) * 3, 50
+    result = tide_advantages(
+        adv, mask, previous_policy_deviation=deviation, rollout_entropy=entropy, vocab_size=vocab, tide_reference="old"
+    )
+    expected = tide_loop(adv, deviation, entropy, mask, vocab, 0.5, 1.0)
+    torch.testing.assert_close(result.advantages_BT, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_tide_scores_clamp_out_of_range_deviations_and_entropies():
+    # Hellinger d' = sqrt(clamp(d, 0, 1)) and gate Hn = clamp(H / log|V|, 0, 1), kappa 1: a rounding-negative deviation
+    # scores 0 (not NaN), d > 1 counts as 1, H above log|V| gates 1 and a negative H gates 0.
+    vocab = 20
+    log_v = math.log(vocab)
+    deviation = torch.tensor([-1e-7, 0.25, 1.5, 0.25])
+    entropy = torch.tensor([log_v, 0.5 * log_v, 3.0 * log_v, -0.1])
+    scores = tide_scores(deviation, entropy, vocab, kappa=1.0, distance="hellinger")
+    torch.testing.assert_close(scores, torch.tensor([0.0, 0.25, 1.0, 0.0]))
+    squared = tide_scores(torch.tensor([1.5, -0.2]), torch.tensor([2.0 * log_v, log_v]), vocab, kappa=1.0)
+    torch.testing.assert_close(squared, torch.tensor([1.0, 0.0]))
+
+
+def test_clip_cov_covariance_uses_weighted_means_and_is_zero_off_the_loss():
+    # Weights 1, 0.5, 1, 0: weighted means A = (1 + 1 + 3) / 2.5 = 2 and log p = (-1 - 1 - 3) / 2.5 = -2, so
+    # cov = (A - 2)(log p + 2) = -1, 0, -1, and 0 where the weight is 0 (there (10 - 2)(-9 + 2) would be -56).
+    advantages = torch.tensor([[1.0, 2.0], [3.0, 10.0]])
+    logps = torch.tensor([[-1.0, -2.0], [-3.0, -9.0]])
+    weights = torch.tensor([[1.0, 0.5], [1.0, 0.0]])
+    covariance = clip_cov_covariance(advantages, logps, weights)
+    torch.testing.assert_close(covariance, torch.tensor([[-1.0, 0.0], [-1.0, 0.0]]))
