@@ -13,6 +13,8 @@
   with log-probs perturbed like an inference engine's, and a stand-in for the weight sync.
 """
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import naive_logprobs, sampled
@@ -30,6 +32,7 @@ from trl_credit.methods import CREDIT_METHODS
 
 # The statistics of the current policy, which put a method in the training forward (the specification's stages).
 TRAINING_FORWARD_STATISTICS = ("policy_logps", "policy_entropy", "policy_logit_gap")
+FLOAT32_EPSILON = torch.finfo(torch.float32).eps
 # The stacks README.md and docs/ name, and the official actor's variants (read from the pages).
 DOCUMENTED_STACKS = tuple(documented_stacks())
 
@@ -118,11 +121,46 @@ def policy_statistics(model, batch, temperature, mask_BT):
     return {name: torch.where(mask_BT, value, 0.0) for name, value in values.items()}, logp_BTV
 
 
+def float32_slack(stage, credit, hyperparameters, draws=4):
+    """The reference stack on `credit`, and how far its advantages and loss weights move when every statistic moves
+    by float32 rounding (eps32 * max(1, |x|), signs drawn at random, seeded). The trainer's statistics come from
+    TRL's float32 forward, so where a rule is ill-conditioned (OTB's baseline where each member's weight
+    1 - 2p + sum p^2 is near 0, a top-k cut between two near-equal tokens) the trainer and the float64 reference may
+    part by more than the tolerance; the comparison allows that much there, and only there."""
+    exact = reference_stack(stage, credit, hyperparameters)
+    generator = torch.Generator().manual_seed(0)
+    slack_BT = torch.zeros_like(exact.advantages_BT)
+    slack_weights_BT = torch.zeros_like(exact.loss_weights_BT)
+    for _ in range(draws):
+        nudged = {}
+        for name, value_BT in credit.statistics.items():
+            signs_BT = torch.randint(0, 2, value_BT.shape, generator=generator).double() * 2 - 1
+            step_BT = FLOAT32_EPSILON * value_BT.abs().clamp(min=1.0) * credit.mask_BT
+            nudged[name] = value_BT + signs_BT * step_BT
+        other = reference_stack(stage, dataclasses.replace(credit, statistics=nudged), hyperparameters)
+        slack_BT = torch.maximum(slack_BT, (other.advantages_BT - exact.advantages_BT).abs())
+        slack_weights_BT = torch.maximum(slack_weights_BT, (other.loss_weights_BT - exact.loss_weights_BT).abs())
+    return exact, slack_BT, slack_weights_BT
+
+
+def assert_within(got_BT, want_BT, slack_BT, atol, what):
+    """|got - want| <= atol + atol |want| + slack at every position (`torch.testing.assert_close` with a per-token
+    allowance)."""
+    excess_BT = (got_BT - want_BT).abs() - (atol + atol * want_BT.abs() + slack_BT)
+    if (excess_BT > 0).any():
+        worst = (got_BT - want_BT).abs().max().item()
+        raise AssertionError(
+            f"{what}: {int((excess_BT > 0).sum())} positions differ beyond the tolerance (largest |difference| "
+            f"{worst:.3e}, first at flat index {int((excess_BT > 0).flatten().nonzero()[0])}); got {got_BT}, want {want_BT}"
+        )
+
+
 class AdvantageRecorder:
     """Expected token advantages and loss mask of the trainer's stack, computed outside the trainer, checked where
     TRL's `_compute_loss` consumes them. Keeps `checked_batches`, `max_difference` (largest |consumed - expected| of
     an advantage or a loss-mask weight) and `moved_share()` (the share of valid tokens whose credit differs from
-    GRPO's broadcast advantage, over every checked micro-batch). `atol`: the tolerance of the comparison."""
+    GRPO's broadcast advantage, over every checked micro-batch). `atol`: the tolerance of the comparison, widened
+    only where float32 rounding of the statistics moves the reference (`float32_slack`; counted in `ill_conditioned`)."""
 
     def __init__(self, monkeypatch, trainer, atol=1e-5):
         self.trainer, self.atol = trainer, atol
@@ -143,6 +181,7 @@ class AdvantageRecorder:
         self.token_texts = token_texts_of(trainer.processing_class)
         self.expected = {}
         self.checked_batches, self.max_difference, self.tie_swaps = 0, 0.0, 0
+        self.ill_conditioned = 0  # checked tokens where float32 rounding of the statistics moves the reference
         self.moved_tokens, self.valid_tokens = 0.0, 0
         self._rewards_B, self._forward_expected = None, None
         original_generate = GRPOTrainer._generate_and_score_completions
@@ -241,8 +280,9 @@ class AdvantageRecorder:
             rewards_B=self._rewards_B.double().cpu(),
             completion_ids_BT=batch["completion_ids"],
         )
+        slack_BT, slack_weights_BT = torch.zeros_like(credit.advantages_BT), torch.zeros_like(credit.loss_weights_BT)
         if self.generation_stage:
-            credit = reference_stack(self.generation_stage, credit, self.hyperparameters)
+            credit, slack_BT, slack_weights_BT = float32_slack(self.generation_stage, credit, self.hyperparameters)
         self.expected = {}  # TRL buffers the micro-batches of the latest generation batch only
         for i in range(rows):
             row = {
@@ -257,6 +297,7 @@ class AdvantageRecorder:
                 )
             }
             row["statistics"] = {name: value[i] for name, value in credit.statistics.items()}
+            row["slack_BT"], row["slack_weights_BT"] = slack_BT[i], slack_weights_BT[i]
             row["base_mask"] = base_mask[i].double()
             self.expected.setdefault(_row_key(batch["prompt_ids"][i], batch["completion_ids"][i]), []).append(row)
 
@@ -287,7 +328,7 @@ class AdvantageRecorder:
             # selection of the next stage (STAPO's positive tokens) must see the same numbers as the trainer's, and
             # an advantage of 1e-9 in float64 may be 0 in float32.
             carried_BT = inputs["advantages"].double().cpu() * mask_BT
-            torch.testing.assert_close(carried_BT, incoming_BT, atol=self.atol, rtol=self.atol)
+            assert_within(carried_BT, incoming_BT, stack["slack_BT"], self.atol, "the generation stage's advantages")
             self.max_difference = max(self.max_difference, (carried_BT - incoming_BT).abs().max().item())
             incoming_BT = carried_BT
         values, _ = policy_statistics(trainer.model, inputs, trainer.temperature, stack["base_mask"].bool())
@@ -306,7 +347,7 @@ class AdvantageRecorder:
             rewards_B=stack["rewards_B"],
             completion_ids_BT=inputs["completion_ids"],
         )
-        credit = reference_stack(self.forward_stage, credit, self.hyperparameters)
+        credit, slack_BT, slack_weights_BT = float32_slack(self.forward_stage, credit, self.hyperparameters)
         ranked_BTS = torch.stack([credit.statistics[name] for name in sorted(credit.statistics)], dim=-1)
         return [
             [
@@ -314,6 +355,8 @@ class AdvantageRecorder:
                     **row,
                     "advantages_BT": credit.advantages_BT[i],
                     "loss_weights_BT": credit.loss_weights_BT[i],
+                    "slack_BT": slack_BT[i],
+                    "slack_weights_BT": slack_weights_BT[i],
                     "incoming": incoming_BT[i],
                     "ranked": ranked_BTS[i],
                 }
@@ -348,21 +391,12 @@ class AdvantageRecorder:
         weights_BT = torch.stack([row["loss_weights_BT"] for row in chosen]) * base_BT
         if "ranked" in chosen[0]:
             want_BT, weights_BT = self._tie_swaps(chosen, consumed * base_BT, loss_mask, want_BT, weights_BT)
+        slack_BT = torch.stack([row["slack_BT"] for row in chosen]) * base_BT
+        slack_weights_BT = torch.stack([row["slack_weights_BT"] for row in chosen]) * base_BT
         for i in range(base_BT.size(0)):
-            torch.testing.assert_close(
-                consumed[i] * base_BT[i],
-                want_BT[i],
-                atol=self.atol,
-                rtol=self.atol,
-                msg=lambda m, i=i: f"row {i} advantages: {m}",
-            )
-            torch.testing.assert_close(
-                loss_mask[i],
-                weights_BT[i],
-                atol=self.atol,
-                rtol=self.atol,
-                msg=lambda m, i=i: f"row {i} loss mask: {m}",
-            )
+            assert_within(consumed[i] * base_BT[i], want_BT[i], slack_BT[i], self.atol, f"row {i} advantages")
+            assert_within(loss_mask[i], weights_BT[i], slack_weights_BT[i], self.atol, f"row {i} loss mask")
+        self.ill_conditioned += int(((slack_BT > self.atol) | (slack_weights_BT > self.atol)).sum())
         difference = max(
             ((consumed * base_BT - want_BT).abs().max().item(), (loss_mask - weights_BT).abs().max().item())
         )

@@ -158,5 +158,5 @@ def test_training_generates_through_the_server(
             assert completion == greedy.tolist()[: len(completion)]
     print(
         f"\n[real vLLM server] {method}: max |consumed - recomputed| = {recorder.max_difference:.2e}, "
-        f"moved share = {recorder.moved_share():.3f}"
+        f"moved share = {recorder.moved_share():.3f}, ill-conditioned tokens = {recorder.ill_conditioned}"
     )
