@@ -1,17 +1,13 @@
 """Each setting of a config checked by the library that owns it, before any model loads.
 
-TRL hands most of its config to other libraries, and each of them checks its own values, but only once it is asked:
-transformers' logits processors when the first completion is sampled, torch's optimizer when training starts,
-transformers' reporting callbacks and the Hub when the trainer is built. `check_with_owners` asks each owner right
-away, with the values TRL will pass it, when a `CreditGRPOConfig` is built (from Python, YAML or flags):
-
-* the optimizer: the one transformers' `Trainer` builds (`Trainer.get_optimizer_cls_and_kwargs`), on one dummy
-  parameter, with `weight_decay` given to its constructor's own check;
-* sampling: without vLLM, the logits processors transformers builds from `temperature`, `top_p`, `top_k`, `min_p` and
-  `repetition_penalty`; with `use_vllm`, vLLM's `SamplingParams` and the engine settings TRL passes it;
-* TRL's enumerated fields (`TRL_CHOICES` in `trl_compat.py`), vLLM's among them, whether or not `use_vllm` is on;
-* reporting: the callbacks `report_to` names (a missing `wandb` or `tensorboard` fails to build its callback);
-* the Hub, with `push_to_hub`: offline mode, a token, and the repository name.
+TRL hands most of its config to other libraries, which check their values only once asked: transformers' logits
+processors when the first completion is sampled, torch's optimizer when training starts, transformers' reporting
+callbacks and the Hub when the trainer is built. `check_with_owners` asks each owner when a `CreditGRPOConfig` is
+built, with the values TRL will pass it: the optimizer `Trainer.get_optimizer_cls_and_kwargs` builds (on one dummy
+parameter, `weight_decay` to its constructor's own check); the logits processors of `temperature`, `top_p`, `top_k`,
+`min_p` and `repetition_penalty` (with `use_vllm`, vLLM's `SamplingParams` and the engine settings TRL passes it);
+TRL's enumerated fields (`TRL_CHOICES`), vLLM's among them; the callbacks `report_to` names; with `push_to_hub`,
+offline mode, a token and the repository name.
 
 Torch and transformers compare numbers with `<` and `>`, which NaN passes: `FINITE_FIELDS` are checked for it first.
 vLLM's engine settings (`VLLM_ENGINE_FIELDS`) are checked by vLLM when it is installed; without it, and without

@@ -102,14 +102,10 @@ def missing_statistics(trainer_class: type[CreditGRPOTrainer], args: CreditGRPOC
     """`{method: statistics it reads that trainer_class does not compute}` for the methods of `args`' stack that
     `trainer_class` cannot train (as its `__init__` would find, after the model has loaded)."""
     missing = {}
-    for method in args.credit_methods:
-        unsupplied = [
-            name
-            for name in method.statistics_for(args.method_hyperparameters(method))
-            if name not in trainer_class.supplied_statistics
-        ]
+    for step in args.credit_stack:
+        unsupplied = [name for name in step.statistics if name not in trainer_class.supplied_statistics]
         if unsupplied:
-            missing[method.name] = unsupplied
+            missing[step.method.name] = unsupplied
     return missing
 
 
