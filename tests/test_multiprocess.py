@@ -274,6 +274,42 @@ def _check_weight_metrics(entry, prefix, advantages_B, advantages_BT, mask_BT):
     assert entry["credit/adv_abs_mean"] == pytest.approx(advantages_BT[valid].abs().mean().item(), abs=1e-5)
 
 
+# Where each registered method meets two processes: the launches' methods, or a test of its own that spreads one
+# batch over both ranks. The rest is named with why (pytest lists it as skipped).
+TWO_PROCESS_TESTS = {
+    "grpo": "every engine",
+    "taco": "every engine",
+    "eapo": "every engine",
+    "tide": "every engine",
+    "otb": "test_otb_groups_spread_over_two_processes_equal_single_process",
+    "gtpo": "test_gtpo_groups_spread_over_two_processes_equal_single_process",
+    "hicra": "test_hicra_two_processes_equal_single_process",
+    "stare": "test_stare_gate_reads_both_processes_and_selects_per_process",
+}
+NOT_ON_TWO_PROCESSES = (
+    "not run on two processes yet: the worker saves each rank's generation batch, not the micro-batches of the "
+    "training forward this method's reference needs; single-process paths: test_engines.py, test_resume.py, real vLLM"
+)
+
+
+def _two_process_cases():
+    from trl_credit.methods import CREDIT_METHODS
+
+    names = ["grpo", *sorted(CREDIT_METHODS)]
+    return [
+        name if name in TWO_PROCESS_TESTS else pytest.param(name, marks=pytest.mark.skip(reason=NOT_ON_TWO_PROCESSES))
+        for name in names
+    ]
+
+
+@pytest.mark.parametrize("method", _two_process_cases())
+def test_every_registered_method_meets_two_processes_or_is_named(method):
+    """The registry, not this file's lists, decides what a two-process test must cover: a new method is listed here as
+    skipped, with the reason, until a test runs it on two processes."""
+    test = TWO_PROCESS_TESTS[method]
+    assert method in METHODS if test == "every engine" else test in globals()
+
+
 # ------------------------------------------------------------------------------------ every engine, every method
 
 
