@@ -5,6 +5,8 @@ import io
 import json
 import re
 import shlex
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -218,40 +220,40 @@ def test_stacks_in_the_docs_are_valid():
             parse_credit_methods(method)
 
 
-def _test_cases(path: Path, decorated_by: str | None = None) -> int:
-    """The test cases `path` defines (each `parametrize` over a literal, or `sorted(NAME)` of a module-level literal,
-    multiplies them); only the tests decorated with `decorated_by` when it is given."""
-    import ast
+# Counts, from pytest's own collection of the whole suite, what a plain run skips: every real-vLLM case (skipped
+# without vLLM), every case marked to skip without Chromium (whether or not this machine has it) and every path case
+# that a test excludes with its reason.
+COUNT_SKIPS = """
+import json, sys, pytest
 
-    tree = ast.parse(path.read_text())
-    literals = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            with contextlib.suppress(ValueError, TypeError, SyntaxError):
-                literals[node.targets[0].id] = ast.literal_eval(node.value)
-    total = 0
-    for node in tree.body:
-        if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
-            continue
-        names = {ast.unparse(d).split("(")[0] for d in node.decorator_list}
-        if decorated_by is not None and decorated_by not in names:
-            continue
-        cases = 1
-        for decorator in node.decorator_list:
-            if isinstance(decorator, ast.Call) and ast.unparse(decorator.func).endswith("parametrize"):
-                values = decorator.args[1]
-                if isinstance(values, ast.Call) and ast.unparse(values.func) == "sorted":
-                    values = values.args[0]
-                cases *= len(literals[values.id] if isinstance(values, ast.Name) else ast.literal_eval(values))
-        total += cases
-    return total
+class Skips:
+    counts = {"real_vllm": 0, "chromium": 0, "excluded": 0}
+
+    def pytest_collection_finish(self, session):
+        for item in session.items:
+            marks = list(item.iter_markers())
+            if "/real_vllm/" in item.nodeid:
+                self.counts["real_vllm"] += 1
+            elif any(m.name == "skipif" and "chromium" in str(m.kwargs.get("reason", "")) for m in marks):
+                self.counts["chromium"] += 1
+            elif any(m.name == "skip" for m in marks):
+                self.counts["excluded"] += 1
+
+plugin = Skips()
+pytest.main(["--collect-only", "-qq", "-p", "no:cacheprovider", "tests"], plugins=[plugin])
+print(json.dumps(plugin.counts))
+"""
 
 
 def test_the_readme_names_every_test_a_plain_run_skips():
     """Without vLLM (its tests run in their own environment) and without Chromium, these are the skips."""
-    real_vllm = sum(_test_cases(path) for path in sorted((ROOT / "tests" / "real_vllm").glob("test_*.py")))
-    chromium = sum(_test_cases(path, "needs_chromium") for path in sorted((ROOT / "tests").glob("test_*.py")))
+    run = subprocess.run([sys.executable, "-c", COUNT_SKIPS], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    counts = json.loads(run.stdout.strip().splitlines()[-1])
     readme = " ".join(_text("README.md").split())
-    found = re.search(r"(\d+) skip, saying why: (\d+) real-vLLM tests .*? and (\d+) in headless Chromium", readme)
+    found = re.search(
+        r"(\d+) skip, saying why: (\d+) real-vLLM cases .*?, (\d+) in headless Chromium .*? and (\d+) path cases",
+        readme,
+    )
     assert found, "the README does not say which tests skip"
-    assert tuple(map(int, found.groups())) == (real_vllm + chromium, real_vllm, chromium)
+    real_vllm, chromium, excluded = counts["real_vllm"], counts["chromium"], counts["excluded"]
+    assert tuple(map(int, found.groups())) == (real_vllm + chromium + excluded, real_vllm, chromium, excluded)

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 import yaml
 from conftest import make_tiny_model, make_tiny_tokenizer
 from reference_formulas import gtpo_loop, hicra_loop
+from trainer_helpers import path_cases
 
 from trl_credit.methods.eapo import eapo_advantages, eapo_kappa_schedule
 from trl_credit.methods.otb import otb_advantages
@@ -288,18 +289,19 @@ TWO_PROCESS_TESTS = {
 }
 NOT_ON_TWO_PROCESSES = (
     "not run on two processes yet: the worker saves each rank's generation batch, not the micro-batches of the "
-    "training forward this method's reference needs; single-process paths: test_engines.py, test_resume.py, real vLLM"
+    "training forward this case's reference needs; single-process paths: test_engines.py, test_resume.py, real vLLM"
 )
 
 
 def _two_process_cases():
+    """Every path case (`trainer_helpers.path_cases`: the registry and the documented stacks), the ones no test runs on
+    two processes skipped with the reason."""
+    from trainer_helpers import DOCUMENTED_STACKS
+
     from trl_credit.methods import CREDIT_METHODS
 
-    names = ["grpo", *sorted(CREDIT_METHODS)]
-    return [
-        name if name in TWO_PROCESS_TESTS else pytest.param(name, marks=pytest.mark.skip(reason=NOT_ON_TWO_PROCESSES))
-        for name in names
-    ]
+    names = ["grpo", *CREDIT_METHODS, *DOCUMENTED_STACKS]
+    return path_cases({name: NOT_ON_TWO_PROCESSES for name in names if name not in TWO_PROCESS_TESTS})
 
 
 @pytest.mark.parametrize("method", _two_process_cases())
