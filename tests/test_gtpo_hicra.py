@@ -402,6 +402,26 @@ def test_hicra_grams_at_the_edges_and_word_boundaries():
     torch.testing.assert_close(result.advantages_BT[2, :3], torch.full((3,), -0.8))  # 1 - alpha on a failure
 
 
+def test_hicra_marks_the_longest_gram_at_a_start_only_the_match_and_reads_every_row():
+    """Three edges the random cases miss, against the paper rule worked character by character (`hicra_loop`): at one
+    start the longest gram wins whatever the grams' order and case ("Let me think" over "let me"); a token that ends
+    where a match begins is not in it; a row with no valid token leaves the rows after it to be read."""
+    texts = ["", "let", " me", " think", "x ", " so"]
+    ids = torch.tensor([[1, 2, 3, 5], [4, 1, 2, 5], [1, 2, 3, 0], [4, 1, 2, 3]])
+    mask = ids != 0
+    mask[2] = False  # no valid token: the next row must still be matched
+    adv = torch.tensor([1.0, -1.0, 1.0, 0.5])
+    grams = ["Let me think", "let me"]
+    result = hicra_advantages(
+        adv, mask, completion_ids_BT=ids, token_texts=lambda row: [texts[i] for i in row], hicra_grams=grams
+    )
+    planning = result.statistic_BT.bool()
+    assert planning[0].tolist() == [True, True, True, False]  # " think" is in the longest gram's match
+    assert planning[1].tolist() == [False, True, True, False]  # "x " ends where "let" begins: not in the match
+    assert not planning[2].any() and planning[3].tolist() == [False, True, True, True]
+    torch.testing.assert_close(result.advantages_BT, hicra_loop(adv, ids, mask, texts, grams))
+
+
 def test_hicra_alpha_zero_is_grpo_and_signs_are_kept():
     adv, ids, mask = hicra_batch(0)
     same = hicra(adv, ids, mask, hicra_alpha=0.0).advantages_BT
