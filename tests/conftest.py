@@ -17,6 +17,12 @@ import torch
 
 torch.set_num_threads(1)  # two torch processes with 2 threads each on 2 cores run several times slower
 
+from trl_credit.methods import CREDIT_METHODS as _REGISTRY  # noqa: E402  (after the environment above)
+
+# The package's own methods, read before any test module registers its probes (test_architectures registers some at
+# import, the lab's `oracle` arrives with its module): what the registry-driven path tests parametrise over.
+PACKAGE_METHODS = tuple(sorted(_REGISTRY))
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"

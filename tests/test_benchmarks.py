@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import PACKAGE_METHODS
 
 from trl_credit.methods import CREDIT_METHODS
 
@@ -28,7 +29,7 @@ def benchmarks(monkeypatch):
     return _method_inputs, scaling, official
 
 
-@pytest.mark.parametrize("name", sorted(CREDIT_METHODS))
+@pytest.mark.parametrize("name", PACKAGE_METHODS)
 def test_scaling_runs_every_registered_method_on_its_own_statistics(benchmarks, name):
     _method_inputs, scaling, _ = benchmarks
     calls = scaling.method_calls(8, 32, 4)

@@ -34,7 +34,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import make_tiny_model, make_tiny_tokenizer
+from conftest import PACKAGE_METHODS, make_tiny_model, make_tiny_tokenizer
 from reference_formulas import gtpo_loop, hicra_loop
 from trainer_helpers import path_cases
 
@@ -298,9 +298,7 @@ def _two_process_cases():
     two processes skipped with the reason."""
     from trainer_helpers import DOCUMENTED_STACKS
 
-    from trl_credit.methods import CREDIT_METHODS
-
-    names = ["grpo", *CREDIT_METHODS, *DOCUMENTED_STACKS]
+    names = ["grpo", *PACKAGE_METHODS, *DOCUMENTED_STACKS]
     return path_cases({name: NOT_ON_TWO_PROCESSES for name in names if name not in TWO_PROCESS_TESTS})
 
 

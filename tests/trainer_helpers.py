@@ -17,7 +17,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import naive_logprobs, sampled
+from conftest import PACKAGE_METHODS, naive_logprobs, sampled
 from reference_credit import (
     MOVING_SETTINGS,
     ReferenceBatch,
@@ -27,8 +27,6 @@ from reference_credit import (
     reference_stack,
 )
 from trl import GRPOTrainer
-
-from trl_credit.methods import CREDIT_METHODS
 
 # The statistics of the current policy, which put a method in the training forward (the specification's stages).
 TRAINING_FORWARD_STATISTICS = ("policy_logps", "policy_entropy", "policy_logit_gap")
@@ -63,7 +61,7 @@ def path_cases(excluded: dict[str, str] | None = None) -> list:
     """`pytest.param(credit_method)` for GRPO, every registered method and every documented stack; a case in
     `excluded` (name -> reason) is skipped with its reason, so that `--collect-only` names it."""
     cases = []
-    for name in ["grpo", *sorted(CREDIT_METHODS), *DOCUMENTED_STACKS]:
+    for name in ["grpo", *PACKAGE_METHODS, *DOCUMENTED_STACKS]:
         reason = (excluded or {}).get(name)
         marks = [pytest.mark.skip(reason=reason)] if reason else []
         cases.append(pytest.param(name, marks=marks, id=name))
