@@ -141,6 +141,15 @@ def _conflict_table(rows_N, widths_R, lengths_R, groups_R, signs_R, fill_id, rev
     return keys_N, (positive > 0) & (negative > 0), width, vocab
 
 
+def _checked_ids(ids_BT: torch.Tensor) -> torch.Tensor:
+    """The ids, once they are known to round-trip exactly through the float gather."""
+    if ids_BT.numel() and not 0 <= int(ids_BT.min()) <= int(ids_BT.max()) < _MAX_EXACT_ID:
+        raise ValueError(
+            f"GTPO: token ids must be in [0, {_MAX_EXACT_ID}), got {int(ids_BT.min())} to {int(ids_BT.max())}"
+        )
+    return ids_BT
+
+
 def gtpo_conflict_runs(
     ids_BT: torch.Tensor,
     valid_BT: torch.Tensor,
@@ -169,11 +178,7 @@ def gtpo_conflict_runs(
     gather = gather or (lambda values_N: values_N)
     fill_id = excluded_id if fill_id is None else fill_id
     valid_BT = valid_BT.bool()
-    ids_BT = ids_BT.long()
-    if ids_BT.numel() and not 0 <= int(ids_BT.min()) <= int(ids_BT.max()) < _MAX_EXACT_ID:
-        raise ValueError(
-            f"GTPO: token ids must be in [0, {_MAX_EXACT_ID}), got {int(ids_BT.min())} to {int(ids_BT.max())}"
-        )
+    ids_BT = _checked_ids(ids_BT.long())
     lengths_B = valid_BT.sum(dim=1)
     keyed_BT = _keyed_rows(ids_BT, valid_BT)
     all_rows_N = gather(keyed_BT.flatten().float()).round().long()
