@@ -72,7 +72,7 @@ METHODS = ["grpo", *sorted(CREDIT_METHODS)]
 CONTROL = "grpo-control"  # a second, identical grpo worker: its ratio to grpo is the run's noise floor
 BETA_CONTROL = "grpo_beta"  # grpo with TRL's KL term (beta = 0.04): its reference forward is TIDE's floor
 BETA = 0.04
-REAL_VLLM_METHODS = ["grpo", "taco", "eapo", "tide", "stare", "otb"]  # the real-vLLM regime's default
+REAL_VLLM_METHODS = ["grpo", "taco", "eapo", "tide", "stare", "otb", "gtpo", "hicra"]  # the real-vLLM regime's default
 
 
 def resolve_model(name: str) -> str:

@@ -4,6 +4,7 @@
         --main_process_port PORT tests/multiproc_worker.py OUT_DIR ddp
     accelerate launch --config_file ZERO3.yaml --num_processes 2 --main_process_port PORT \
         tests/multiproc_worker.py OUT_DIR zero3                                          # zero2, zero3, fsdp2
+    accelerate launch --multi_gpu ... tests/multiproc_worker.py OUT_DIR registry CASE [CASE ...]
 
 (`accelerate launch --cpu` starts a single process unless mpirun is used; `--multi_gpu` starts two with
 torchrun, and `use_cpu=True` makes accelerate pick the MULTI_CPU / gloo backend. The DeepSpeed and FSDP2 configs,
@@ -17,6 +18,11 @@ single-process on the concatenation of both ranks' rows.
 
 * `ddp`: then checks TIDE's statistics helpers on a model sharded with FSDP2 (`fully_shard` over a 2-rank CPU
   mesh) against the unsharded model, and saves the differences.
+* `registry` (DDP): trains each named case (a registered method or a `+` stack, in the settings where it moves
+  credit, `trainer_helpers.moving_settings`) with one group of 8 completions spread over both processes, under
+  `trainer_helpers.AdvantageRecorder` on each process: its generation stage runs on both processes' rows (gathered
+  here), its training-forward stage on this process's micro-batch. Each process saves what it checked and every
+  difference it found (kept, not raised: a process that stopped would leave the other waiting in a collective).
 * `zero3`: records, at every generation batch and every credit computation, that the policy's LM head is
   partitioned (the test's DeepSpeed config sets `stage3_param_persistence_threshold: 0`), then trains TIDE once
   more with every completion of rank 1 masked (`tide_uneven`): rank 1 has no valid token in any chunk of the
@@ -38,7 +44,9 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+import pytest  # noqa: E402
 from conftest import make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset  # noqa: E402
+from trainer_helpers import AdvantageRecorder, moving_settings  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 import trl_credit  # noqa: E402
@@ -47,8 +55,8 @@ from trl_credit.methods import CREDIT_METHODS  # noqa: E402
 from trl_credit.trainer.lm_head_statistics import hellinger_and_entropy  # noqa: E402
 
 METHODS = ("grpo", "taco", "eapo", "tide")
-ENGINES = ("ddp", "zero2", "zero3", "fsdp2")
-STEPS = {"ddp": 3, "zero2": 2, "zero3": 2, "fsdp2": 2}
+ENGINES = ("ddp", "zero2", "zero3", "fsdp2", "registry")
+STEPS = {"ddp": 3, "zero2": 2, "zero3": 2, "fsdp2": 2, "registry": 2}
 ROW_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "credit_group_index", "credit_rewards")
 # Under DDP only (they add a launch's worth of time): OTB with every group spread over both processes, STARE with its
 # gate on (the tiny model's entropy is far above the paper's 0.3-nat target).
@@ -163,6 +171,79 @@ class _MaskRankOneCompletions(GRPOTrainer):
 
 class UnevenRecordingTrainer(RecordingTrainer, _MaskRankOneCompletions):
     """`RecordingTrainer` above `CreditGRPOTrainer` above the masking layer above TRL's `GRPOTrainer`."""
+
+
+class TwoProcessRecorder(AdvantageRecorder):
+    """`AdvantageRecorder` on one of two processes: the generation stage's reference over both processes' rows, and
+    each difference kept in `failures` instead of raised."""
+
+    def __init__(self, monkeypatch, trainer):
+        super().__init__(monkeypatch, trainer)
+        self.failures = []
+
+    def gather_rows(self, rows):
+        accelerator, pad_id = self.trainer.accelerator, self.trainer.processing_class.pad_token_id
+        gathered = {}
+        for name, value in rows.items():  # the same names in the same order on every process: collectives
+            if value.dim() == 2:
+                value = accelerator.pad_across_processes(value, dim=1, pad_index=pad_id if "ids" in name else 0)
+            gathered[name] = accelerator.gather(value.contiguous()).cpu()
+        return gathered
+
+    def first_local_row(self, rows):
+        return self.trainer.accelerator.process_index * rows  # TRL gives every process as many rows
+
+    def _keep(self, error):
+        self.failures.append(f"step {self.trainer.state.global_step}: {type(error).__name__}: {error}"[:2000])
+
+    def _expect_training_forward(self, inputs):
+        try:
+            return super()._expect_training_forward(inputs)
+        except (AssertionError, KeyError) as error:
+            self._keep(error)
+            return None
+
+    def _check(self, inputs, expected_rows):
+        if expected_rows is not None:
+            try:
+                super()._check(inputs, expected_rows)
+            except AssertionError as error:
+                self._keep(error)
+
+
+def train_registry_case(out: Path, case: str) -> None:
+    """One path case on two processes under `TwoProcessRecorder`; what each process checked goes to a JSON file."""
+    tokenizer = make_tiny_tokenizer()
+    rank = int(os.environ["RANK"])
+    result = {"failures": []}
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        try:
+            args = tiny_config(
+                case, out / case, max_steps=STEPS["registry"], num_generations=8, **moving_settings(case)
+            )
+            trainer = CreditGRPOTrainer(
+                model=make_tiny_model(tokenizer),
+                reward_funcs=char_reward,
+                args=args,
+                train_dataset=tiny_prompt_dataset(),
+                processing_class=tokenizer,
+            )
+            recorder = TwoProcessRecorder(monkeypatch, trainer)
+            trainer.train()
+            final_state = full_state_dict(trainer.accelerator.unwrap_model(trainer.model))
+            result.update(
+                failures=recorder.failures,
+                checked_batches=recorder.checked_batches,
+                expected_batches=args.max_steps * args.gradient_accumulation_steps,
+                max_difference=recorder.max_difference,
+                moved_tokens=recorder.moved_tokens,
+                valid_tokens=recorder.valid_tokens,
+                ill_conditioned=recorder.ill_conditioned,
+                checksum=sum(value.double().sum().item() for value in final_state.values()),
+            )
+        except Exception as error:  # raised on both processes alike (a config error): the next case still runs
+            result["failures"].append(f"{type(error).__name__}: {error}"[:2000])
+    (out / f"registry_{case}_rank{rank}.json").write_text(json.dumps(result))
 
 
 def train_method(out: Path, engine: str, method: str, run_name: str | None = None, uneven: bool = False) -> None:
@@ -344,6 +425,10 @@ def main() -> None:
     expected_root = os.environ.get("TRL_CREDIT_EXPECTED_ROOT")
     if expected_root and not Path(trl_credit.__file__).resolve().is_relative_to(Path(expected_root).resolve()):
         raise RuntimeError(f"imported trl_credit from {trl_credit.__file__}, not from {expected_root}")
+    if engine == "registry":
+        for case in sys.argv[3:]:
+            train_registry_case(out, case)
+        return
     if engine.startswith("zero"):
         import deepspeed
 

@@ -16,6 +16,12 @@ checks to mean something, differ from rank 0's own statistic).
 | `fsdp2` | accelerate config `distributed_type: FSDP`, `fsdp_version: 2`, `use_cpu: true`; accelerate only enables FSDP for accelerator devices, so the worker promotes the CPU processes' state to FSDP (`allow_fsdp_on_cpu`) |
 
 The `ddp` launch also checks TIDE's statistics helpers on a model sharded by hand with FSDP2 `fully_shard`.
+
+A `registry` launch (DDP) trains every path case (`trainer_helpers.path_cases`: GRPO, every registered method, the
+documented stacks) with one group of 8 completions spread over both processes, `trainer_helpers.AdvantageRecorder`
+on each process: the reference rules' generation stage over both processes' rows, the training-forward stage over
+the process's own micro-batch. A newly registered method enters it without an edit.
+
 Each launch runs once per module (the fixtures are module-scoped); select one engine with `-k zero3`.
 """
 
@@ -34,7 +40,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import PACKAGE_METHODS, make_tiny_model, make_tiny_tokenizer
+from conftest import make_tiny_model, make_tiny_tokenizer
+from reference_credit import assert_credit_moved
 from reference_formulas import gtpo_loop, hicra_loop
 from trainer_helpers import path_cases
 
@@ -133,10 +140,11 @@ def _process_tree(pid: int) -> list[int]:
     return tree
 
 
-def launch(engine: str, out: Path) -> None:
-    """`accelerate launch` the worker with 2 processes under `engine`; fail on error or after LAUNCH_TIMEOUT_S."""
+def launch(engine: str, out: Path, cases: tuple[str, ...] = (), timeout_s: float = LAUNCH_TIMEOUT_S) -> None:
+    """`accelerate launch` the worker with 2 processes under `engine` (`registry`: DDP, training `cases`); fail on
+    error or after `timeout_s`."""
     command = [sys.executable, "-m", "accelerate.commands.launch"]
-    if engine == "ddp":
+    if engine in ("ddp", "registry"):
         command += [
             "--multi_gpu",
             "--num_processes",
@@ -152,7 +160,7 @@ def launch(engine: str, out: Path) -> None:
         config_file = out / "accelerate.yaml"
         config_file.write_text(yaml.safe_dump(_accelerate_config(engine, out)))
         command += ["--config_file", str(config_file), "--num_processes", "2"]
-    command += ["--main_process_port", str(_free_port()), str(WORKER), str(out / "runs"), engine]
+    command += ["--main_process_port", str(_free_port()), str(WORKER), str(out / "runs"), engine, *cases]
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
@@ -168,7 +176,7 @@ def launch(engine: str, out: Path) -> None:
     start = time.perf_counter()
     proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         for pid in _process_tree(proc.pid):  # the launcher and both workers
             try:
@@ -176,9 +184,7 @@ def launch(engine: str, out: Path) -> None:
             except ProcessLookupError:
                 pass
         stdout, stderr = proc.communicate()
-        pytest.fail(
-            f"{engine}: the 2-process launch hung for {LAUNCH_TIMEOUT_S} s:\n{stdout[-3000:]}\n{stderr[-6000:]}"
-        )
+        pytest.fail(f"{engine}: the 2-process launch hung for {timeout_s} s:\n{stdout[-3000:]}\n{stderr[-6000:]}")
     assert proc.returncode == 0, f"{engine} worker failed:\n{stdout[-4000:]}\n{stderr[-8000:]}"
     print(f"{engine}: 2-process launch took {time.perf_counter() - start:.1f} s")
 
@@ -275,39 +281,40 @@ def _check_weight_metrics(entry, prefix, advantages_B, advantages_BT, mask_BT):
     assert entry["credit/adv_abs_mean"] == pytest.approx(advantages_BT[valid].abs().mean().item(), abs=1e-5)
 
 
-# Where each registered method meets two processes: the launches' methods, or a test of its own that spreads one
-# batch over both ranks. The rest is named with why (pytest lists it as skipped).
-TWO_PROCESS_TESTS = {
-    "grpo": "every engine",
-    "taco": "every engine",
-    "eapo": "every engine",
-    "tide": "every engine",
-    "otb": "test_otb_groups_spread_over_two_processes_equal_single_process",
-    "gtpo": "test_gtpo_groups_spread_over_two_processes_equal_single_process",
-    "hicra": "test_hicra_two_processes_equal_single_process",
-    "stare": "test_stare_gate_reads_both_processes_and_selects_per_process",
-}
-NOT_ON_TWO_PROCESSES = (
-    "not run on two processes yet: the worker saves each rank's generation batch, not the micro-batches of the "
-    "training forward this case's reference needs; single-process paths: test_engines.py, test_resume.py, real vLLM"
-)
+# ------------------------------------------------------------------------------- every registered method, DDP
+
+REGISTRY_CASES = tuple(case.values[0] for case in path_cases())
+REGISTRY_TIMEOUT_S = 60 * len(REGISTRY_CASES)
 
 
-def _two_process_cases():
-    """Every path case (`trainer_helpers.path_cases`: the registry and the documented stacks), the ones no test runs on
-    two processes skipped with the reason."""
-    from trainer_helpers import DOCUMENTED_STACKS
+@pytest.fixture(scope="module")
+def registry_run(tmp_path_factory):
+    """One DDP launch training every path case (`trainer_helpers.path_cases`: GRPO, every registered method, the
+    documented stacks), one group of 8 completions spread over both processes, under `AdvantageRecorder`."""
+    out = tmp_path_factory.mktemp("multiproc_registry")
+    launch("registry", out, REGISTRY_CASES, timeout_s=REGISTRY_TIMEOUT_S)
+    return out / "runs"
 
-    names = ["grpo", *PACKAGE_METHODS, *DOCUMENTED_STACKS]
-    return path_cases({name: NOT_ON_TWO_PROCESSES for name in names if name not in TWO_PROCESS_TESTS})
 
-
-@pytest.mark.parametrize("method", _two_process_cases())
-def test_every_registered_method_meets_two_processes_or_is_named(method):
-    """The registry, not this file's lists, decides what a two-process test must cover: a new method is listed here as
-    skipped, with the reason, until a test runs it on two processes."""
-    test = TWO_PROCESS_TESTS[method]
-    assert method in METHODS if test == "every engine" else test in globals()
+@pytest.mark.parametrize("method", path_cases())
+def test_every_registered_method_on_two_processes_equals_the_reference(registry_run, method):
+    """Each process's consumed advantages and loss mask equal the reference rules (`reference_credit.py`) at 1e-5:
+    the generation stage over both processes' rows (a group's sums, EAPO's quantiles, STARE's gate mean), the
+    training-forward stage over this process's micro-batch; the replicas stay equal, and credit moved."""
+    results = [json.loads((registry_run / f"registry_{method}_rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, result in enumerate(results):
+        assert not result["failures"], f"rank {rank}:\n" + "\n".join(result["failures"])
+        assert result["checked_batches"] == result["expected_batches"] > 0
+    assert results[0]["checksum"] == pytest.approx(results[1]["checksum"], abs=1e-9)
+    moved = sum(r["moved_tokens"] for r in results) / max(sum(r["valid_tokens"] for r in results), 1)
+    if method == "grpo":
+        assert moved == 0.0, "GRPO's advantages differ from its own broadcast A_i"
+    else:
+        assert_credit_moved(method, moved)
+    print(
+        f"\n[two processes] {method}: max |consumed - reference| = "
+        f"{max(r['max_difference'] for r in results):.2e}, moved share = {moved:.3f}"
+    )
 
 
 # ------------------------------------------------------------------------------------ every engine, every method

@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 import torch
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
-from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_settings, path_cases
+from trainer_helpers import AdvantageRecorder, moving_settings, path_cases
 from transformers import TrainerCallback
 
 from trl_credit import CreditGRPOTrainer
@@ -51,13 +51,9 @@ RESUME_SETTINGS = {
     "eapo": {"eapo_kappa_decay_steps": 4},
     "clip_cov": {"clip_cov_ratio": 0.5, "clip_cov_lb": -100.0, "clip_cov_ub": 100.0},
 }
-# What resuming restores is each method's own state (its schedule, reference, random draw): a stack resumes as its
-# methods do, and its runs would add minutes to the suite.
-STACKS_EXCLUDED = "a stack resumes as its methods do (the state resuming restores is each method's own)"
-CASES = [
-    pytest.param(case.values[0], {}, id=case.id, marks=case.marks)
-    for case in path_cases(dict.fromkeys(DOCUMENTED_STACKS, STACKS_EXCLUDED))
-] + [pytest.param("tide", {"tide_reference": "old"}, id="tide-old")]
+CASES = [pytest.param(case.values[0], {}, id=case.id, marks=case.marks) for case in path_cases()] + [
+    pytest.param("tide", {"tide_reference": "old"}, id="tide-old")
+]
 
 
 @pytest.mark.parametrize("method,extra", CASES)

@@ -241,7 +241,8 @@ class AdvantageRecorder:
 
     @torch.no_grad()
     def _expect_generation(self, batch):
-        """The generation stage over the whole generation batch, from the generating policy, keyed by row."""
+        """The generation stage over the whole generation batch (every process's rows, `gather_rows`), from the
+        generating policy, keyed by this process's rows."""
         trainer = self.trainer
         _, _, base_mask = _inputs(batch)
         mask_BT = base_mask.bool()
@@ -249,55 +250,63 @@ class AdvantageRecorder:
         values, logp_BTV = policy_statistics(policy, batch, trainer.temperature, mask_BT)
         self._vocab_size = logp_BTV.size(-1)
         self.on_generation(batch, values["logps"], mask_BT)
-        entropy_BT = values["entropy"]
-        statistics = {
+        local = {
+            "base_mask": base_mask.double(),
+            "sequence_B": batch["advantages"].double(),
+            "completion_ids_BT": batch["completion_ids"],
             "rollout_logps": values["logps"],
-            "rollout_entropy": entropy_BT,
+            "rollout_entropy": values["entropy"],
             "rollout_sum_sq_probs": values["sum_sq_probs"],
         }
-        mean_entropy = entropy_BT[mask_BT].mean() if mask_BT.any() else torch.tensor(0.0, dtype=torch.float64)
-        statistics["rollout_mean_entropy"] = torch.where(mask_BT, mean_entropy, 0.0)
         if self.reference_model is not None:
             logq_BTV = naive_logprobs(self.reference_model, batch, trainer.temperature, torch.float64)
             deviation_BT = (1 - torch.exp(0.5 * (logp_BTV + logq_BTV)).sum(-1)).clamp(0, 1)  # squared Hellinger
             for name in ("reference_deviation", "previous_policy_deviation"):
-                statistics[name] = torch.where(mask_BT, deviation_BT, 0.0)
+                local[name] = torch.where(mask_BT, deviation_BT, 0.0)
             if "previous_policy_deviation" in self.statistics and trainer.model.training:
                 self.reference_model = frozen_copy(policy)
-        statistics = {name: value for name, value in statistics.items() if name in self.statistics}
-        sequence_B = batch["advantages"].double()
-        rows = mask_BT.size(0)
-        group_index_B = torch.arange(rows) // trainer.num_generations  # TRL samples each prompt's group in a row
+        rows_all = self.gather_rows(local)
+        mask_all_BT = rows_all["base_mask"].bool()
+        entropy_BT = rows_all["rollout_entropy"]
+        mean_entropy = entropy_BT[mask_all_BT].mean() if mask_all_BT.any() else torch.tensor(0.0, dtype=torch.float64)
+        rows_all["rollout_mean_entropy"] = torch.where(mask_all_BT, mean_entropy, 0.0)
+        statistics = {name: value for name, value in rows_all.items() if name in self.statistics}
+        sequence_B = rows_all["sequence_B"]
+        group_index_B = torch.arange(sequence_B.size(0)) // trainer.num_generations  # TRL samples a group in a row
         credit = self._reference_batch(
-            sequence_B.unsqueeze(1) * mask_BT,
+            sequence_B.unsqueeze(1) * mask_all_BT,
             sequence_B,
-            mask_BT,
-            mask_BT.double(),
+            mask_all_BT,
+            mask_all_BT.double(),
             statistics,
             group_index_B=group_index_B,
-            rewards_B=self._rewards_B.double().cpu(),
-            completion_ids_BT=batch["completion_ids"],
+            rewards_B=self._rewards_B.double().cpu(),  # TRL gathers the rewards of every process
+            completion_ids_BT=rows_all["completion_ids_BT"],
         )
         slack_BT, slack_weights_BT = torch.zeros_like(credit.advantages_BT), torch.zeros_like(credit.loss_weights_BT)
         if self.generation_stage:
             credit, slack_BT, slack_weights_BT = float32_slack(self.generation_stage, credit, self.hyperparameters)
         self.expected = {}  # TRL buffers the micro-batches of the latest generation batch only
+        rows, width = mask_BT.shape
+        first = self.first_local_row(rows)
         for i in range(rows):
-            row = {
-                name: getattr(credit, name)[i]
-                for name in (
-                    "advantages_BT",
-                    "mask_BT",
-                    "loss_weights_BT",
-                    "sequence_advantages_B",
-                    "group_index_B",
-                    "rewards_B",
-                )
-            }
-            row["statistics"] = {name: value[i] for name, value in credit.statistics.items()}
-            row["slack_BT"], row["slack_weights_BT"] = slack_BT[i], slack_weights_BT[i]
+            at = (first + i, slice(0, width))  # this process's row in the whole batch, at its own width
+            row = {name: getattr(credit, name)[at] for name in ("advantages_BT", "mask_BT", "loss_weights_BT")}
+            for name in ("sequence_advantages_B", "group_index_B", "rewards_B"):
+                row[name] = getattr(credit, name)[first + i]
+            row["statistics"] = {name: value[at] for name, value in credit.statistics.items()}
+            row["slack_BT"], row["slack_weights_BT"] = slack_BT[at], slack_weights_BT[at]
             row["base_mask"] = base_mask[i].double()
             self.expected.setdefault(_row_key(batch["prompt_ids"][i], batch["completion_ids"][i]), []).append(row)
+
+    def gather_rows(self, rows: dict) -> dict:
+        """Every process's rows of each `(B, ...)` tensor, in process order, completions padded on the right to one
+        width (ids with the pad token). One process: `rows` itself."""
+        return rows
+
+    def first_local_row(self, rows: int) -> int:
+        """Where this process's `rows` rows start among `gather_rows`' rows."""
+        return 0
 
     def on_generation(self, batch, rollout_logps_BT, mask_BT):
         """A subclass's checks of the generation batch (the policy's sampled-token log-probs given, float64)."""
