@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -267,3 +268,36 @@ def train_changing_every_parameter(trainer):
     ]
     assert not unchanged, f"parameters that did not change: {unchanged}"
     return trainer
+
+
+def on_threads_as_processes(run, parties: int = 2) -> list:
+    """`[run(rank, gather) for rank in range(parties)]`, each rank on its own thread, where `gather(values)` returns
+    every rank's values flattened and concatenated in rank order, as `CreditBatch.gather` does across processes (a
+    collective: every rank must call it). A rank that raises breaks the others' wait, and its error is raised here."""
+    barrier, slots, results, errors = threading.Barrier(parties), [None] * parties, [None] * parties, []
+
+    def gather_for(rank):
+        def gather(values_N):
+            slots[rank] = values_N.float().flatten()
+            barrier.wait()
+            out = torch.cat(list(slots))
+            barrier.wait()
+            return out
+
+        return gather
+
+    def target(rank):
+        try:
+            results[rank] = run(rank, gather_for(rank))
+        except Exception as error:  # the other ranks must not wait for this one forever
+            errors.append(error)
+            barrier.abort()
+
+    threads = [threading.Thread(target=target, args=(rank,)) for rank in range(parties)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results

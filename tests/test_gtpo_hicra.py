@@ -4,11 +4,15 @@ by loops per group and per token (`gtpo_loop`, `hicra_loop` in `reference_formul
 training through `CreditGRPOTrainer`.
 """
 
-import threading
-
 import pytest
 import torch
-from conftest import VOCAB_WORDS, make_tiny_tokenizer, naive_logprobs, train_changing_every_parameter
+from conftest import (
+    VOCAB_WORDS,
+    make_tiny_tokenizer,
+    naive_logprobs,
+    on_threads_as_processes,
+    train_changing_every_parameter,
+)
 from reference_formulas import gtpo_loop, hicra_loop
 from trl import GRPOTrainer
 
@@ -212,37 +216,21 @@ def test_gtpo_ties_and_edges():
 def gtpo_on_two_processes(adv, ids, mask, entropy, groups, cut, **hyperparameters):
     """GTPO's advantages of the rows `cut[0]` and `cut[1]` on two threads that gather from each other, as two
     processes do; each half pads to its own longest completion."""
-    barrier, slots, halves = threading.Barrier(2), [None, None], [None, None]
 
-    def gather_for(rank):
-        def gather(values_N):
-            slots[rank] = values_N.float().flatten()
-            barrier.wait()
-            out = torch.cat(list(slots))
-            barrier.wait()
-            return out
-
-        return gather
-
-    def run(rank):
+    def run(rank, gather):
         rows = cut[rank]
         width = int(mask[rows].sum(dim=1).max())
-        halves[rank] = gtpo(
+        return gtpo(
             adv[rows],
             ids[rows, :width],
             mask[rows, :width],
             entropy[rows, :width],
             groups[rows],
-            gather=gather_for(rank),
+            gather=gather,
             **hyperparameters,
         ).advantages_BT
 
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return halves
+    return on_threads_as_processes(run)
 
 
 @pytest.mark.parametrize("eos,gtpo_pad_id", [(False, None), (True, 5)], ids=["plain", "eos-pad5"])

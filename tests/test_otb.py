@@ -9,11 +9,9 @@ with `handle_zero_tail` the single longest response of a group (if strictly long
 column `second-longest length` on; a group of one response gets `B = 0`; `Â = (G - B) * mask`.
 """
 
-import threading
-
 import pytest
 import torch
-from conftest import naive_logprobs, sampled, train_changing_every_parameter
+from conftest import naive_logprobs, on_threads_as_processes, sampled, train_changing_every_parameter
 from reference_formulas import otb_batch, otb_loop
 from trl import GRPOTrainer
 
@@ -79,41 +77,18 @@ def test_path_variance_is_a_cumulative_sum_over_valid_tokens():
     )  # 1 - 1 + 0.5; masked adds 0; 1 - 0.5 + 0.25
 
 
-class ThreadGather:
-    """`batch.gather` over threads that stand for processes: each call returns every thread's values in order."""
-
-    def __init__(self, parties):
-        self.barrier, self.slots, self.parties = threading.Barrier(parties), [None] * parties, parties
-
-    def for_rank(self, rank):
-        def gather(values_N):
-            self.slots[rank] = values_N.float().flatten()
-            self.barrier.wait()
-            out = torch.cat(list(self.slots))
-            self.barrier.wait()
-            return out
-
-        return gather
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_groups_split_over_processes_give_the_same_advantages(seed):
     rewards, groups, logps, sum_sq, mask = otb_batch(seed, groups=3, size=4)
     path_variance = otb_path_variance(logps, sum_sq, mask)
     whole, _ = otb_baselines(rewards, groups, path_variance, mask)
-    gather, halves, cut = ThreadGather(2), [None, None], [slice(0, 5), slice(5, 12)]  # groups straddle the cut
+    cut = [slice(0, 5), slice(5, 12)]  # groups straddle the cut
 
-    def run(rank):
+    def run(rank, gather):
         rows = cut[rank]
-        halves[rank] = otb_baselines(
-            rewards[rows], groups[rows], path_variance[rows], mask[rows], True, gather.for_rank(rank)
-        )[0]
+        return otb_baselines(rewards[rows], groups[rows], path_variance[rows], mask[rows], True, gather)[0]
 
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    halves = on_threads_as_processes(run)
     torch.testing.assert_close(torch.cat(halves), whole, atol=1e-6, rtol=1e-6)
 
 
