@@ -246,50 +246,6 @@ def test_a_failed_user_module_import_can_be_retried_once_the_file_is_fixed(tmp_p
     torch.testing.assert_close(result.advantages_BT, 2.0 * advantages_B.unsqueeze(1).expand(2, 3))
 
 
-# A built-in method added as one new file of `trl_credit/methods/`, for the test below.
-PROBE_MODULE = '''"""Probe credit: a method that is one new file of the package."""
-
-from dataclasses import dataclass, field
-
-import torch
-
-from .batch import POLICY_LOGPS, CreditBatch, CreditResult
-from .registry import get_credit_method, register_credit_method
-from .settings import check_fields, in_range
-
-
-@dataclass
-class ProbeCreditArguments:
-    probe_credit_gain: float = field(default=2.0, metadata={"help": "Factor on every positive advantage."})
-
-    def __post_init__(self):
-        check_fields(self, probe_credit_gain=in_range(0.0, 10.0))
-
-
-@register_credit_method(
-    "probe_credit",
-    display_name="Probe credit",
-    statistics=(POLICY_LOGPS,),
-    arguments=ProbeCreditArguments,
-    paper={"title": "Probe Credit", "id": "2601.99999", "citation": "@misc{probe, eprint = {arXiv:2601.99999}}"},
-)
-def probe_credit(batch: CreditBatch, probe_credit_gain: float) -> CreditResult:
-    """Multiplies every positive advantage by a gain.
-
-    Metrics:
-        gained_fraction: fraction of valid tokens whose advantage was multiplied
-
-    Token statistic:
-        gain: the factor on the token's advantage
-    """
-    gain_BT = torch.where(batch.advantages_BT > 0, probe_credit_gain, 1.0)
-    gained = (batch.mask_BT & (gain_BT != 1.0), batch.mask_BT)
-    return CreditResult(batch.advantages_BT * gain_BT, metrics={"gained_fraction": gained}, statistic_BT=gain_BT)
-
-
-probe_credit_advantages = get_credit_method("probe_credit").on_tensors
-'''
-
 # Run in the copy of the package, in a process of its own (the registry of this one stays as it is).
 PROBE_CHECKS = """
 import contextlib, io, sys
@@ -299,20 +255,22 @@ import trl_credit
 root = Path(sys.argv[1])
 assert Path(trl_credit.__file__).is_relative_to(root), trl_credit.__file__
 from trl_credit.methods import CREDIT_METHODS
-from trl_credit.methods.probe_credit import probe_credit_advantages
-assert CREDIT_METHODS["probe_credit"].display_name == "Probe credit"
-result = probe_credit_advantages(torch.tensor([1.0, -1.0]), torch.ones(2, 2, dtype=torch.bool), policy_logps=torch.zeros(2, 2))
-assert result.advantages_BT.tolist() == [[2.0, 2.0], [-1.0, -1.0]], result.advantages_BT
+method = CREDIT_METHODS["surprise_boost"]
+assert method.display_name == "Surprise boost"
+# By hand: surprise -log p = [1, 2] and [0.5, 1], row maxima 2 and 1, weights 1 + (1.5 - 1) * surprise / max.
+logps = torch.tensor([[-1.0, -2.0], [-0.5, -1.0]])
+result = method.on_tensors(torch.tensor([1.0, -1.0]), torch.ones(2, 2, dtype=torch.bool), rollout_logps=logps)
+assert result.advantages_BT.tolist() == [[1.25, 1.5], [-1.25, -1.5]], result.advantages_BT
 from trl_credit.cli import main
-for argv in (["grpo", "--help"], ["grpo", "--method", "probe_credit", "--help"]):
+for argv in (["grpo", "--help"], ["grpo", "--method", "surprise_boost", "--help"]):
     help_text = io.StringIO()
     with contextlib.redirect_stdout(help_text), contextlib.suppress(SystemExit):
         main(argv)
-    assert "probe_credit" in help_text.getvalue() and "Multiplies every positive advantage" in help_text.getvalue()
-assert "--probe_credit_gain" in help_text.getvalue()
+    assert "surprise_boost" in help_text.getvalue() and "rarest sampled tokens" in help_text.getvalue()
+assert "--surprise_boost_max" in help_text.getvalue()
 from trl_credit import CreditGRPOConfig
-config = CreditGRPOConfig(output_dir=str(root / "run"), credit_method="probe_credit", credit_kwargs={"probe_credit_gain": "3"}, use_cpu=True)
-assert config.credit_kwargs == {"probe_credit_gain": 3.0}
+config = CreditGRPOConfig(output_dir=str(root / "run"), credit_method="surprise_boost", credit_kwargs={"surprise_boost_max": "3"}, use_cpu=True)
+assert config.credit_kwargs == {"surprise_boost_max": 3.0}
 from trl_credit.reports import doc_tables
 check = io.StringIO()
 with contextlib.redirect_stdout(check):
@@ -322,20 +280,20 @@ with contextlib.redirect_stdout(io.StringIO()):
     assert doc_tables.main([]) == 0
 assert doc_tables.stale_documents() == []
 tables = "".join((root / name).read_text() for name in doc_tables.documents(root))
-assert "Probe credit" in tables and "probe_credit_gain" in tables and "2601.99999" in tables
+assert "Surprise boost" in tables and "surprise_boost_max" in tables and "2601.00001" in tables
 from trl_credit.reports.model_card.card import generate_credit_model_card
 card = str(generate_credit_model_card(base_model=None, model_name="m", hub_model_id="u/m", dataset_name=None,
-    method="probe_credit", hyperparameters={"probe_credit_gain": 3.0}, trainer_name="GRPO"))
-assert "Probe credit: Multiplies every positive advantage by a gain." in card and "probe_credit_gain" in card
+    method="surprise_boost", hyperparameters={"surprise_boost_max": 3.0}, trainer_name="GRPO"))
+assert "Surprise boost: Up to" in card and "rarest sampled tokens" in card and "surprise_boost_max" in card, card
 from trl_credit.trainer.token_credit_records import method_statistic_name
-assert method_statistic_name("probe_credit") == "gain"
-print("every surface has probe_credit")
+assert method_statistic_name("surprise_boost") == "surprise"
+print("every surface has surprise_boost")
 """
 
 
 def test_a_built_in_method_is_one_new_file_plus_the_docs_regeneration(tmp_path):
-    """A new module in `trl_credit/methods/` (of a copy of the package, with its docs) is registered by importing the
-    package, and reaches every surface: plain tensors, `trl-credit grpo --help`, the config, the generated docs
+    """A new module in `trl_credit/methods/` (the example method, in a copy of the package with its docs) is registered
+    by importing the package, and reaches every surface: plain tensors, `trl-credit grpo --help`, the config, the generated docs
     tables (stale until `python -m trl_credit.reports.doc_tables` runs, which the check names), the model card and
     the token-credit view."""
     import shutil
@@ -351,7 +309,10 @@ def test_a_built_in_method_is_one_new_file_plus_the_docs_regeneration(tmp_path):
         shutil.copy(repository / name, tmp_path / name)
     for folder in ("examples", "configs", "model_cards"):  # the example the docs show, and the packaged data
         shutil.copytree(repository / folder, tmp_path / folder)
-    (tmp_path / "trl_credit" / "methods" / "probe_credit.py").write_text(PROBE_MODULE)
+    # The example user method, as one new file of the package.
+    shutil.copy(
+        repository / "examples" / "custom_credit_method.py", tmp_path / "trl_credit" / "methods" / "surprise_boost.py"
+    )
     environment = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
     run = subprocess.run(
         [sys.executable, "-c", PROBE_CHECKS, str(tmp_path)],
@@ -361,4 +322,4 @@ def test_a_built_in_method_is_one_new_file_plus_the_docs_regeneration(tmp_path):
         text=True,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert "every surface has probe_credit" in run.stdout
+    assert "every surface has surprise_boost" in run.stdout
