@@ -129,3 +129,22 @@ def test_a_missing_clone_is_named_with_its_clone_command(benchmarks, tmp_path):
     _, _, official = benchmarks
     with pytest.raises(SystemExit, match="git clone https://github.com/xiuyilou/TACO"):
         official.official_functions(tmp_path)
+
+
+def test_guard_benchmark_times_the_trainers_guard_hooks(monkeypatch):
+    """`guard_overhead.py` times the guard's two hooks as the trainer calls them: on a non-finite gradient they stop
+    training, so what it reports is the cost of the checks that run."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import guard_overhead
+
+    from trl_credit.trainer.run_safety import NonFiniteTrainingError
+
+    ratios = guard_overhead.main(["--model", "tiny", "--no-write", "--repeats", "2"])
+    assert 0 < ratios["guard"] < 1 and 0.5 < ratios["step-again"] < 2
+    model, optimizer, input_ids = guard_overhead.build("tiny", 1, 4)
+    step, guard_hooks = guard_overhead.timed_parts(model, optimizer, input_ids)
+    step()
+    guard_hooks()  # finite
+    next(model.parameters()).grad[0] = float("nan")
+    with pytest.raises(NonFiniteTrainingError, match="the gradient norm is not finite"):
+        guard_hooks()
