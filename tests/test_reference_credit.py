@@ -72,6 +72,22 @@ def test_method_equals_its_reference_where_it_moves_credit(name, seed):
     assert_credit_moved(name, share)
 
 
+@pytest.mark.parametrize("name", REGISTERED)
+def test_a_method_on_a_batch_without_rows_returns_one_without_rows(name):
+    """No completions at all: an empty result of the batch's width, not an error (nor a guard's fallback value)."""
+    full = random_reference_batch(0)
+    rows = {
+        f.name: getattr(full, f.name)[:0]
+        for f in dataclasses.fields(full)
+        if isinstance(getattr(full, f.name), torch.Tensor)
+    }
+    empty = dataclasses.replace(full, **rows, statistics={key: value[:0] for key, value in full.statistics.items()})
+    advantages_B, mask_BT, named = empty.package_inputs()
+    got = apply_credit_method(name, advantages_B, mask_BT, **named, **MOVING_SETTINGS[name])
+    assert got.advantages_BT.shape == (0, full.mask_BT.size(1))
+    assert got.loss_mask_BT is None or got.loss_mask_BT.shape == (0, full.mask_BT.size(1))
+
+
 def test_assert_credit_moved_names_the_method_that_moved_nothing():
     batch = random_reference_batch(0)
     share = credit_moved_share(batch.advantages_BT, batch.sequence_advantages_B, batch.mask_BT)
