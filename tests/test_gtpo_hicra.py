@@ -92,6 +92,16 @@ def test_gtpo_random_groups_match_the_official_rules(seed, config):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("left_pad", [False, True], ids=["right-padded", "left-padded"])
+def test_gtpo_long_completions_match_the_official_rules(left_pad):
+    """Rows of 40 positions, the lengths of real completions: the keys read each row's tokens in their order (a sort
+    of 17 or more equal keys that is not stable would shuffle them)."""
+    adv, ids, mask, entropy, groups = gtpo_batch(3, groups=2, size=4, cols=40, left_pad=left_pad)
+    got = gtpo(adv, ids, mask, entropy, groups).advantages_BT
+    want = gtpo_loop(adv, ids, mask, entropy, groups, PAD, **_loop_kwargs(CONFIGS[0]))
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 # (EOS is the pad id, gtpo_pad_id): the official PAD_ID apart from the tokenizer's pad id only excludes tokens (5 is
 # no token of the batches, 2 is one of them), and the conflicts still read TRL's padding (issue 38).
 PAD_VARIANTS = [(True, None), (True, 5), (True, 2), (False, 2)]
@@ -408,6 +418,19 @@ def test_hicra_marks_the_longest_gram_at_a_start_only_the_match_and_reads_every_
     assert planning[1].tolist() == [False, True, True, False]  # "x " ends where "let" begins: not in the match
     assert not planning[2].any() and planning[3].tolist() == [False, True, True, True]
     torch.testing.assert_close(result.advantages_BT, hicra_loop(adv, ids, mask, texts, grams))
+
+
+def test_hicra_a_token_that_decodes_to_nothing_is_no_planning_token():
+    """A valid token with no text (a byte piece, a special token decoded away) inside a gram's match overlaps none of
+    its characters, so the paper rule leaves it alone (`hicra_loop`: no character of it is marked)."""
+    texts = ["", "let", " me", "", " think"]
+    ids = torch.tensor([[1, 3, 2, 4]])  # "let" + "" + " me" + " think"
+    adv = torch.tensor([1.0])
+    result = hicra_advantages(
+        adv, ids != 0, completion_ids_BT=ids, token_texts=lambda row: [texts[i] for i in row], hicra_grams=["let me"]
+    )
+    assert result.statistic_BT.bool().tolist() == [[True, False, True, False]]
+    torch.testing.assert_close(result.advantages_BT, hicra_loop(adv, ids, ids != 0, texts, ["let me"]))
 
 
 def test_hicra_alpha_zero_is_grpo_and_signs_are_kept():
