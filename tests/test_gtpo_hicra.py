@@ -102,6 +102,16 @@ def test_gtpo_long_completions_match_the_official_rules(left_pad):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
 
 
+def test_gtpo_one_signed_token_beside_a_completion_without_advantage():
+    """One-token completions, only one of them signed: the conflict table holds a single key, and the zero-advantage
+    completion's token sorts after it and matches nothing (a reward equal to its group's mean gives A = 0)."""
+    ids = torch.tensor([[3], [5]])
+    mask = ids != PAD
+    adv, groups, entropy = torch.tensor([1.0, 0.0]), torch.zeros(2, dtype=torch.long), torch.full((2, 1), 0.1)
+    got = gtpo(adv, ids, mask, entropy, groups).advantages_BT
+    torch.testing.assert_close(got, gtpo_loop(adv, ids, mask, entropy, groups, PAD, **_loop_kwargs(CONFIGS[0])))
+
+
 # (EOS is the pad id, gtpo_pad_id): the official PAD_ID apart from the tokenizer's pad id only excludes tokens (5 is
 # no token of the batches, 2 is one of them), and the conflicts still read TRL's padding (issue 38).
 PAD_VARIANTS = [(True, None), (True, 5), (True, 2), (False, 2)]
