@@ -259,3 +259,16 @@ def test_the_readme_names_every_test_a_plain_run_skips():
     real_vllm, chromium, excluded = counts["real_vllm"], counts["chromium"], counts["excluded"]
     said = tuple(int(number or 0) for number in found.groups())  # no path-case clause: none is excluded
     assert said == (real_vllm + chromium + excluded, real_vllm, chromium, excluded)
+
+
+def test_every_test_the_mutation_verdicts_name_exists():
+    """docs/testing.md's verdicts name the test that kills each survivor: each is a test of the suite."""
+    verdicts = re.findall(r"^\| `trl_credit\.[^`]+` \| killed by (.*) \|$", _text("docs/testing.md"), re.MULTILINE)
+    named = {name for verdict in verdicts for name in re.findall(r"`(test_\w+)`", verdict)}
+    defined = {
+        name
+        for path in (ROOT / "tests").glob("test_*.py")
+        for name in re.findall(r"^def (test_\w+)", path.read_text(), re.M)
+    }
+    assert verdicts and named, "no verdict names a test"
+    assert not named - defined, f"verdicts name tests that do not exist: {sorted(named - defined)}"
