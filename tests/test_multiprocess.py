@@ -284,7 +284,7 @@ def _check_weight_metrics(entry, prefix, advantages_B, advantages_BT, mask_BT):
 # ------------------------------------------------------------------------------- every registered method, DDP
 
 REGISTRY_CASES = tuple(case.values[0] for case in path_cases())
-REGISTRY_TIMEOUT_S = 60 * len(REGISTRY_CASES)
+REGISTRY_TIMEOUT_S = 30 * len(REGISTRY_CASES)  # ~4 s a case on 2 idle cores
 
 
 @pytest.fixture(scope="module")
