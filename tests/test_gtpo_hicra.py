@@ -114,6 +114,21 @@ def test_gtpo_one_signed_token_beside_a_completion_without_advantage():
     torch.testing.assert_close(got, gtpo_loop(adv, ids, mask, entropy, groups, PAD, **_loop_kwargs(CONFIGS[0])))
 
 
+def test_gtpo_pad_id_stands_in_for_a_tokenizer_without_one():
+    """No pad id from the tokenizer: `gtpo_pad_id` both excludes its tokens and fills past a row's width."""
+    adv, ids, mask, entropy, groups = gtpo_batch(4, eos=True)
+    got = gtpo_advantages(
+        adv,
+        mask,
+        rollout_entropy=entropy,
+        completion_ids_BT=ids,
+        group_index_B=groups,
+        pad_token_id=None,
+        gtpo_pad_id=PAD,
+    ).advantages_BT
+    torch.testing.assert_close(got, gtpo_loop(adv, ids, mask, entropy, groups, PAD, **_loop_kwargs(CONFIGS[0])))
+
+
 # (EOS is the pad id, gtpo_pad_id): the official PAD_ID apart from the tokenizer's pad id only excludes tokens (5 is
 # no token of the batches, 2 is one of them), and the conflicts still read TRL's padding (issue 38).
 PAD_VARIANTS = [(True, None), (True, 5), (True, 2), (False, 2)]

@@ -190,3 +190,34 @@ def test_the_labs_statistic_lives_with_the_lab():
         assert not [p for p in (PACKAGE / folder).rglob("*.py") if TASK_DECISIVE in p.read_text()]
     with pytest.raises(ValueError, match="statistics must be names"):
         register_credit_method("unnamed_statistic", statistics=("not a name",))
+
+
+def test_a_credit_batch_whose_mask_is_not_bool_is_refused():
+    """The stack runner's own check of what the trainer hands it (the tensor entry points convert the mask first)."""
+    import dataclasses
+
+    from trl_credit.methods import CreditBatch, get_credit_method
+    from trl_credit.methods.stack import run_stack
+
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    statistics = {POLICY_LOGPS: torch.zeros(2, 3), POLICY_ENTROPY: torch.zeros(2, 3)}
+    batch = CreditBatch.from_sequence_advantages(torch.ones(2), mask, statistics=statistics)
+    taco = get_credit_method("taco")
+    with pytest.raises(ValueError, match=r"^credit method 'taco': mask_BT must be a \(B, T\) bool tensor"):
+        run_stack([taco.step(taco.hyperparameters())], dataclasses.replace(batch, mask_BT=mask.float()))
+
+
+def test_a_loss_mask_outside_zero_one_is_refused_naming_its_method():
+    from trl_credit import CreditResult
+    from trl_credit.methods import apply_credit_method
+
+    name = "registry_test_overweight"
+    if name not in CREDIT_METHODS:
+
+        @register_credit_method(name, drops_tokens=True)
+        def overweight(batch):
+            return CreditResult(batch.advantages_BT, loss_mask_BT=batch.mask_BT.float() * 2)
+
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match=rf"^credit method '{name}': the returned loss mask must lie in \[0, 1\]"):
+        apply_credit_method(name, torch.ones(2), mask)
