@@ -221,3 +221,40 @@ def test_a_loss_mask_outside_zero_one_is_refused_naming_its_method():
     mask = torch.ones(2, 3, dtype=torch.bool)
     with pytest.raises(ValueError, match=rf"^credit method '{name}': the returned loss mask must lie in \[0, 1\]"):
         apply_credit_method(name, torch.ones(2), mask)
+
+
+def test_the_stack_runner_names_the_method_and_what_is_wrong():
+    """What the runner refuses, each message naming the method: a statistic the batch lacks, non-finite sequence
+    advantages, non-finite returned advantages."""
+    import dataclasses
+
+    from trl_credit import CreditResult
+    from trl_credit.methods import CreditBatch, get_credit_method
+    from trl_credit.methods.stack import run_stack
+
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    statistics = {POLICY_LOGPS: torch.zeros(2, 3), POLICY_ENTROPY: torch.zeros(2, 3)}
+    taco = get_credit_method("taco")
+    steps = [taco.step(taco.hyperparameters())]
+    bare = CreditBatch.from_sequence_advantages(torch.ones(2), mask)
+    with pytest.raises(
+        ValueError, match=r"^credit method 'taco' reads statistic 'policy_logps', which the batch does not have$"
+    ):
+        run_stack(steps, bare)
+    batch = CreditBatch.from_sequence_advantages(torch.ones(2), mask, statistics=statistics)
+    nan_sequence = dataclasses.replace(batch, sequence_advantages_B=torch.tensor([1.0, float("nan")]))
+    with pytest.raises(
+        ValueError, match=r"^credit method 'taco': sequence_advantages_B has NaN or inf \(1 of 2 values\)$"
+    ):
+        run_stack(steps, nan_sequence)
+
+    name = "registry_test_nan_advantages"
+    if name not in CREDIT_METHODS:
+
+        @register_credit_method(name)
+        def nan_advantages(batch):
+            return CreditResult(torch.full_like(batch.advantages_BT, float("nan")))
+
+    method = CREDIT_METHODS[name]
+    with pytest.raises(ValueError, match=rf"^credit method '{name}': the returned advantages_BT has NaN or inf"):
+        run_stack([method.step(method.hyperparameters())], batch)
