@@ -114,6 +114,21 @@ def test_gtpo_one_signed_token_beside_a_completion_without_advantage():
     torch.testing.assert_close(got, gtpo_loop(adv, ids, mask, entropy, groups, PAD, **_loop_kwargs(CONFIGS[0])))
 
 
+def test_gtpo_from_the_end_a_shorter_completion_reads_its_padding_past_its_start():
+    """A run of conflicts from the end that outlasts a shorter completion: past its start, the shorter one offers the
+    ids TRL padded it with (read backwards), not its own tokens again nor the row before it. Here the positive
+    completion's run holds for its last two tokens (the long negative one shares them); at its third-last, the short
+    negative one's own last token is the same id, which must not count."""
+    u, v, w, y, a, b, z, q = range(1, 9)
+    ids = torch.tensor([[u, v, w, y, a, b], [z, z, z, z, a, b], [q, y, PAD, PAD, PAD, PAD]])
+    mask = ids != PAD
+    adv, groups, entropy = torch.tensor([1.0, -1.0, -1.0]), torch.zeros(3, dtype=torch.long), torch.full((3, 6), 0.1)
+    got = gtpo(adv, ids, mask, entropy, groups).advantages_BT
+    want = gtpo_loop(adv, ids, mask, entropy, groups, PAD, **_loop_kwargs(CONFIGS[0]))
+    torch.testing.assert_close(got, want)
+    assert got[0, 3] == got[0, 0] != got[0, 4]  # the run from the end stops before the positive one's y
+
+
 def test_gtpo_pad_id_stands_in_for_a_tokenizer_without_one():
     """No pad id from the tokenizer: `gtpo_pad_id` both excludes its tokens and fills past a row's width."""
     adv, ids, mask, entropy, groups = gtpo_batch(4, eos=True)
@@ -281,16 +296,32 @@ def test_gtpo_groups_split_over_processes_give_the_same_advantages(eos, gtpo_pad
         torch.testing.assert_close(halves[rank], whole[rows, :width])
 
 
-def test_gtpo_rows_of_a_narrower_process_read_the_pad_id_past_their_width():
+@pytest.mark.parametrize("narrow_rank", [0, 1], ids=["narrow-first", "narrow-last"])
+def test_gtpo_rows_of_a_narrower_process_read_the_pad_id_past_their_width(narrow_rank):
     """Issue 38's reproduction with its two completions on two processes: the cut-short [5] alone pads to width 1,
-    and the other process's EOS at rank 1 still meets the tokenizer's pad id there, as in one padded batch."""
+    and the other process's EOS at rank 1 still meets the tokenizer's pad id there, as in one padded batch. Where the
+    narrower process gathers last, its rows' ranks past their width point past the end of the gathered ids."""
+    positive, negative = narrow_rank, 1 - narrow_rank
     ids = torch.tensor([[5, 0], [5, 0]])
-    mask = torch.tensor([[1, 0], [1, 1]], dtype=torch.bool)
-    adv, groups, entropy = torch.tensor([1.0, -1.0]), torch.zeros(2, dtype=torch.long), torch.zeros(2, 2)
+    mask = torch.tensor([[1, 1], [1, 1]], dtype=torch.bool)
+    mask[positive, 1] = False
+    adv, groups, entropy = torch.zeros(2), torch.zeros(2, dtype=torch.long), torch.zeros(2, 2)
+    adv[positive], adv[negative] = 1.0, -1.0
     halves = gtpo_on_two_processes(adv, ids, mask, entropy, groups, [slice(0, 1), slice(1, 2)], gtpo_pad_id=4)
-    assert halves[0].shape == (1, 1)
-    torch.testing.assert_close(halves[0], torch.tensor([[2.0]]))
-    torch.testing.assert_close(halves[1], torch.tensor([[0.0, 0.0]]))
+    assert halves[positive].shape == (1, 1)
+    torch.testing.assert_close(halves[positive], torch.tensor([[2.0]]))
+    torch.testing.assert_close(halves[negative], torch.tensor([[0.0, 0.0]]))
+
+
+def test_gtpo_beside_a_process_whose_completions_have_no_tokens():
+    """A process whose batch is zero tokens wide gathers rows but no ids; the other process's completion is then
+    scored as in one batch where that completion is all padding."""
+    ids, adv = torch.tensor([[5], [PAD]]), torch.tensor([1.0, -1.0])
+    mask, groups, entropy = ids != PAD, torch.zeros(2, dtype=torch.long), torch.zeros(2, 1)
+    halves = gtpo_on_two_processes(adv, ids, mask, entropy, groups, [slice(0, 1), slice(1, 2)])
+    assert halves[1].shape == (1, 0)
+    want = gtpo_loop(adv, ids, mask, entropy, groups, PAD, **_loop_kwargs(CONFIGS[0]))
+    torch.testing.assert_close(halves[0], want[:1])
 
 
 def test_gtpo_registration_and_errors():
