@@ -92,6 +92,30 @@ def test_groups_split_over_processes_give_the_same_advantages(seed):
     torch.testing.assert_close(torch.cat(halves), whole, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("narrow_rank", [0, 1])
+def test_processes_padded_to_their_own_longest_completion_give_the_same_advantages(narrow_rank):
+    """TRL pads each process's completions to that process's longest one: a group straddling two processes meets
+    tensors of two widths."""
+    rewards, groups, logps, sum_sq, mask = otb_batch(7, groups=3, size=4)
+    cut = [slice(0, 5), slice(5, 12)]
+    mask[cut[1 - narrow_rank]] = True  # the wide process: completions as long as the tensor
+    mask[cut[narrow_rank], mask.size(1) // 2 :] = False  # the narrow one: all shorter than half of it
+    path_variance = otb_path_variance(logps, sum_sq, mask)
+    whole, _ = otb_baselines(rewards, groups, path_variance, mask)
+    widths = [int(mask[rows].sum(dim=1).max()) for rows in cut]
+    assert widths[narrow_rank] < widths[1 - narrow_rank] == mask.size(1)
+
+    def run(rank, gather):
+        rows, width = cut[rank], widths[rank]
+        return otb_baselines(
+            rewards[rows], groups[rows], path_variance[rows, :width], mask[rows, :width], True, gather
+        )[0]
+
+    for rows, width, got in zip(cut, widths, on_threads_as_processes(run)):
+        assert got.shape == (rows.stop - rows.start, width)
+        torch.testing.assert_close(got, whole[rows, :width], atol=1e-6, rtol=1e-6)
+
+
 def test_registration_and_stack_position():
     method = CREDIT_METHODS["otb"]
     assert method.estimates_advantages and method.hyperparameters() == {"otb_handle_zero_tail": True}

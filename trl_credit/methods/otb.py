@@ -75,33 +75,25 @@ def otb_baselines(
     gather = gather or (lambda values_N: values_N)
     valid_BT = mask_BT.bool()
     num_tokens = valid_BT.size(1)
-    flat_N = valid_BT.flatten().nonzero().squeeze(1)  # the valid tokens, found once
-    rows_N, position_N = flat_N // num_tokens, flat_N % num_tokens
-    weight_N = path_variance_BT.flatten()[flat_N].float()
-    local_groups_B = group_index_B.float().double()
-    # Every process's valid tokens, keyed by (group, position), in float64 sums.
-    groups_N = gather(local_groups_B.float()[rows_N]).double()
-    positions_N = gather(position_N.float()).double()
-    weights_N = gather(weight_N).double()
-    weighted_returns_N = gather(rewards_B.float()[rows_N] * weight_N).double()
+    # Every process's rows, dense: each process pads its completions to its own longest one, so the rows are padded
+    # to the widest process's width before they are concatenated.
+    width = int(gather(torch.tensor([num_tokens], device=valid_BT.device)).max().item())
+    local_weights_BT = torch.nn.functional.pad(path_variance_BT.float() * valid_BT, (0, width - num_tokens))
+    all_rewards_R = gather(rewards_B.float()).double()
+    all_weights_RT = gather(local_weights_BT.flatten()).view(all_rewards_R.numel(), width).double()
     all_groups_R = gather(group_index_B.float())
     all_lengths_R = gather(valid_BT.sum(dim=1).float())
-    # A dense (group, position) table: the groups are found among the rows (few), not among the tokens, so no sort of
-    # the batch's tokens; each slot sums its tokens in the order of the tokens.
-    group_ids = torch.unique(all_groups_R.double())
-    stride = int(positions_N.max().item()) + 1 if positions_N.numel() else 1
-    slot_N = torch.searchsorted(group_ids, groups_N) * stride + positions_N.long()
-    numerator = torch.zeros(group_ids.numel() * stride, dtype=torch.float64, device=group_ids.device)
-    numerator.index_add_(0, slot_N, weighted_returns_N)
-    denominator = torch.zeros_like(numerator).index_add_(0, slot_N, weights_N)
-    local_group_B = torch.searchsorted(group_ids, local_groups_B)
-    local_slot_N = local_group_B[rows_N] * stride + position_N
-    baselines_BT = torch.zeros(valid_BT.shape, dtype=torch.float32, device=valid_BT.device)
-    baselines_BT.view(-1)[flat_N] = (numerator[local_slot_N] / (denominator[local_slot_N] + _EPS)).float()
+    # B_t per group and position, summed in float64 over the group's rows (verl: one group at a time).
+    group_ids, group_R = torch.unique(all_groups_R, return_inverse=True)
+    numerator_KT = all_weights_RT.new_zeros(group_ids.numel(), width)
+    numerator_KT.index_add_(0, group_R, all_rewards_R.view(-1, 1) * all_weights_RT)
+    denominator_KT = torch.zeros_like(numerator_KT).index_add_(0, group_R, all_weights_RT)
+    local_group_B = torch.searchsorted(group_ids, group_index_B.float())
+    group_baselines_KT = (numerator_KT / (denominator_KT + _EPS)).float()
+    baselines_BT = group_baselines_KT[local_group_B, :num_tokens] * valid_BT
 
     # Per group, over every process's rows: its size, its longest response (valid-token count), how many responses
     # have that length, and the longest of the others (the second longest when the longest is alone).
-    group_R = torch.searchsorted(group_ids, all_groups_R.double())
     sizes_K = torch.bincount(group_R, minlength=group_ids.numel())
     longest_K = torch.full((group_ids.numel(),), -1.0, device=group_R.device)
     longest_K.scatter_reduce_(0, group_R, all_lengths_R, "amax")
