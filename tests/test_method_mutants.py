@@ -11,7 +11,7 @@ import torch
 from conftest import PACKAGE_METHODS
 from reference_formulas import eapo_loop, tide_loop
 
-from trl_credit.methods import CREDIT_METHODS
+from trl_credit.methods import CREDIT_METHODS, apply_credit_method
 from trl_credit.methods.clip_cov import clip_cov_covariance
 from trl_credit.methods.eapo import eapo_advantages, eapo_normalized_entropy, quantile_linear
 from trl_credit.methods.settings import SettingError
@@ -191,3 +191,79 @@ def test_clip_cov_covariance_uses_weighted_means_and_is_zero_off_the_loss():
     weights = torch.tensor([[1.0, 0.5], [1.0, 0.0]])
     covariance = clip_cov_covariance(advantages, logps, weights)
     torch.testing.assert_close(covariance, torch.tensor([[-1.0, 0.0], [-1.0, 0.0]]))
+
+
+def _next_float32_above(value: float) -> float:
+    return torch.nextafter(torch.tensor(value), torch.tensor(math.inf)).item()
+
+
+def test_stapo_keeps_a_token_whose_probability_equals_the_threshold():
+    # TACO's dp_actor.py: spurious where p < threshold (strictly) and H below the candidates' quantile (here 2.5).
+    logps, entropy = torch.tensor([[-3.0, -1.0, -0.5, -0.2]]), torch.tensor([[0.1, 2.0, 3.0, 4.0]])
+    p = logps[0, 0].exp().item()  # float32, as the method computes it
+
+    def kept(threshold):
+        result = apply_credit_method(
+            "stapo",
+            torch.tensor([1.0]),
+            torch.ones(1, 4, dtype=torch.bool),
+            policy_logps=logps,
+            policy_entropy=entropy,
+            stapo_prob_threshold=threshold,
+            stapo_entropy_quantile=0.5,
+        )
+        return result.loss_mask_BT.tolist()
+
+    assert kept(p) == [[1.0, 1.0, 1.0, 1.0]]
+    assert kept(_next_float32_above(p)) == [[0.0, 1.0, 1.0, 1.0]]
+
+
+def test_tampo_drops_no_token_of_a_completion_without_a_positive_advantage():
+    # The same token (p = 0.1, H = 0.2, under both thresholds) in a completion with A = 1, A = 0 and A = -1.
+    mask = torch.ones(3, 2, dtype=torch.bool)
+    result = apply_credit_method(
+        "tampo",
+        torch.tensor([1.0, 0.0, -1.0]),
+        mask,
+        policy_logps=torch.log(torch.tensor([[0.1, 0.9]] * 3)),
+        policy_entropy=torch.full((3, 2), 0.2),
+        tampo_prob_threshold=0.5,
+        tampo_entropy_threshold=1.0,
+    )
+    assert result.loss_mask_BT.tolist() == [[0.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
+
+
+def test_entropy_adv_counts_a_bonus_equal_to_its_bound_as_unbounded():
+    # alpha H = 0.2 * 0.5 = 0.1 = |A| / kappa = 0.2 / 2 exactly in float32; the other token's bonus 0.2 * 2 is bounded.
+    result = apply_credit_method(
+        "entropy_adv",
+        torch.tensor([0.2]),
+        torch.ones(1, 2, dtype=torch.bool),
+        policy_entropy=torch.tensor([[0.5, 2.0]]),
+        entropy_adv_alpha=0.2,
+        entropy_adv_kappa=2.0,
+    )
+    bounded, valid = result.metrics["bounded_fraction"]
+    assert bounded.tolist() == [[False, True]] and valid.all()
+    torch.testing.assert_close(result.advantages_BT, torch.tensor([[0.3, 0.3]]))
+
+
+def test_clip_cov_bounds_exclude_a_covariance_equal_to_either_bound():
+    # Candidates have lb < cov < ub (verl's compute_policy_loss_clip_cov); here the means are A = 0 and log p = -2, so
+    # cov = A (log p + 2) is -1, 0 or 1 (no token clipped: the policy is the rollout policy), and the bounds sit
+    # exactly on -1 and 1.
+    advantages = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    logps = torch.tensor([[-3.0, -1.0], [-2.0, -2.0], [-1.0, -3.0], [-2.0, -2.0]])
+    result = apply_credit_method(
+        "clip_cov",
+        advantages,
+        torch.ones(4, 2, dtype=torch.bool),
+        policy_logps=logps,
+        rollout_logps=logps,
+        clip_cov_lb=-1.0,
+        clip_cov_ub=1.0,
+        clip_cov_ratio=1.0,
+    )
+    candidates, _ = result.metrics["candidate_fraction"]
+    torch.testing.assert_close(result.statistic_BT, torch.tensor([[-1.0, 1.0], [0.0, 0.0], [-1.0, 1.0], [0.0, 0.0]]))
+    assert candidates.tolist() == [[False, False], [True, True], [False, False], [True, True]]
