@@ -267,3 +267,69 @@ def test_clip_cov_bounds_exclude_a_covariance_equal_to_either_bound():
     candidates, _ = result.metrics["candidate_fraction"]
     torch.testing.assert_close(result.statistic_BT, torch.tensor([[-1.0, 1.0], [0.0, 0.0], [-1.0, 1.0], [0.0, 0.0]]))
     assert candidates.tolist() == [[False, False], [True, True], [False, False], [True, True]]
+
+
+def test_tampo_drops_a_token_whose_probability_and_entropy_equal_the_thresholds():
+    # TACO's dp_actor.py truncates where p <= p_max and H <= H_max: at both equalities the token leaves the loss.
+    logps = torch.tensor([[-1.5, -0.1]])
+    p = logps[0, 0].exp().item()  # float32, as the method computes it
+    result = apply_credit_method(
+        "tampo",
+        torch.tensor([1.0]),
+        torch.ones(1, 2, dtype=torch.bool),
+        policy_logps=logps,
+        policy_entropy=torch.tensor([[0.5, 0.5]]),
+        tampo_prob_threshold=p,
+        tampo_entropy_threshold=0.5,
+    )
+    assert result.loss_mask_BT.tolist() == [[0.0, 1.0]]
+
+
+def test_stare_on_a_micro_batch_of_one_valid_token():
+    # The gate reads the generation batch's mean entropy at the micro-batch's valid positions: here there is one.
+    mask = torch.tensor([[True, False], [False, False]])
+    result = apply_credit_method(
+        "stare",
+        torch.tensor([1.0, -1.0]),
+        mask,
+        policy_logps=torch.tensor([[-2.0, 0.0], [0.0, 0.0]]),
+        rollout_mean_entropy=torch.tensor([[0.5, 0.0], [0.0, 0.0]]),
+        stare_target_entropy=1.0,
+        stare_reweight_w=1.5,
+        stare_top_p_ratio=1.0,
+    )
+    torch.testing.assert_close(result.advantages_BT, torch.tensor([[1.5, 0.0], [0.0, 0.0]]))
+
+
+def test_eapo_weights_stay_finite_and_average_one_at_a_large_kappa():
+    # kappa = 60: exp(kappa h) overflows float32 from h ~ 1.5 / 60 past the shift by each row's largest exponent.
+    entropy = torch.tensor([[0.0, 1.0, 2.0, 3.0], [3.0, 2.0, 1.0, 0.0]])
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    result = eapo_advantages(torch.tensor([1.0, -1.0]), mask, rollout_entropy=entropy, eapo_kappa=60.0)
+    weights = result.advantages_BT / torch.tensor([[1.0], [-1.0]])
+    assert torch.isfinite(weights).all()
+    torch.testing.assert_close(weights.mean(dim=1), torch.ones(2))
+    assert weights[0, 3] > 0.99 and weights[1, 3] > 0.99  # the highest entropy wins a success, the lowest a failure
+
+
+@pytest.mark.parametrize("missing", ["completion_ids_BT", "group_index_B"])
+def test_gtpo_without_its_ids_or_groups_is_a_clear_error(missing):
+    named = dict(
+        rollout_entropy=torch.ones(2, 2),
+        completion_ids_BT=torch.tensor([[1, 2], [1, 3]]),
+        group_index_B=torch.tensor([0, 0]),
+        pad_token_id=0,
+    )
+    named[missing] = None
+    message = "credit method 'gtpo' reads the completion ids and the prompt groups; the batch has none"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        apply_credit_method("gtpo", torch.tensor([1.0, -1.0]), torch.ones(2, 2, dtype=torch.bool), **named)
+
+
+@pytest.mark.parametrize("missing", ["completion_ids_BT", "token_texts"])
+def test_hicra_without_its_ids_or_texts_is_a_clear_error(missing):
+    named = dict(completion_ids_BT=torch.tensor([[1, 2]]), token_texts=lambda ids: [f" w{i}" for i in ids])
+    named[missing] = None
+    message = "credit method 'hicra' reads the completion ids and their decoded texts; the batch has none"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        apply_credit_method("hicra", torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool), **named)

@@ -161,16 +161,16 @@ def _stapo_metrics(b, hp):
 
 
 def _clip_cov_metrics(b, hp):
-    advantages_BT, _ = _reference("clip_cov", b, hp)
+    """verl draws max(int(ratio x the loss weights' sum), 1) of the candidates (all of them if fewer) and zeroes them."""
     ratio_BT = (b["policy_logps"] - b["rollout_logps"]).exp()
     low, high = b.clip_range
     clipped_BT = -b.advantages_BT * ratio_BT.clamp(1 - low, 1 + high) > -b.advantages_BT * ratio_BT
     covariance_BT = _clip_cov_covariance(b, hp)
-    inside_BT = (covariance_BT > hp["clip_cov_lb"]) & (covariance_BT < hp["clip_cov_ub"])
-    detached_BT = (advantages_BT == 0) & (b.advantages_BT != 0)
+    candidates_BT = b.mask_BT & ~clipped_BT & (covariance_BT > hp["clip_cov_lb"]) & (covariance_BT < hp["clip_cov_ub"])
+    drawn = min(max(int(hp["clip_cov_ratio"] * float(b.loss_weights_BT.sum())), 1), int(candidates_BT.sum()))
     return {
-        "detached_fraction": _share(detached_BT, b.mask_BT),
-        "candidate_fraction": _share(~clipped_BT & inside_BT, b.mask_BT),
+        "detached_fraction": drawn / float(b.mask_BT.sum()),
+        "candidate_fraction": _share(candidates_BT, b.mask_BT),
     }
 
 
@@ -322,9 +322,25 @@ def accelerator():
     return Accelerator(cpu=True)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+def _with_a_tied_group(batch: ReferenceBatch) -> ReferenceBatch:
+    """`batch` with the advantages of prompt group 0 set to 0 (equal rewards): no token there is positive."""
+    advantages_B = batch.sequence_advantages_B.masked_fill(batch.group_index_B == 0, 0.0)
+    return ReferenceBatch.start(
+        advantages_B,
+        batch.mask_BT,
+        statistics=batch.statistics,
+        vocab_size=batch.vocab_size,
+        group_index_B=batch.group_index_B,
+        rewards_B=batch.rewards_B,
+        completion_ids_BT=batch.completion_ids_BT,
+        pad_token_id=batch.pad_token_id,
+        token_texts=batch.token_texts,
+    )
+
+
+@pytest.mark.parametrize("case", ["seed 0", "seed 1", "a tied group"])
 @pytest.mark.parametrize("name", list(PACKAGE_METHODS))
-def test_the_logged_metrics_are_the_ones_the_docstring_defines(accelerator, name, seed):
+def test_the_logged_metrics_are_the_ones_the_docstring_defines(accelerator, name, case):
     """`name/metric` as the trainer logs it (`credit_metrics`, one process), for every metric the method declares."""
     from trl_credit.methods import CreditBatch, StackCredit
     from trl_credit.trainer.diagnostics import credit_metrics
@@ -333,7 +349,11 @@ def test_the_logged_metrics_are_the_ones_the_docstring_defines(accelerator, name
     if not method.diagnostics:
         return
     assert name in METRICS, f"{name!r} logs {sorted(method.diagnostics)}: add their definitions to METRICS"
-    batch = random_reference_batch(seed)
+    batch = (
+        _with_a_tied_group(random_reference_batch(0))
+        if case == "a tied group"
+        else random_reference_batch(int(case[-1]))
+    )
     settings = MOVING_SETTINGS[name]
     advantages_B, mask_BT, named = batch.package_inputs()
     result = apply_credit_method(name, advantages_B, mask_BT, **named, **settings)
@@ -344,3 +364,24 @@ def test_the_logged_metrics_are_the_ones_the_docstring_defines(accelerator, name
     want = METRICS[name](batch, resolved_hyperparameters(name, settings))
     assert sorted(want) == sorted(method.diagnostics)
     assert {metric: logged[f"{name}/{metric}"] for metric in want} == pytest.approx(want, rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("empty", ["one completion", "every completion"])
+@pytest.mark.parametrize("name", list(PACKAGE_METHODS))
+def test_a_completion_without_valid_tokens_leaves_every_output_finite(name, empty):
+    """A completion whose every token is masked (a tool's output, a prompt that filled the context), and a micro-batch
+    of such completions: the advantages stay finite everywhere and 0 there, and a metric of a micro-batch without
+    valid tokens carries no weight in the mean over micro-batches."""
+    batch = random_reference_batch(0)
+    advantages_B, mask_BT, named = batch.package_inputs()
+    mask_BT = mask_BT.clone()
+    mask_BT[: 1 if empty == "one completion" else None] = False
+    named["advantages_BT"] = named["advantages_BT"] * mask_BT
+    named["loss_weights_BT"] = named["loss_weights_BT"] * mask_BT
+    result = apply_credit_method(name, advantages_B, mask_BT, **named, **MOVING_SETTINGS[name])
+    assert torch.isfinite(result.advantages_BT).all() and (result.advantages_BT[~mask_BT] == 0).all()
+    for metric, value in result.metrics.items():
+        parts = value if isinstance(value, tuple) else (value,)
+        assert all(torch.isfinite(torch.as_tensor(part, dtype=torch.float)).all() for part in parts), metric
+        if isinstance(value, tuple) and empty == "every completion":
+            assert value[1].sum() == 0 and value[0].sum() == 0, f"{name}/{metric} counts a micro-batch without tokens"

@@ -92,11 +92,12 @@ def high_entropy(batch: CreditBatch, high_entropy_top_ratio: float) -> CreditRes
             True
         )
     lowest_kept = entropy_BT[kept_BT].min() if kept_BT.any() else entropy_BT.new_tensor(0.0)
+    counted = kept_BT.any().float()  # a micro-batch without valid tokens has no threshold to average in
     return CreditResult(
         advantages_BT=batch.advantages_BT.masked_fill(~kept_BT, 0.0),
         loss_mask_BT=kept_BT.float(),
         # The lowest kept entropy of each micro-batch, averaged over micro-batches and processes.
-        metrics={"entropy_threshold": (lowest_kept.float(), valid_BT.new_tensor(1.0))},
+        metrics={"entropy_threshold": (lowest_kept.float() * counted, counted)},
         statistic_BT=entropy_BT,
     )
 

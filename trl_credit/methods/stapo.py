@@ -93,14 +93,15 @@ def stapo(
     source_N = entropy_BT[candidate_BT] if candidate_BT.any() else entropy_BT[valid_BT]
     threshold = quantile_linear(source_N, stapo_entropy_quantile).item() if source_N.numel() else 0.0
     spurious_BT = candidate_BT & (logps_BT.exp() < stapo_prob_threshold) & (entropy_BT < threshold)
+    counted = valid_BT.any().float()  # a micro-batch without valid tokens has no threshold to average in
     return CreditResult(
         advantages_BT=batch.advantages_BT.masked_fill(spurious_BT, 0.0),
         loss_mask_BT=(~spurious_BT).float(),
         metrics={
             "dropped_fraction": (spurious_BT, valid_BT),
             "dropped_fraction_pos": (spurious_BT & positive_BT, positive_BT),
-            # A per-micro-batch threshold: averaged over micro-batches and processes.
-            "entropy_threshold": (valid_BT.new_tensor(threshold, dtype=torch.float32), valid_BT.new_tensor(1.0)),
+            # A per-micro-batch threshold: averaged over the micro-batches with valid tokens, on every process.
+            "entropy_threshold": (counted * threshold, counted),
         },
         statistic_BT=entropy_BT,
     )
