@@ -333,3 +333,77 @@ def test_hicra_without_its_ids_or_texts_is_a_clear_error(missing):
     message = "credit method 'hicra' reads the completion ids and their decoded texts; the batch has none"
     with pytest.raises(ValueError, match=f"^{message}$"):
         apply_credit_method("hicra", torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool), **named)
+
+
+def test_taco_puts_a_token_with_zero_tail_risk_outside_the_tail():
+    # alpha = 1: r = -log p - H, exactly 0 for (log p, H) = (-1, 1) in float32, 1 for (-2, 1): the tail is r > 0.
+    result = apply_credit_method(
+        "taco",
+        torch.tensor([1.0]),
+        torch.ones(1, 2, dtype=torch.bool),
+        policy_logps=torch.tensor([[-1.0, -2.0]]),
+        policy_entropy=torch.tensor([[1.0, 1.0]]),
+        taco_alpha=1.0,
+    )
+    assert result.statistic_BT.tolist() == [[0.0, 1.0]]
+    assert result.metrics["tail_fraction"].tolist() == [[0.0, 1.0]]
+
+
+def test_minp_support_puts_a_token_with_zero_margin_inside_the_set():
+    # A logit gap of exactly log(min_p) (in float32) is on the edge of the min-p set, and inside it: m >= 0.
+    min_p = 0.1
+    gap = torch.tensor([[math.log(min_p), math.log(min_p) - 1.0]])
+    result = apply_credit_method(
+        "minp_support",
+        torch.tensor([1.0]),
+        torch.ones(1, 2, dtype=torch.bool),
+        policy_logit_gap=gap,
+        minp_support_min_p=min_p,
+    )
+    inside, positive = result.metrics["in_support_fraction_pos"]
+    assert result.statistic_BT[0, 0] == 0.0 and inside.tolist() == [[True, False]] and positive.all()
+
+
+def test_stare_gate_is_off_at_an_entropy_equal_to_the_target():
+    # The official controller: gate_on = H_bar < target (hp-luo/STARE's core_algos.py), strictly.
+    def advantages(target):
+        return apply_credit_method(
+            "stare",
+            torch.tensor([1.0]),
+            torch.ones(1, 2, dtype=torch.bool),
+            policy_logps=torch.tensor([[-2.0, -1.0]]),
+            rollout_mean_entropy=torch.full((1, 2), 0.5),
+            stare_target_entropy=target,
+            stare_reweight_w=1.5,
+            stare_top_p_ratio=0.5,
+        ).advantages_BT.tolist()
+
+    assert advantages(0.5) == [[1.0, 1.0]]
+    assert advantages(_next_float32_above(0.5)) == [[1.5, 1.0]]
+
+
+def test_tide_accepts_a_vocabulary_of_two_and_refuses_one():
+    named = dict(reference_deviation=torch.tensor([[0.1, 0.2]]), rollout_entropy=torch.tensor([[0.3, 0.6]]))
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    result = tide_advantages(torch.tensor([1.0]), mask, vocab_size=2, **named)
+    torch.testing.assert_close(
+        result.advantages_BT, tide_loop(torch.tensor([1.0]), *named.values(), mask, 2, 0.5, 1.0)
+    )
+    with pytest.raises(ValueError, match=r"tide needs the vocabulary size \|V\| >= 2 for its entropy gate, got 1"):
+        tide_advantages(torch.tensor([1.0]), mask, vocab_size=1, **named)
+
+
+def test_high_entropy_keeps_the_earliest_of_tied_tokens():
+    # 40 valid tokens of one entropy, k = max(1, int(0.2 * 40 + 0.9999)) = 8: the official stable sort keeps the first
+    # 8 in row-major order (an unstable sort of more than 16 equal keys need not).
+    mask = torch.ones(2, 20, dtype=torch.bool)
+    result = apply_credit_method(
+        "high_entropy",
+        torch.tensor([1.0, 1.0]),
+        mask,
+        policy_entropy=torch.full((2, 20), 0.7),
+        high_entropy_top_ratio=0.2,
+    )
+    kept = torch.zeros(2, 20)
+    kept[0, :8] = 1.0
+    assert result.loss_mask_BT.tolist() == kept.tolist()

@@ -16,7 +16,7 @@ from reference_formulas import otb_batch, otb_loop
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
-from trl_credit.methods import CREDIT_METHODS, apply_credit_method
+from trl_credit.methods import CREDIT_METHODS, CreditBatch, apply_credit_method
 from trl_credit.methods.otb import otb_advantages, otb_baselines, otb_path_variance
 
 LOSS_TYPES = ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"]
@@ -217,3 +217,38 @@ def test_batching_options(monkeypatch, make_trainer, options):
 def test_stack_with_a_training_forward_method(monkeypatch, make_trainer):
     trainer, recorder = _train(monkeypatch, make_trainer, method="otb+taco", max_steps=1)
     assert recorder.checked == 1 and "taco/mean_weight" in trainer.state.log_history[0]
+
+
+def test_the_registered_method_sums_each_group_over_every_process():
+    """OTB as the trainer calls it, with the batch's `gather` spanning two processes whose rows split the groups."""
+    rewards, groups, logps, sum_sq, mask = otb_batch(3, groups=3, size=4)
+    whole = otb(rewards, groups, logps, sum_sq, mask)
+    cut = [slice(0, 5), slice(5, 12)]
+
+    def run(rank, gather):
+        rows = cut[rank]
+        batch = CreditBatch.from_sequence_advantages(
+            torch.zeros(rows.stop - rows.start),
+            mask[rows],
+            statistics={"rollout_logps": logps[rows], "rollout_sum_sq_probs": sum_sq[rows]},
+            group_index_B=groups[rows],
+            rewards_B=rewards[rows],
+            gather=gather,
+        )
+        return CREDIT_METHODS["otb"].function(batch, otb_handle_zero_tail=True).advantages_BT
+
+    torch.testing.assert_close(torch.cat(on_threads_as_processes(run)), whole, atol=1e-6, rtol=1e-6)
+
+
+def test_the_baseline_of_nearly_deterministic_tokens_keeps_verls_epsilon():
+    """Where every token is nearly certain, the weights W are ~1e-7 and verl's 1e-8 in the denominator shows:
+    B = sum G W / (sum W + 1e-8)."""
+    logps = torch.log(torch.tensor([[0.75], [0.75]]))
+    sum_sq = torch.tensor([[0.5 + 2**-24], [0.5 + 2**-23]])
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    rewards, groups = torch.tensor([1.0, 0.0]), torch.tensor([0, 0])
+    weights = otb_path_variance(logps, sum_sq, mask).double().flatten()
+    assert 0 < weights.max() < 1e-6
+    baseline = float(weights[0] / (weights.sum() + 1e-8))
+    got = otb(rewards, groups, logps, sum_sq, mask, handle_zero_tail=False)
+    torch.testing.assert_close(got.double(), torch.tensor([[1 - baseline], [-baseline]], dtype=torch.float64))
