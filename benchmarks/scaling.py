@@ -21,7 +21,7 @@ back to the kernel when freed (`_method_inputs.MEMORY_ENV`), as the resident-set
 set before the call. Growth: least-squares slopes of log time and log memory against log(B x T). The statistics that
 a method needs streamed through the LM head (`--parts streams`) are timed on hidden states at V in {49k, 151k}.
 
-    python benchmarks/scaling.py --parts methods streams   # ~20 min on 2 shared CPU cores (load 12-15)
+    python benchmarks/scaling.py --parts methods streams   # ~3 min on 2 idle CPU cores (21 min at load 12-15)
     python benchmarks/scaling.py --parts methods --quick   # seconds: small sizes, nothing written
 """
 
