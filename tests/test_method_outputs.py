@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from accelerate import Accelerator
 from conftest import PACKAGE_METHODS
 from reference_credit import (
     MOVING_SETTINGS,
@@ -20,14 +21,14 @@ from reference_credit import (
 )
 from reference_formulas import gtpo_loop
 
-from trl_credit.methods import CREDIT_METHODS, apply_credit_method
+from trl_credit.methods import CREDIT_METHODS, CreditBatch, StackCredit, apply_credit_method
+from trl_credit.trainer.diagnostics import credit_metrics
 
 
-def _unit_advantages(batch: ReferenceBatch) -> ReferenceBatch:
-    """`batch` with every sequence and token advantage +1."""
-    ones_B = torch.ones_like(batch.sequence_advantages_B)
+def _with_advantages(batch: ReferenceBatch, advantages_B: torch.Tensor) -> ReferenceBatch:
+    """`batch` started again from the sequence advantages `advantages_B` (every other field kept)."""
     return ReferenceBatch.start(
-        ones_B,
+        advantages_B,
         batch.mask_BT,
         statistics=batch.statistics,
         vocab_size=batch.vocab_size,
@@ -80,7 +81,7 @@ def _otb_baseline(b, hp):
 
 def _hicra_planning(b, hp):
     """1 where a unit advantage grows under HICRA's rule."""
-    grown_BT, _ = REFERENCE_RULES["hicra"](_unit_advantages(b), hp)
+    grown_BT, _ = REFERENCE_RULES["hicra"](_with_advantages(b, torch.ones_like(b.sequence_advantages_B)), hp)
     return (grown_BT > 1.0).double()
 
 
@@ -317,40 +318,24 @@ METRICS = {
 
 @pytest.fixture(scope="module")
 def accelerator():
-    from accelerate import Accelerator
-
     return Accelerator(cpu=True)
 
 
-def _with_a_tied_group(batch: ReferenceBatch) -> ReferenceBatch:
+def _with_tied_group_0(batch: ReferenceBatch) -> ReferenceBatch:
     """`batch` with the advantages of prompt group 0 set to 0 (equal rewards): no token there is positive."""
-    advantages_B = batch.sequence_advantages_B.masked_fill(batch.group_index_B == 0, 0.0)
-    return ReferenceBatch.start(
-        advantages_B,
-        batch.mask_BT,
-        statistics=batch.statistics,
-        vocab_size=batch.vocab_size,
-        group_index_B=batch.group_index_B,
-        rewards_B=batch.rewards_B,
-        completion_ids_BT=batch.completion_ids_BT,
-        pad_token_id=batch.pad_token_id,
-        token_texts=batch.token_texts,
-    )
+    return _with_advantages(batch, batch.sequence_advantages_B.masked_fill(batch.group_index_B == 0, 0.0))
 
 
 @pytest.mark.parametrize("case", ["seed 0", "seed 1", "a tied group"])
 @pytest.mark.parametrize("name", list(PACKAGE_METHODS))
 def test_the_logged_metrics_are_the_ones_the_docstring_defines(accelerator, name, case):
     """`name/metric` as the trainer logs it (`credit_metrics`, one process), for every metric the method declares."""
-    from trl_credit.methods import CreditBatch, StackCredit
-    from trl_credit.trainer.diagnostics import credit_metrics
-
     method = CREDIT_METHODS[name]
     if not method.diagnostics:
         return
     assert name in METRICS, f"{name!r} logs {sorted(method.diagnostics)}: add their definitions to METRICS"
     batch = (
-        _with_a_tied_group(random_reference_batch(0))
+        _with_tied_group_0(random_reference_batch(0))
         if case == "a tied group"
         else random_reference_batch(int(case[-1]))
     )
