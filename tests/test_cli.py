@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,9 +15,10 @@ from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_setting
 from trl_credit.cli import UsageError
 from trl_credit.cli import main as cli_main
 from trl_credit.cli.grpo import parse_arguments, reward_summary
-from trl_credit.resources import packaged_dir
+from trl_credit.resources import QUICK_START, accelerate_configs, recipes, yaml_names
 
-RECIPES = sorted(p for p in packaged_dir("configs").glob("*.yaml"))
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = yaml_names(recipes())  # packaged names: `taco_qwen3_1.7b_base` for configs/taco_qwen3_1.7b_base.yaml
 
 
 def test_top_level_help_and_unknown_command(capsys):
@@ -150,8 +152,13 @@ BAD_INPUT = [
     (["--dataset_name", "nobody/no-such-data"], {}, "--dataset_name nobody/no-such-data: cannot"),
     (["--dataset_name", "gsm8k", "--prompt_column", "nope"], {}, "'nope'"),
     (["--reward_funcs", "telepathy"], {}, "unknown reward 'telepathy'"),
-    (["--config", "/nonexistent.yaml"], {}, "cannot read --config"),
-    (["--accelerate_config", "no-such-config"], {}, "neither a file nor a packaged config"),
+    (["--config", "/nonexistent.yaml"], {}, "--config '/nonexistent.yaml' is neither a file nor a packaged name; "),
+    (
+        ["--config", "taco"],
+        {},
+        "--config 'taco' is neither a file nor a packaged name; packaged: eapo_qwen3_4b_base_lora,",
+    ),
+    (["--accelerate_config", "no-such-config"], {}, "neither a file nor a packaged name; packaged: fsdp2, multi_gpu,"),
     # The method, by either name, from a flag or the YAML, named as given.
     (["--method", ""], {}, "--method '': credit_method must name one method or a '+'-separated stack, got ''"),
     (["--config", "{yaml}"], {"method": ""}, "error: method (in "),
@@ -400,54 +407,58 @@ def test_owner_checks_apply_to_python_configs(monkeypatch, field, value, words):
         CreditGRPOConfig(**{"output_dir": "unused", "use_cpu": True, "bf16": False, "report_to": "none", field: value})
 
 
-def _named_extras(recipe) -> set[str]:
+def _recipe_text(name: str) -> str:
+    return recipes().joinpath(f"{name}.yaml").read_text()
+
+
+def _named_extras(recipe: str) -> set[str]:
     """The extras a recipe's comments name (`# Needs: pip install 'trl-credit[vllm,tensorboard]'`)."""
-    return {extra for found in re.findall(r"trl-credit\[([\w,]+)\]", recipe.read_text()) for extra in found.split(",")}
+    found = re.findall(r"trl-credit\[([\w,]+)\]", _recipe_text(recipe))
+    return {extra for extras in found for extra in extras.split(",")}
 
 
 def _extras() -> dict[str, list[str]]:
     import tomllib
 
-    project = tomllib.loads((packaged_dir("configs").parent / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     return project["optional-dependencies"]
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_names_the_extras_it_needs(recipe):
     """What a recipe switches on, it names the extra of: vLLM, PEFT, DeepSpeed and its reporting integrations."""
-    config, named, extras = yaml.safe_load(recipe.read_text()), _named_extras(recipe), _extras()
-    assert named <= set(extras), f"{recipe.name} names {sorted(named - set(extras))}, which pyproject.toml lacks"
+    config, named, extras = yaml.safe_load(_recipe_text(recipe)), _named_extras(recipe), _extras()
+    assert named <= set(extras), f"{recipe} names {sorted(named - set(extras))}, which pyproject.toml lacks"
     report_to = config.get("report_to", "none")
     needed = set([report_to] if isinstance(report_to, str) else report_to) - {"none"}
     needed |= {"vllm"} if config.get("use_vllm") else set()
     needed |= {"peft"} if config.get("use_peft") else set()
     needed |= {"deepspeed"} if str(config.get("accelerate_config", "")).startswith("zero") else set()
     installed_by_named = {re.split(r"[<>=\[ ]", req)[0] for extra in named for req in extras[extra]}
-    assert needed <= installed_by_named, f"{recipe.name} needs {sorted(needed - installed_by_named)}: name the extra"
+    assert needed <= installed_by_named, f"{recipe} needs {sorted(needed - installed_by_named)}: name the extra"
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_parses_into_the_config_classes(recipe):
+    """Each packaged recipe, by its packaged name."""
     # GPU recipes ask for bf16, which TrainingArguments refuses on a CPU-only machine: override just that.
-    argv = ["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"]
+    argv = ["--config", recipe, "--bf16", "false", "--use_cpu", "true"]
     missing = [extra for extra in sorted(_named_extras(recipe)) if extra == "tensorboard" and not _importable(extra)]
     if missing:  # refused before load, saying which extra installs it; then everything else parses
         with pytest.raises(UsageError, match=re.escape(f"(pip install 'trl-credit[{missing[0]}]')")):
             parse_arguments(argv)
         argv += ["--report_to", "none"]
     script_args, training_args, model_args, _ = parse_arguments(argv)
-    config = yaml.safe_load(recipe.read_text())
+    config = yaml.safe_load(_recipe_text(recipe))
     assert training_args.credit_method == script_args.method == config.get("method", "grpo")
     for key in config:  # a method's hyperparameter reaches credit_kwargs, with the value the recipe gives
         parsed = [getattr(args, key) for args in (script_args, training_args, model_args) if hasattr(args, key)]
         if key in (training_args.credit_kwargs or {}):
-            assert training_args.credit_kwargs[key] == config[key], f"{recipe.name}: {key}"
+            assert training_args.credit_kwargs[key] == config[key], f"{recipe}: {key}"
         else:
-            assert parsed, f"{recipe.name}: {key} did not reach any argument class"
+            assert parsed, f"{recipe}: {key} did not reach any argument class"
     if script_args.accelerate_config:
-        from trl_credit.resources import accelerate_config_path
-
-        assert accelerate_config_path(script_args.accelerate_config).is_file()
+        assert script_args.accelerate_config in yaml_names(accelerate_configs())
 
 
 def _importable(module: str) -> bool:
@@ -456,8 +467,8 @@ def _importable(module: str) -> bool:
 
 @pytest.mark.parametrize("given", ["none", "None", ""])
 def test_accelerate_config_none_keeps_a_recipe_in_one_process(given):
-    recipe = packaged_dir("configs") / "taco_qwen3_1.7b_base.yaml"  # names `accelerate_config: zero2`
-    argv = ["--config", str(recipe), "--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
+    recipe = "taco_qwen3_1.7b_base"  # names `accelerate_config: zero2`
+    argv = ["--config", recipe, "--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
     assert parse_arguments(argv)[0].accelerate_config == "zero2"
     assert parse_arguments([*argv, "--accelerate_config", given])[0].accelerate_config is None
 
@@ -567,7 +578,7 @@ def test_grpo_help_lists_config_and_the_quick_start_defaults_that_apply_without_
     with pytest.raises(SystemExit):
         cli_main(["grpo", "--method", "taco", "--help"])
     flat = "".join(capsys.readouterr().out.split("options:", 1)[1].split())  # past the usage line
-    quick_start = yaml.safe_load((packaged_dir("configs") / "quickstart.yaml").read_text())
+    quick_start = yaml.safe_load(recipes().joinpath(f"{QUICK_START}.yaml").read_text())
     assert "--configCONFIG" in flat
     for key in ("max_completion_length", "learning_rate", "max_steps", "per_device_train_batch_size"):
         shown_default = flat.split(f"--{key}", 1)[1].split("(default:", 1)[1].split(")", 1)[0]

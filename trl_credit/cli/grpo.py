@@ -1,13 +1,14 @@
 """`trl-credit grpo`: GRPO training with a token-level credit method, mirroring `trl grpo`.
 
     trl-credit grpo --method taco                                   # the offline CPU quickstart
-    trl-credit grpo --config configs/taco_qwen3_1.7b_base.yaml      # a paper recipe on GPUs
+    trl-credit grpo --config taco_qwen3_1.7b_base                   # a packaged paper recipe on GPUs
     trl-credit grpo --method eapo --config my.yaml --learning_rate 2e-6 --accelerate_config zero3
 
 The arguments are parsed and checked in `grpo_arguments.py`: YAML values are defaults and flags override them;
-without `--config`, the packaged `configs/quickstart.yaml` supplies the defaults. With `--accelerate_config NAME|PATH`
-(or `accelerate_config:` in the YAML) the command re-launches this module through `accelerate launch`.
-Every argument is checked, and the data set is loaded, before any model is.
+`--config` is a file or a packaged recipe by name; without it, the packaged `configs/quickstart.yaml` supplies the
+defaults. With `--accelerate_config NAME|PATH` (or `accelerate_config:` in the YAML) the command re-launches this module
+through `accelerate launch`. Every argument is checked, and the data set is loaded, before any model is; `--dry_run`
+stops after the checks of the arguments.
 """
 
 from __future__ import annotations
@@ -67,26 +68,40 @@ def cpu_threads() -> int:
 def launch_with_accelerate(accelerate_config: str, argv: list[str], output_dir: str) -> int:
     """Re-run this module under `accelerate launch`, as `trl grpo` does with its own script; the workers train in the
     folder this process holds the lock of (`owned_folder`)."""
-    from ..resources import accelerate_config_path
+    from importlib.resources import as_file
+
     from ..trainer.run_folder import HELD_BY_PARENT_ENV
 
+    with as_file(accelerate_config_file(accelerate_config)) as config_file:  # a file on disk, for accelerate
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file)]
+        command += ["-m", "trl_credit.cli.grpo", *argv]
+        print(f"trl-credit: launching {' '.join(command)}", flush=True)
+        held = str(Path(output_dir).resolve())
+        return subprocess.call(command, env={**os.environ, _LAUNCHED_ENV: "1", HELD_BY_PARENT_ENV: held})
+
+
+def accelerate_config_file(accelerate_config: str):
+    """The accelerate config `--accelerate_config` names: a file, or a packaged config by name."""
+    from ..resources import accelerate_configs, find_yaml
+
     try:
-        config_file = accelerate_config_path(accelerate_config)
+        return find_yaml("--accelerate_config", accelerate_config, accelerate_configs())[0]
     except ValueError as error:
         raise UsageError(str(error)) from error
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(config_file),
-        "-m",
-        "trl_credit.cli.grpo",
-        *argv,
-    ]
-    print(f"trl-credit: launching {' '.join(command)}", flush=True)
-    held = str(Path(output_dir).resolve())
-    return subprocess.call(command, env={**os.environ, _LAUNCHED_ENV: "1", HELD_BY_PARENT_ENV: held})
+
+
+def dry_run(script_args, training_args, model_args) -> int:
+    """`--dry_run`: the arguments are checked; check the output folder and the accelerate config too, and say what
+    would train, and how, without loading or writing anything."""
+    check_output_folder(script_args, training_args)
+    print(
+        f"trl-credit grpo: dry run: {script_args.method} on {script_args.dataset_name}, "
+        f"model {model_args.model_name_or_path}, output {training_args.output_dir}"
+    )
+    if script_args.accelerate_config:
+        config_file = accelerate_config_file(script_args.accelerate_config)
+        print(f"trl-credit grpo: would launch through accelerate with {script_args.accelerate_config} ({config_file})")
+    return 0
 
 
 def training_dataset(script_args, seed: int):
@@ -208,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         script_args, training_args, model_args, argv = parse_arguments(argv)
+        if script_args.dry_run:
+            return dry_run(script_args, training_args, model_args)
         check_before_loading(training_args, model_args)
         check_output_folder(script_args, training_args)
         if training_args.use_cpu:  # else DeepSpeed, imported by accelerate whenever installed, announces its guess

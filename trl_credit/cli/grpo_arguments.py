@@ -3,8 +3,8 @@ arguments, read from a YAML recipe and flags, each value checked and, when wrong
 
 Arguments are parsed with TRL's `TrlParser` over `CreditScriptArguments`, the method's config (`TACOConfig`, ...),
 `ModelConfig`, and the hyperparameter dataclass of every method of the stack, whose values go to `credit_kwargs`:
-YAML values are defaults and flags override them. Without `--config`, the packaged
-`configs/quickstart.yaml` supplies the defaults.
+YAML values are defaults and flags override them. `--config` is a file or a packaged recipe by name
+(`trl_credit.resources`); without it, the packaged quick start (`configs/quickstart.yaml`) supplies the defaults.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from . import UsageError  # the one usage error of every sub-command
-from .parsing import read_yaml
+from .parsing import parse_with_recipe, read_recipe
 
 
 @dataclass
@@ -61,6 +61,10 @@ class CreditScriptArguments:
             "help": "Train into an --output_dir that holds a finished run, replacing its model, card and state; "
             "without it (or --resume_from_checkpoint) such a folder is refused."
         },
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "Check every argument, the recipe and the accelerate config; then exit, loading nothing."},
     )
 
     def __post_init__(self):
@@ -171,6 +175,7 @@ def _method_argument_classes(method: str) -> list[type]:
 def build_parser(method: str):
     from trl import ModelConfig, TrlParser
 
+    from ..resources import QUICK_START, recipes, yaml_names
     from ..trainer import trainer_pair
     from .parsing import read_negative_numbers_as_values
 
@@ -199,8 +204,8 @@ def build_parser(method: str):
     parser.add_argument(
         "--config",
         default=argparse.SUPPRESS,
-        help="YAML file of argument values (flags override them). Without it, the packaged quick start "
-        "(configs/quickstart.yaml) supplies the defaults shown here.",
+        help="YAML recipe of argument values (flags override them): a file, or a packaged recipe by name "
+        f"({', '.join(yaml_names(recipes()))}). Without it, the packaged {QUICK_START} supplies the defaults shown here.",
     )
 
     def one_line_error(message: str):
@@ -295,18 +300,13 @@ def _safe_method_name(method: str) -> str:
 def parse_arguments(argv: list[str]):
     """Parse and validate the command line; return `(script_args, training_args, model_args, argv)`.
 
-    `argv` comes back normalised (`--taco-alpha` -> `--taco_alpha`), with the quick-start config inserted when none
-    was given.
+    `argv` comes back normalised (`--taco-alpha` -> `--taco_alpha`); its `--config` (none: the packaged quick start)
+    stays as given, so that a process `accelerate launch` starts with it finds the same recipe.
     """
     from ..methods import SettingError
-    from ..resources import packaged_dir
 
     argv = _normalise_options(argv)
-    config_path = _peek_option(argv, "--config")
-    if config_path is None:
-        config_path = str(packaged_dir("configs") / "quickstart.yaml")
-        argv = ["--config", config_path, *argv]
-    config = read_yaml(config_path)
+    recipe, config_path, config = read_recipe(_peek_option(argv, "--config"))
     method = _resolve_method(argv, config, config_path)
     parser = build_parser(method)
     sources = _Sources(argv, config, config_path)
@@ -318,8 +318,8 @@ def parse_arguments(argv: list[str]):
     parser.error = argparse_error
     try:
         _check_names(parser, method, sources)
-        script_args, training_args, model_args, *method_args = parser.parse_args_and_config(
-            [*argv, "--credit_method", method]
+        script_args, training_args, model_args, *method_args = parse_with_recipe(
+            parser, recipe, [*argv, "--credit_method", method]
         )
         training_args.credit_method = script_args.method = method
         _merge_method_arguments(training_args, method_args, sources)

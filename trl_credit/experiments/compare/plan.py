@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from ...cli import UsageError
 from ...cli.grpo_arguments import _given_options, _normalise_options
+from ...cli.parsing import read_recipe
 from ...methods import DEFAULT_COMPARISON
 
 DONE_MARKER = ".done"
@@ -257,15 +256,14 @@ def route_method_settings(methods: list[str], passthrough: list[str]) -> tuple[l
 
 
 def _recipe_keys(recipe: str | None) -> set[str]:
-    """The keys of the YAML recipe, or none when it cannot be read (`trl-credit grpo` then reports why)."""
+    """The keys of the recipe (a file or a packaged name), or none when it cannot be read (`trl-credit grpo` then
+    reports why)."""
     if recipe is None:
         return set()
     try:
-        with open(recipe) as handle:
-            content = yaml.safe_load(handle)
-    except (OSError, yaml.YAMLError):
+        return set(read_recipe(recipe)[2])
+    except UsageError:
         return set()
-    return set(content) if isinstance(content, dict) else set()
 
 
 def common_settings(config: CompareConfig, shared: list[str]) -> dict[str, str]:
