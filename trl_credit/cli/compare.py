@@ -1,7 +1,7 @@
 """`trl-credit compare`: train several credit methods over several seeds, evaluate them, and report with CIs.
 
     trl-credit compare --methods grpo taco eapo tide --seeds 0 1 2 --max_steps 30 --dry_run
-    trl-credit compare --methods grpo taco --seeds 0 1 --config configs/taco_qwen3_1.7b_base.yaml \
+    trl-credit compare --methods grpo taco --seeds 0 1 --config taco_qwen3_1.7b_base \
         --accelerate_config zero3 --eval_dataset_name math500 --eval_num_problems 200
 
 Every flag that is not one of compare's own (`trl-credit compare --help`) is passed to each `trl-credit grpo` run,
