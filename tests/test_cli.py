@@ -473,6 +473,49 @@ def test_accelerate_config_none_keeps_a_recipe_in_one_process(given):
     assert parse_arguments([*argv, "--accelerate_config", given])[0].accelerate_config is None
 
 
+def test_dry_run_checks_a_packaged_recipe_and_its_accelerate_config_and_loads_nothing(
+    capsys, monkeypatch, tmp_path, no_model_loading
+):
+    """`--config NAME` reads the packaged recipe; `--dry_run` names the packaged accelerate config the recipe would
+    launch with, and neither loads data nor launches nor writes anything."""
+    import trl_credit.cli.grpo as grpo
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dry run went past the checks")
+
+    monkeypatch.setattr(grpo, "load_training_data", refuse)
+    monkeypatch.setattr(grpo.subprocess, "call", refuse)
+    monkeypatch.chdir(tmp_path)
+    cpu = ["--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
+    assert cli_main(["grpo", "--config", "taco_qwen3_1.7b_base", "--dry_run", *cpu]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "trl-credit grpo: dry run: taco on dapo-math-17k, model Qwen/Qwen3-1.7B-Base, output outputs/taco-qwen3-1.7b-base",
+        f"trl-credit grpo: would launch through accelerate with zero2 ({accelerate_configs().joinpath('zero2.yaml')})",
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_accelerate_launch_gets_the_packaged_config_file_and_the_recipe_as_given(monkeypatch, tmp_path):
+    """The launcher opens the packaged accelerate config as a file; the workers get the command line as given, so they
+    read the same packaged recipe by its name."""
+    import trl_credit.cli.grpo as grpo
+
+    launched = []
+
+    def launch(command, env):
+        config_file = command[command.index("--config_file") + 1]
+        launched.append((Path(config_file).read_text(), command[command.index("trl_credit.cli.grpo") + 1 :], env))
+        return 0
+
+    monkeypatch.setattr(grpo.subprocess, "call", launch)
+    argv = ["--config", QUICK_START, "--accelerate_config", "zero3", "--output_dir", str(tmp_path / "run")]
+    assert cli_main(["grpo", *argv]) == 0
+    ((config_text, worker_argv, env),) = launched
+    assert config_text == accelerate_configs().joinpath("zero3.yaml").read_text()
+    assert worker_argv == argv and env["TRL_CREDIT_LAUNCHED"] == "1"
+
+
 def test_flags_override_yaml_defaults():
     _, training_args, _, _ = parse_arguments(["--method", "taco", "--learning_rate", "3e-4", "--taco_alpha", "0.05"])
     assert training_args.learning_rate == 3e-4 and training_args.credit_hyperparameters()["taco_alpha"] == 0.05
