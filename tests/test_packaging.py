@@ -10,6 +10,7 @@ outside the repository.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
@@ -122,3 +123,49 @@ def test_the_metadata_says_what_pyproject_says(built):
     assert {str(requirement) for requirement in metadata.requires_dist} == requirements
     assert set(metadata.provides_extra) == set(project["optional-dependencies"])
     assert "trl-credit = trl_credit.cli:main" in entry_points
+
+
+# Run with the wheel unpacked ahead of this checkout on the path, from a folder outside the repository.
+FROM_THE_WHEEL = """
+import sys
+from pathlib import Path
+
+import yaml
+
+import trl_credit
+from trl_credit.cli.grpo import parse_arguments
+from trl_credit.reports.model_card import card_template
+from trl_credit.resources import accelerate_configs, find_yaml, recipes
+
+site = Path(sys.argv[1])
+for found in (trl_credit.__file__, str(recipes()), str(accelerate_configs())):
+    assert Path(found).is_relative_to(site), found
+quick_start = yaml.safe_load((site / "trl_credit/configs/quickstart.yaml").read_text())
+assert parse_arguments([])[1].max_completion_length == quick_start["max_completion_length"]
+cpu = ["--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
+assert parse_arguments(["--config", "taco_qwen3_1.7b_base", *cpu])[0].accelerate_config == "zero2"
+zero3 = find_yaml("--accelerate_config", "zero3", accelerate_configs())[0]
+assert zero3.read_text() == (site / "trl_credit/configs/accelerate/zero3.yaml").read_text()
+assert card_template() == (site / "trl_credit/model_cards/credit_model_card.md.j2").read_text()
+print("read from the wheel")
+"""
+
+
+def test_the_installed_wheel_reads_its_recipes_accelerate_configs_and_card_template(built, tmp_path):
+    """Installed (`pip install --target`, not editable) and imported from outside the repository, the package reads
+    the quick start's recipe, a paper recipe and an accelerate config by packaged name, and the card template, from
+    the wheel itself."""
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(site)]
+    subprocess.run([*pip, str(built["wheel"])], check=True, capture_output=True)
+    (tmp_path / "user").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    run = subprocess.run(
+        [sys.executable, "-c", FROM_THE_WHEEL, str(site)],
+        cwd=tmp_path / "user",
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().splitlines()[-1] == "read from the wheel"
