@@ -257,7 +257,8 @@ def official_functions(root: Path) -> dict:
             b["mask_BT"].float(),
             b["group_index_B"].numpy(),
             b["rollout_logps"],
-            b["rollout_sum_sq_probs"],
+            # verl's sum_v pi_v^2 of the same distributions: the sampled token's square and the others'
+            b["rollout_logps"].exp().square() + b["rollout_unsampled_sum_sq_probs"],
         )
 
     return {

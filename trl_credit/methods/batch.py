@@ -21,8 +21,12 @@ POLICY_ENTROPY = "policy_entropy"  # full-vocabulary entropy (nats) of the curre
 POLICY_LOGIT_GAP = "policy_logit_gap"
 ROLLOUT_LOGPS = "rollout_logps"  # the same for the policy that generated the batch, once per generation batch
 ROLLOUT_ENTROPY = "rollout_entropy"
-# sum_v pi_v^2 of the rollout policy's next-token distribution (in (0, 1]), from the same source as `rollout_entropy`
-ROLLOUT_SUM_SQ_PROBS = "rollout_sum_sq_probs"
+# The rollout policy's probability of every token but the sampled one, `1 - pi_y` (in [0, 1]), and the sum of their
+# squares, `sum_{v != y} pi_v^2` (in [0, 1]), from the same source as `rollout_entropy`. Each is a sum over the other
+# tokens, so it keeps its relative precision as pi_y -> 1, where `1 - exp(rollout_logps)` is rounding noise.
+ROLLOUT_UNSAMPLED_MASS = "rollout_unsampled_mass"
+ROLLOUT_UNSAMPLED_SUM_SQ_PROBS = "rollout_unsampled_sum_sq_probs"
+ROLLOUT_UNSAMPLED = (ROLLOUT_UNSAMPLED_MASS, ROLLOUT_UNSAMPLED_SUM_SQ_PROBS)
 # The token mean of `rollout_entropy` over every valid token of the generation batch (all processes), the same value at
 # every valid position: a batch-level entropy that a method in the training forward can read from any micro-batch
 ROLLOUT_MEAN_ENTROPY = "rollout_mean_entropy"
@@ -33,7 +37,8 @@ LOSS_FORWARD_STATISTICS = (POLICY_LOGPS, POLICY_ENTROPY, POLICY_LOGIT_GAP)
 GENERATION_STATISTICS = (
     ROLLOUT_LOGPS,
     ROLLOUT_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_UNSAMPLED_MASS,
+    ROLLOUT_UNSAMPLED_SUM_SQ_PROBS,
     ROLLOUT_MEAN_ENTROPY,
     REFERENCE_DEVIATION,
     PREVIOUS_POLICY_DEVIATION,
@@ -47,7 +52,8 @@ STATISTICS = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
 STATISTIC_RANGES = {
     REFERENCE_DEVIATION: (0.0, 1.0),
     PREVIOUS_POLICY_DEVIATION: (0.0, 1.0),
-    ROLLOUT_SUM_SQ_PROBS: (0.0, 1.0),
+    ROLLOUT_UNSAMPLED_MASS: (0.0, 1.0),
+    ROLLOUT_UNSAMPLED_SUM_SQ_PROBS: (0.0, 1.0),
 }
 
 
