@@ -50,23 +50,29 @@ class StackCredit:
 
 
 def run_stack(steps: Sequence[StackStep], batch: CreditBatch) -> StackCredit:
-    """Run the methods of `steps` in order on `batch`: each between the checks of the batch it is handed and of the
-    result it returns (its shape, finite advantages at valid positions, a loss mask in [0, 1] only from a method that
-    declared `drops_tokens`, only the metrics it declared), each seeing what the methods before it produced
+    """Run the methods of `steps` in order on `batch`: the stage's inputs checked once (`checked_batch`: the
+    advantages, loss weights and every statistic a method reads), then each method called and its result checked (its
+    shape, finite advantages at valid positions, a loss mask in [0, 1] only from a method that declared
+    `drops_tokens`, only the metrics it declared), each seeing what the methods before it produced
     ([`CreditBatch.followed_by`]); the loss masks they return are multiplied."""
     loss_mask_BT, statistic_BT, results = None, None, []
     with torch.no_grad():  # advantages are weights of the loss, not part of its graph
+        batch = checked_batch(steps, batch)
         for step in steps:
-            method, checked = step.method, checked_batch(step, batch)
-            result = method.function(checked, **step.hyperparameters)
+            method = step.method
+            if method.estimates_advantages:
+                _check_group_inputs(method.name, batch)
+            result = method.function(batch, **step.hyperparameters)
             result = result if isinstance(result, CreditResult) else CreditResult(advantages_BT=result)
-            _check(method.name, "the returned advantages_BT", result.advantages_BT, checked.mask_BT)
+            # Zero wherever the mask is false: the next method takes these advantages as they are.
+            advantages_BT = _check(method.name, "the returned advantages_BT", result.advantages_BT, batch.mask_BT)
+            result = dataclasses.replace(result, advantages_BT=advantages_BT)
             if result.loss_mask_BT is not None:
                 if not method.drops_tokens:
                     raise ValueError(
                         f"credit method {method.name!r} returned a loss mask but is registered with drops_tokens=False"
                     )
-                _check(method.name, "the returned loss mask", result.loss_mask_BT, checked.mask_BT, bounds=(0.0, 1.0))
+                _check(method.name, "the returned loss mask", result.loss_mask_BT, batch.mask_BT, bounds=(0.0, 1.0))
                 loss_mask_BT = result.loss_mask_BT * (1.0 if loss_mask_BT is None else loss_mask_BT)
             undeclared = sorted(set(result.metrics) - set(method.diagnostics))
             if undeclared:
@@ -75,32 +81,33 @@ def run_stack(steps: Sequence[StackStep], batch: CreditBatch) -> StackCredit:
                     "list them under 'Metrics:' in the function's docstring"
                 )
             statistic_BT = result.statistic_BT if result.statistic_BT is not None else statistic_BT
-            results.append((method.name, checked, result))
+            results.append((method.name, batch, result))
             batch = batch.followed_by(result)
+            if result.loss_mask_BT is not None and step is not steps[-1]:  # the next method reads no dropped token
+                batch = batch.with_masked_statistics()
     return StackCredit(batch, loss_mask_BT, statistic_BT, tuple(results))
 
 
-def checked_batch(step: StackStep, batch: CreditBatch) -> CreditBatch:
-    """`batch` with each statistic the step's method reads checked (shape, finite at valid positions, range) and zeroed
-    at masked positions, where whatever padding holds (even NaN) is ignored."""
-    method, name, mask_BT = step.method, step.method.name, batch.mask_BT
+def checked_batch(steps: Sequence[StackStep], batch: CreditBatch) -> CreditBatch:
+    """`batch` with its advantages, loss weights and each statistic the methods of `steps` read checked (shape,
+    finite at valid positions, range) and zeroed at masked positions, where whatever padding holds (even NaN) is
+    ignored. Each check runs once for the stage; an error names the first method that reads what failed it."""
+    first, mask_BT = steps[0].method.name if steps else "?", batch.mask_BT
     if mask_BT.dim() != 2 or mask_BT.dtype != torch.bool:
-        raise ValueError(f"credit method {name!r}: mask_BT must be a (B, T) bool tensor, got {_describe(mask_BT)}")
+        raise ValueError(f"credit method {first!r}: mask_BT must be a (B, T) bool tensor, got {_describe(mask_BT)}")
     rows_B = torch.ones(mask_BT.shape[:1], dtype=torch.bool, device=mask_BT.device)  # every row, finite or not
-    _check(name, "sequence_advantages_B", batch.sequence_advantages_B, rows_B)
-    if method.estimates_advantages:
-        for what, values_B in (("group_index_B", batch.group_index_B), ("rewards_B", batch.rewards_B)):
-            if values_B is None:
-                raise ValueError(
-                    f"credit method {name!r} estimates advantages from the groups and raw rewards: the batch must "
-                    f"carry {what} of shape ({mask_BT.size(0)},), got None"
-                )
-            _check(name, what, values_B, rows_B)
-    advantages_BT = _check(name, "advantages_BT", batch.advantages_BT, mask_BT)
-    weights_BT = mask_BT.float() if batch.loss_weights_BT is None else batch.loss_weights_BT
-    weights_BT = _check(name, "loss_weights_BT", weights_BT, mask_BT, bounds=(0.0, 1.0))
+    _check(first, "sequence_advantages_B", batch.sequence_advantages_B, rows_B)
+    advantages_BT = _check(first, "advantages_BT", batch.advantages_BT, mask_BT)
+    if batch.loss_weights_BT is None:  # the valid tokens at full weight: nothing to check
+        weights_BT = mask_BT.float()
+    else:
+        weights_BT = _check(first, "loss_weights_BT", batch.loss_weights_BT, mask_BT, bounds=(0.0, 1.0))
     statistics = dict(batch.statistics)
-    for statistic in step.statistics:
+    readers = {}
+    for step in steps:
+        for statistic in step.statistics:
+            readers.setdefault(statistic, step.method.name)
+    for statistic, name in readers.items():
         if statistic not in statistics:
             raise ValueError(f"credit method {name!r} reads statistic {statistic!r}, which the batch does not have")
         bounds = STATISTIC_RANGES.get(statistic)
@@ -108,6 +115,18 @@ def checked_batch(step: StackStep, batch: CreditBatch) -> CreditBatch:
             name, f"statistic {statistic!r}", statistics[statistic].detach(), mask_BT, bounds, True
         )
     return dataclasses.replace(batch, advantages_BT=advantages_BT, statistics=statistics, loss_weights_BT=weights_BT)
+
+
+def _check_group_inputs(name: str, batch: CreditBatch) -> None:
+    """An advantage estimator's raw rewards and groups: present, `(B,)` and finite."""
+    rows_B = torch.ones(batch.mask_BT.shape[:1], dtype=torch.bool, device=batch.mask_BT.device)
+    for what, values_B in (("group_index_B", batch.group_index_B), ("rewards_B", batch.rewards_B)):
+        if values_B is None:
+            raise ValueError(
+                f"credit method {name!r} estimates advantages from the groups and raw rewards: the batch must "
+                f"carry {what} of shape ({rows_B.numel()},), got None"
+            )
+        _check(name, what, values_B, rows_B)
 
 
 def _describe(tensor: torch.Tensor) -> str:
