@@ -159,3 +159,13 @@ def test_values_outside_a_stated_domain_are_read_from_the_help(help_text, values
     field = dataclasses.field(metadata={"help": help_text})
     field.name, field.type = "probe", float
     assert stated_domain(field) and out_of_domain(field) == values
+
+
+@pytest.mark.parametrize(
+    "name", ["token_credit_samples", "statistics_token_chunk_size", "statistics_vocab_chunk_size"]
+)
+@pytest.mark.parametrize("value", ["4", 2.5, 0])
+def test_trl_credits_own_sizes_are_integers_named_when_wrong(tmp_path, name, value):
+    """From Python no parser converts `"4"`: the field is named with the type it needs, not a bare `TypeError`."""
+    with pytest.raises(ValueError, match=rf"^{name} must be an integer >= 1, got {re.escape(repr(value))}$"):
+        CreditGRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", **{name: value})

@@ -142,7 +142,7 @@ def check_declared_choices(args) -> None:
         kind = _enum_of(field.type)
         if kind is None or value is None:
             continue
-        values = value.split() if isinstance(value, str) and _list_of(field.type) is not None else value
+        values = value.split() if isinstance(value, str) and _lists(field.type) else value
         for item in values if isinstance(values, (list, tuple)) else [values]:
             try:
                 kind(item)
@@ -164,6 +164,7 @@ def _enum_of(annotation) -> type[enum.Enum] | None:
     return None
 
 
-def _list_of(annotation):
-    """The `list[...]` member of a union annotation (`str | list[DebugOption]`: a string is split on spaces)."""
-    return next((a for a in typing.get_args(annotation) if typing.get_origin(a) is list), None)
+def _lists(annotation) -> bool:
+    """Whether the annotation is or admits a list (`str | list[DebugOption]`, or `list[DebugOption]` once transformers'
+    parser has narrowed the union in place): a string value is then split on spaces, as transformers does."""
+    return list in (typing.get_origin(annotation), *map(typing.get_origin, typing.get_args(annotation)))

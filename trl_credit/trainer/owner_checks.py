@@ -24,6 +24,7 @@ import numbers
 import re
 import sys
 import traceback
+import warnings
 from typing import Any
 
 from ..methods import SettingError
@@ -239,7 +240,7 @@ def check_reporting(args) -> None:
     for callback in callbacks:
         try:
             _build_callback(callback)
-        except (RuntimeError, ImportError) as error:
+        except Exception as error:  # noqa: BLE001 - RuntimeError, ImportError, NeptuneCallback's ValueError: refused
             refused = _refused("report_to", report_to, f"transformers' {callback.__name__}", error)
             extras = [extra for name, extra in REPORTING_EXTRAS.items() if name in report_to]
             if extras:
@@ -252,8 +253,10 @@ def _build_callback(callback) -> None:
     """Build `callback` as `Trainer` would. A refused one is dropped at once, and its `__del__`, which may read what its
     `__init__` never set (`MLflowCallback._auto_end_run`), is kept from printing a traceback, then or at exit."""
     try:
-        callback()
-    except (RuntimeError, ImportError) as error:
+        with warnings.catch_warnings():  # a deprecation it announces is announced again when `Trainer` builds it
+            warnings.simplefilter("ignore")
+            callback()
+    except Exception as error:
         hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: None
         try:
             traceback.clear_frames(error.__traceback__)  # the half-built callback's only reference: it goes now
