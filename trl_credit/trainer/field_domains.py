@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..methods import SettingError
-from .owner_checks import check_finite
 
 
 def is_integer(value: Any) -> bool:
@@ -33,6 +32,20 @@ def _finite(value: Any) -> bool:
     """A real number, not NaN or infinite (YAML and flags accept `nan` and `inf` as floats)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
+
+# Values handed to torch (the optimizer, gradient clipping) and to the logits processors, whose checks NaN passes.
+FINITE_FIELDS = (
+    "learning_rate",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "temperature",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+)
 
 TRL_FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     # transformers reads max_steps <= 0 as "train for num_train_epochs" (-5) or trains one step at learning rate 0 (0).
@@ -151,6 +164,16 @@ def check_declared_choices(args) -> None:
                 raise SettingError(
                     field.name, f"must be one of {allowed} (transformers' {kind.__name__}), got {value!r}"
                 ) from None
+
+
+def check_finite(args) -> None:
+    """`FINITE_FIELDS` hold finite numbers (`SettingError` naming the first that does not)."""
+    for name in FINITE_FIELDS:
+        value = getattr(args, name)
+        if value is None and name in ("min_p", "max_grad_norm"):  # unset: no min-p filtering, no clipping
+            continue
+        if not _finite(value):
+            raise SettingError(name, f"must be a finite number, got {value!r}")
 
 
 def _enum_of(annotation) -> type[enum.Enum] | None:

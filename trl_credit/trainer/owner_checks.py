@@ -9,7 +9,8 @@ parameter, `weight_decay` to its constructor's own check); the logits processors
 TRL's enumerated fields (`TRL_CHOICES`), vLLM's among them; the callbacks `report_to` names; with `push_to_hub`
 or `log_completions_hub_repo`, offline mode, a token and the repository name.
 
-Torch and transformers compare numbers with `<` and `>`, which NaN passes: `FINITE_FIELDS` are checked for it first.
+Torch and transformers compare numbers with `<` and `>`, which NaN passes: the numbers they take are checked for it
+first (`field_domains.FINITE_FIELDS`).
 vLLM's engine settings (`VLLM_ENGINE_FIELDS`) are checked by vLLM when it is installed; without it, and without
 `use_vllm`, a value other than TRL's default is refused as having no effect. `SettingError` names the field.
 """
@@ -19,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
-import math
-import numbers
 import re
 import sys
 import traceback
@@ -28,21 +27,9 @@ import warnings
 from typing import Any
 
 from ..methods import SettingError
+from .field_domains import check_finite
 from .trl_compat import TRL_CHOICES
 
-# Values handed to torch (the optimizer, gradient clipping) and to the logits processors, whose checks NaN passes.
-FINITE_FIELDS = (
-    "learning_rate",
-    "weight_decay",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "max_grad_norm",
-    "temperature",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-)
 SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty")
 # `GRPOConfig` field -> the vLLM config class and field that check it, for the engine settings TRL passes to `LLM`.
 VLLM_ENGINE_FIELDS = {
@@ -89,15 +76,6 @@ def check_choices(args) -> None:
         value = getattr(args, name, None)
         if value not in allowed:
             raise SettingError(name, f"must be one of {', '.join(allowed)} (TRL's values), got {value!r}")
-
-
-def check_finite(args) -> None:
-    for name in FINITE_FIELDS:
-        value = getattr(args, name)
-        if value is None and name in ("min_p", "max_grad_norm"):  # unset: no min-p filtering, no clipping
-            continue
-        if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)):
-            raise SettingError(name, f"must be a finite number, got {value!r}")
 
 
 def check_optimizer(args) -> None:
