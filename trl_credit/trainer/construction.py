@@ -28,7 +28,11 @@ def check_trainer_inputs(args, reward_funcs, pos_args: tuple, kwargs: dict) -> N
     (`pos_args`, `kwargs`); `ValueError` naming the first refused one."""
     from trl import GRPOTrainer
 
-    given = inspect.signature(GRPOTrainer.__init__).bind(None, None, reward_funcs, args, *pos_args, **kwargs).arguments
+    try:
+        given = inspect.signature(GRPOTrainer.__init__).bind(None, None, reward_funcs, args, *pos_args, **kwargs)
+    except TypeError:  # arguments GRPOTrainer does not take: it says so itself
+        return
+    given = given.arguments
     eval_dataset, peft_config = given.get("eval_dataset"), given.get("peft_config")
     columns = getattr(given.get("train_dataset"), "column_names", None)  # None: an iterable data set, or none
     if columns is not None and "prompt" not in columns:
