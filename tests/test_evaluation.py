@@ -146,6 +146,7 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.json").write_text('{"model_type": "llama"}')  # a model folder (never loaded)
+    (run_dir / "model.safetensors").write_bytes(b"")
     model_card.generate_credit_model_card(
         base_model=None,
         model_name="run",
