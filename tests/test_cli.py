@@ -256,6 +256,22 @@ BAD_INPUT = [
     (["--max_train_samples", "100000000"], {}, "--max_train_samples must be at most 100,000 for chain_sum"),
     (["--dataset_name", "{tmp}/malformed.jsonl"], {}, "malformed.jsonl line 3: not valid JSON"),
     (["--dataset_name", "{tmp}/empty.jsonl"], {}, "empty.jsonl has no rows"),
+    # Issue 49: TRL fields whose help states a domain, the run, and the data, refused before the model loads.
+    (["--delta", "-1"], {}, "--delta must be a finite number > 1 (TRL recommends > 1 + epsilon), or unset, got -1.0"),
+    (["--logging_steps", "-1"], {}, "--logging_steps must be a number > 0 (an integer number of steps, or below 1"),
+    (["--top_entropy_quantile", "-0.5"], {}, "--top_entropy_quantile must be a number in [0, 1], got -0.5"),
+    (["--top_entropy_quantile", "1.5"], {}, "--top_entropy_quantile must be a number in [0, 1], got 1.5"),
+    (["--eval_strategy", "steps"], {}, "--eval_strategy steps: trl-credit grpo takes no evaluation data set, so it"),
+    (["--use_peft", "true", "--lora_r", "0"], {}, "--lora_r 0: PEFT refuses it: `r` should be a positive integer"),
+    (["--use_peft", "true", "--lora_dropout", "2"], {}, "--lora_dropout 2.0: PEFT refuses it: dropout probability"),
+    (["--reward_funcs", "os:getcwd"], {}, "getcwd cannot take the arguments TRL calls it with (got an unexpected"),
+    (["--model_name_or_path", "{tmp}/no-weights"], {}, "no-weights has config.json but no weights (none of model"),
+    (["--reward_funcs", "accuracy", "accuracy"], {}, "--reward_funcs names accuracy more than once: give each"),
+    (["--output_dir", "{tmp}/" + "x" * 300], {}, ": the folder name xxxxxxxxxx"),
+    (["--dataset_name", "{tmp}/folder.jsonl"], {}, "dataset file {tmp}/folder.jsonl is a folder, not a .jsonl file"),
+    (["--dataset_name", "{tmp}/no-answer.jsonl"], {}, "no-answer.jsonl line 4 has no 'answer' column (it has"),
+    (["--method"], {}, "--method needs a value: grpo, ar_lopti, "),
+    (["--learning_rate", "1e-5", "--learning-rate", "2e-5"], {}, "--learning_rate is given 2 times (1e-5, 2e-5): g"),
 ]
 if importlib.util.find_spec("vllm") is None:
     BAD_INPUT.append(
@@ -271,6 +287,12 @@ def _bad_input_files(tmp_path) -> None:
     """The files `{tmp}` in BAD_INPUT names: models that are only a config.json, data, user method modules."""
     (tmp_path / "context-2048").mkdir()
     (tmp_path / "context-2048" / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 2048}')
+    (tmp_path / "context-2048" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "no-weights").mkdir()
+    (tmp_path / "no-weights" / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "folder.jsonl").mkdir()
+    rows = [{"question": "1 + 1?", "answer": "2"}, {"question": "2 + 2?", "answer": "4"}, {"question": "3 + 3?"}]
+    (tmp_path / "no-answer.jsonl").write_text("\n".join([json.dumps(rows[0]), "", *map(json.dumps, rows[1:])]) + "\n")
     (tmp_path / "no-model-type").mkdir()
     (tmp_path / "no-model-type" / "config.json").write_text("{}")
     (tmp_path / "a-file").write_text("")
@@ -299,7 +321,7 @@ def test_bad_input_exits_2_with_one_line_before_any_model(
     _bad_input_files(tmp_path)
     recipe = _yaml(tmp_path, **yaml_values)
     argv = [arg.replace("{yaml}", recipe).replace("{tmp}", str(tmp_path)) for arg in argv]
-    _refused_before_any_model(capsys, monkeypatch, ["grpo", *argv], message)
+    _refused_before_any_model(capsys, monkeypatch, ["grpo", *argv], message.replace("{tmp}", str(tmp_path)))
 
 
 def test_a_bad_omp_num_threads_is_refused_before_any_model(capsys, monkeypatch, no_model_loading):
@@ -319,7 +341,8 @@ def test_eval_bad_input_exits_2_with_one_line_before_any_model(
 ):
     _bad_input_files(tmp_path)
     argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
-    base = ["--model_name_or_path", str(tmp_path / "context-2048"), "--dataset_name", "chain_sum"]
+    base = ["--dataset_name", "chain_sum"]  # and a model, where the case gives none (an option is given once)
+    base += [] if "--model_name_or_path" in argv else ["--model_name_or_path", str(tmp_path / "context-2048")]
     _refused_before_any_model(capsys, monkeypatch, ["eval", *base, *argv], message)
 
 
@@ -628,6 +651,47 @@ def test_grpo_help_lists_config_and_the_quick_start_defaults_that_apply_without_
         assert shown_default == str(quick_start[key])
 
 
+def test_grpo_help_lists_the_stack_options_first_and_no_method_that_was_not_given(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["grpo", "--method", "eapo+taco", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trl-credit grpo --method eapo+taco [--config CONFIG] [OPTIONS]\n\n")
+    first = out.split("\n\n")[1]
+    assert first.startswith("options of eapo+taco:\n") and "--taco_alpha" in first and "--eapo_kappa" in first
+    assert "--learning_rate" not in first and "--learning_rate" in out
+    with pytest.raises(SystemExit):
+        cli_main(["grpo", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trl-credit grpo [--method METHOD] [--config CONFIG] [OPTIONS]\n\noptions:\n")
+
+
+def test_every_missing_reporting_integration_is_one_line_and_no_traceback_even_at_exit():
+    """`--report_to NAME` for each integration transformers knows, in one interpreter: a missing package is one line
+    naming --report_to, exit 2, and nothing more is printed, also when the interpreter exits (a refused
+    `MLflowCallback` used to print a traceback from its `__del__` then)."""
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    code = (
+        "import sys\nfrom trl_credit.cli import main\n"
+        "for name in sys.argv[1:]:\n"
+        "    status = main(['grpo', '--report_to', name, '--model_name_or_path', '/no/such/model'])\n"
+        "    print(f'== {name} {status}', file=sys.stderr, flush=True)\n"
+    )
+    names = list(INTEGRATION_TO_CALLBACK)
+    result = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and result.stdout == "", result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("[transformers] ")]
+    assert len(lines) == 2 * len(names), result.stderr[-3000:]  # one line and the status, then nothing at exit
+    available = get_available_reporting_integrations()
+    for name, (message, status) in zip(names, zip(lines[::2], lines[1::2])):
+        assert status == f"== {name} 2" and message.startswith("trl-credit grpo: error: ")
+        if name not in available:
+            assert message.startswith(f"trl-credit grpo: error: --report_to is ['{name}'], which transformers' ")
+
+
 def test_compare_refuses_a_method_its_runs_would_refuse_before_planning(capsys, monkeypatch, no_model_loading):
     import trl_credit.experiments.lab.trainer  # noqa: F401  (registers the lab's `oracle`, which grpo cannot train)
     from trl_credit.methods import CREDIT_METHODS
@@ -642,6 +706,18 @@ def test_compare_refuses_a_method_its_runs_would_refuse_before_planning(capsys, 
     assert cli_main(["compare", "--methods", "grpo", "no_such_method", "--seeds", "0", "--dry_run"]) == 2
     err = capsys.readouterr().err
     assert "unknown credit method 'no_such_method'; trainable: grpo, " in err and "oracle" not in err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--seeds", "0", "--seeds", "1"], "--seeds is given 2 times (0, 1): give it once, with all its values"),
+        (["--seeds", "0", "--max_steps", "3", "--max-steps=5"], "--max_steps is given 2 times (3, 5)"),  # passed on
+    ],
+)
+def test_compare_refuses_an_option_given_twice(capsys, monkeypatch, no_model_loading, argv, message):
+    """argparse keeps the last value of a repeated option: `--seeds 0 --seeds 1` would plan seed 1 alone."""
+    _refused_before_any_model(capsys, monkeypatch, ["compare", "--methods", "grpo", *argv, "--dry_run"], message)
 
 
 def test_compare_and_lab_read_negative_numbers_as_values_and_lab_checks_its_threshold(

@@ -172,6 +172,7 @@ def train(script_args, training_args, model_args) -> None:
     from ..reports.model_card import with_research_card
     from ..rewards import get_reward_funcs
     from ..trainer import trainer_pair
+    from ..trainer.construction import check_reward_functions
     from ..trainer.run_safety import NonFiniteTrainingError
 
     dataset = load_training_data(script_args, training_args)
@@ -179,8 +180,9 @@ def train(script_args, training_args, model_args) -> None:
         reward_funcs = get_reward_funcs(
             script_args.reward_funcs, max_completion_length=training_args.max_completion_length
         )
+        check_reward_functions(reward_funcs, dataset.column_names)  # TRL would call them only after the load
     except ValueError as error:
-        raise UsageError(str(error)) from error
+        raise UsageError(f"--reward_funcs: {error}") from error
     if training_args.use_cpu:
         torch.set_num_threads(cpu_threads())
 

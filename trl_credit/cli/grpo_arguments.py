@@ -13,11 +13,11 @@ import argparse
 import difflib
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 
 from . import UsageError  # the one usage error of every sub-command
-from .parsing import parse_with_recipe, read_recipe
+from .grpo_checks import check_lora, check_no_evaluation, check_trainable, check_writable
+from .parsing import parse_with_recipe, read_recipe, refuse_repeated_options
 
 
 @dataclass
@@ -84,6 +84,9 @@ class CreditScriptArguments:
             self.accelerate_config = None  # `--accelerate_config none`: stay in this process, whatever the recipe says
         if not (self.reward_funcs and isinstance(self.reward_funcs, list) and all(map(_is_name, self.reward_funcs))):
             raise SettingError("reward_funcs", f"must be a list of reward function names, got {self.reward_funcs!r}")
+        twice = sorted({name for name in self.reward_funcs if self.reward_funcs.count(name) > 1})
+        if twice:  # TRL would add its reward twice
+            raise SettingError("reward_funcs", f"names {', '.join(twice)} more than once: give each function once")
         check_num_samples(self.dataset_name, self.max_train_samples, "max_train_samples")
 
 
@@ -123,8 +126,14 @@ def _normalise_options(argv: list[str]) -> list[str]:
 def _resolve_method(argv: list[str], config: dict, config_path: str) -> str:
     """The method stack to train: `--method`, or its other name `--credit_method` (the config field it sets), else the
     config's `method`/`credit_method`, else grpo; each source named as given when it is bad or they disagree."""
-    from ..methods import get_credit_method, parse_credit_methods
+    from ..methods import CREDIT_METHODS, get_credit_method, parse_credit_methods
 
+    for flag in ("--method", "--credit_method"):
+        if flag in argv and (argv[-1] == flag or argv[argv.index(flag) + 1].startswith("--")):
+            raise UsageError(
+                f"{flag} needs a value: grpo, {', '.join(CREDIT_METHODS)}, a '+'-separated stack of them, or "
+                "package.module:name (`trl-credit grpo --help` describes each)"
+            )
     flags = {
         f"--{name}": value
         for name in ("method", "credit_method")
@@ -172,7 +181,8 @@ def _method_argument_classes(method: str) -> list[type]:
     return [m.arguments for m in _stack(method) if m.arguments is not None]
 
 
-def build_parser(method: str):
+def build_parser(method: str, method_given: bool = True):
+    """The parser of `trl-credit grpo --method METHOD`; its `--help` lists the stack's options first."""
     from trl import ModelConfig, TrlParser
 
     from ..resources import QUICK_START, recipes, yaml_names
@@ -188,12 +198,20 @@ def build_parser(method: str):
     )
     parser = TrlParser(
         dataclass_types,
-        prog=f"trl-credit grpo --method {method}",
+        prog="trl-credit grpo",
+        usage=f"%(prog)s {f'--method {method}' if method_given else '[--method METHOD]'} [--config CONFIG] [OPTIONS]",
         epilog=_methods_epilog(),
         formatter_class=_HelpFormatter,
         allow_abbrev=False,  # `--taco_alph` is a typo, not `--taco_alpha`
     )
     read_negative_numbers_as_values(parser)
+    stack_options = {name for step in _stack(method) for name in step.argument_names}
+    if stack_options:  # a group of its own, listed before TRL's hundreds of options
+        group = parser.add_argument_group(f"options of {method}")
+        for action in [a for a in parser._optionals._group_actions if a.dest in stack_options]:
+            parser._optionals._group_actions.remove(action)
+            group._group_actions.append(action)
+        parser._action_groups.insert(0, parser._action_groups.pop())
     # The config field `--method` sets: accepted as its other name (`_resolve_method`), with the resolved default.
     credit_method = parser._option_string_actions["--credit_method"]
     credit_method.default = method
@@ -306,9 +324,11 @@ def parse_arguments(argv: list[str]):
     from ..methods import SettingError
 
     argv = _normalise_options(argv)
+    refuse_repeated_options(argv)
     recipe, config_path, config = read_recipe(_peek_option(argv, "--config"))
     method = _resolve_method(argv, config, config_path)
-    parser = build_parser(method)
+    given = any(_peek_option(argv, f"--{key}") or config.get(key) for key in ("method", "credit_method"))
+    parser = build_parser(method, method_given=given)
     sources = _Sources(argv, config, config_path)
 
     def argparse_error(message: str):  # "argument --x/--X: invalid float value: 'a lot'", maybe from the YAML
@@ -323,7 +343,7 @@ def parse_arguments(argv: list[str]):
         )
         training_args.credit_method = script_args.method = method
         _merge_method_arguments(training_args, method_args, sources)
-        _check_trainable(method, training_args)
+        check_trainable(method, training_args)
     except SettingError as error:  # a value given as a flag, a YAML key or in credit_kwargs: name it as given
         problem = error.problem
         for name in error.mentions:
@@ -340,24 +360,10 @@ def parse_arguments(argv: list[str]):
     return script_args, training_args, model_args, argv
 
 
-def _check_trainable(method: str, training_args) -> None:
-    """Refuse a method whose statistics the trainer does not compute (one registered for another trainer, as the
-    lab's `oracle`): its trainer would refuse it only once the model has loaded."""
-    from ..trainer import trainer_pair
-    from ..trainer.pairs import missing_statistics
-
-    trainer_class = trainer_pair(method)[1]
-    for name, missing in missing_statistics(trainer_class, training_args).items():
-        raise UsageError(
-            f"--method {method}: {name} reads {', '.join(missing)}, which {trainer_class.__name__} (the trainer of "
-            "trl-credit grpo) does not compute; it trains only with the trainer that registered it"
-        )
-
-
 def _check_against_the_run(script_args, training_args, model_args, sources: _Sources) -> None:
     """What the config alone cannot check: the reward weights against the reward functions, the completion length
-    against the model's context (read from its config.json, when it is on disk), and the folders the run writes to
-    and resumes from."""
+    against the model's context (read from its config.json, when it is on disk), the folders the run writes to and
+    resumes from, evaluation (without evaluation data) and the LoRA settings (`grpo_checks.py`)."""
     from ..data.models import model_context_length
 
     weights = training_args.reward_weights
@@ -377,23 +383,9 @@ def _check_against_the_run(script_args, training_args, model_args, sources: _Sou
             f"{sources.describe('save_steps')} {training_args.save_steps:g} has no effect: "
             f"{sources.describe('save_strategy')} is 'no'; add --save_strategy steps to save checkpoints"
         )
-    _check_writable(training_args.output_dir, sources.describe("output_dir"))
+    check_writable(training_args.output_dir, sources.describe("output_dir"))
+    check_no_evaluation(training_args, sources)
+    check_lora(model_args, sources)
     checkpoint = training_args.resume_from_checkpoint
     if checkpoint is not None and not os.path.isdir(checkpoint):
         raise UsageError(f"{sources.describe('resume_from_checkpoint')} {checkpoint}: no such checkpoint folder")
-
-
-def _check_writable(folder: str, shown: str) -> None:
-    """Refuse an output folder that is a file, or that cannot be created or written in (tried with a temporary file in
-    the folder, or in its closest existing parent, since permissions alone do not say what root or a read-only file
-    system allows)."""
-    existing = os.path.abspath(folder)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise UsageError(f"{shown} {folder}: {existing} is a file, not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as error:
-        raise UsageError(f"{shown} {folder}: cannot write in {existing} ({error.strerror})") from None

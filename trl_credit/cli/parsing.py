@@ -7,6 +7,7 @@ own arguments; `grpo` builds its parser over TRL's config classes (`grpo_argumen
 
 from __future__ import annotations
 
+import itertools
 import re
 from importlib.resources import as_file
 from importlib.resources.abc import Traversable
@@ -27,6 +28,23 @@ def read_negative_numbers_as_values(parser) -> None:
     parser._negative_number_matcher = NEGATIVE_NUMBER
 
 
+def refuse_repeated_options(argv: list[str]) -> None:
+    """Refuse an option given more than once: argparse keeps the last value and drops the others without a word
+    (`--seeds 0 --seeds 1` would run seed 1 only)."""
+    given: dict[str, list[str]] = {}
+    for i, arg in enumerate(argv):
+        if not arg.startswith("--") or len(arg) == 2:
+            continue
+        name, equals, value = arg.partition("=")
+        values = [value] if equals else list(itertools.takewhile(lambda a: not a.startswith("--"), argv[i + 1 :]))
+        given.setdefault("--" + name[2:].replace("-", "_"), []).append(" ".join(values))
+    for name, values in given.items():
+        if len(values) > 1:
+            raise UsageError(
+                f"{name} is given {len(values)} times ({', '.join(values)}): give it once, with all its values"
+            )
+
+
 class CommandParser(HfArgumentParser):
     """`HfArgumentParser` over `dataclass_types` (none for a parser built with `add_argument`); abbreviations are off
     (`--seed` must not stand for `--seeds`) and argparse's errors raise `UsageError` instead of printing the usage."""
@@ -39,10 +57,12 @@ class CommandParser(HfArgumentParser):
         raise UsageError(message)
 
     def parse_config(self, argv: list[str], *, passthrough: bool = False):
-        """The dataclasses parsed from `argv`, and the unparsed strings when `passthrough` (else those are an error).
+        """The dataclasses parsed from `argv`, and the unparsed strings when `passthrough` (else those are an error);
+        an option given twice is an error.
 
         A dataclass that refuses its values (`ValueError` from `__post_init__`) is a `UsageError` too.
         """
+        refuse_repeated_options(argv)
         try:
             *configs, remaining = self.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
         except ValueError as error:

@@ -276,9 +276,10 @@ def build_runs(config: CompareConfig, passthrough: list[str]) -> list[RunSpec]:
     """One `RunSpec` per (method, seed), seeds outermost so that early results already pair every method."""
     runs_dir = Path(config.output_dir) / "runs"
     shared, own = route_method_settings(config.methods, passthrough)
-    sets_saving = "save_strategy" in _option_names(shared)
-    if config.config is None and not sets_saving:
-        shared = [*RESUMABLE, *shared]
+    given = _option_names(shared)
+    if config.config is None and "save_strategy" not in given:  # a resume point, in the settings the flags leave
+        pairs = zip(RESUMABLE[::2], RESUMABLE[1::2])
+        shared = [*(arg for name, value in pairs if name[2:] not in given for arg in (name, value)), *shared]
     pinned = [arg for name, value in common_settings(config, shared).items() for arg in (f"--{name}", value)]
     return [
         RunSpec(method, seed, runs_dir / run_name(method, seed), config.config, (*pinned, *shared, *own[method]))
