@@ -240,7 +240,13 @@ BAD_INPUT = [
     (["--output_dir", "{tmp}/a-file"], {}, "a-file is a file, not a folder"),
     (["--output_dir", "{tmp}/a-file/run"], {}, "a-file is a file, not a folder"),
     (["--output_dir", "/sys/trl-credit-run"], {}, "--output_dir /sys/trl-credit-run: cannot write in /sys"),
-    (["--resume_from_checkpoint", "/no/such"], {}, "--resume_from_checkpoint /no/such: no such checkpoint folder"),
+    (["--resume_from_checkpoint", "/no/such"], {}, "--resume_from_checkpoint /no/such: no such folder"),
+    (
+        ["--resume_from_checkpoint", "{tmp}/emptyckpt"],
+        {},
+        "emptyckpt: not a checkpoint: a checkpoint folder (checkpoint-N, saved by a run with save_strategy steps) holds "
+        "trainer_state.json and the model's weights, and this one lacks trainer_state.json and the model's weights",
+    ),
     (["--model_name_or_path", "{tmp}/no-model-type"], {}, "config.json has no model_type"),
     # Script arguments from YAML, and data, named as given.
     (["--config", "{yaml}"], {"dataset_name": None}, "dataset_name (in "),
@@ -267,6 +273,7 @@ def _bad_input_files(tmp_path) -> None:
     (tmp_path / "no-model-type").mkdir()
     (tmp_path / "no-model-type" / "config.json").write_text("{}")
     (tmp_path / "a-file").write_text("")
+    (tmp_path / "emptyckpt").mkdir()
     rows = [json.dumps({"question": "1 + 1?", "answer": "2"}), "", '{"question": "2 + 2?" "answer": "4"}']
     (tmp_path / "malformed.jsonl").write_text("\n".join(rows) + "\n")  # line 2 is blank: line 3 is the bad one
     (tmp_path / "empty.jsonl").write_text("\n")

@@ -359,6 +359,7 @@ def _check_against_the_run(script_args, training_args, model_args, sources: _Sou
     against the model's context (read from its config.json, when it is on disk), and the folders the run writes to
     and resumes from."""
     from ..data.models import model_context_length
+    from ..trainer.run_record import checkpoint_problem
 
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(script_args.reward_funcs):
@@ -379,8 +380,8 @@ def _check_against_the_run(script_args, training_args, model_args, sources: _Sou
         )
     _check_writable(training_args.output_dir, sources.describe("output_dir"))
     checkpoint = training_args.resume_from_checkpoint
-    if checkpoint is not None and not os.path.isdir(checkpoint):
-        raise UsageError(f"{sources.describe('resume_from_checkpoint')} {checkpoint}: no such checkpoint folder")
+    if checkpoint is not None and (problem := checkpoint_problem(checkpoint)):
+        raise UsageError(f"{sources.describe('resume_from_checkpoint')} {checkpoint}: {problem}")
 
 
 def _check_writable(folder: str, shown: str) -> None:
