@@ -181,7 +181,7 @@ def interrupted_at(step: int, training_args, argv: list[str]) -> str:
 
     checkpoint = last_checkpoint(training_args.output_dir, step) or training_args.resume_from_checkpoint
     if checkpoint is None:
-        return f"interrupted at step {step}; no checkpoint was saved (--save_strategy steps --save_steps N saves them)"
+        return f"interrupted after step {step}; no checkpoint was saved (--save_strategy steps --save_steps N saves them)"
     kept, skip = [], False
     for arg in argv:  # the given `--resume_from_checkpoint`, if any, is replaced
         if skip or arg == "--resume_from_checkpoint":
@@ -190,7 +190,7 @@ def interrupted_at(step: int, training_args, argv: list[str]) -> str:
         if not arg.startswith("--resume_from_checkpoint="):
             kept.append(arg)
     command = shlex.join(["trl-credit", "grpo", *kept, "--resume_from_checkpoint", str(checkpoint)])
-    return f"interrupted at step {step}; the last checkpoint is {checkpoint}; resume with: {command}"
+    return f"interrupted after step {step}; the last checkpoint is {checkpoint}; resume with: {command}"
 
 
 def reward_summary(log_history: list[dict]) -> str:
