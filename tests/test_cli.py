@@ -9,6 +9,7 @@ import sys
 import pytest
 import yaml
 from conftest import tiny_recipe
+from fake_runs import fake_token_credit_records, write_fake_trainer_state
 from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_settings
 
 from trl_credit.cli import UsageError
@@ -628,3 +629,66 @@ def test_grpo_cli_trains_a_documented_stack_exactly(monkeypatch, tmp_path, tiny_
     [recorder] = recorders
     assert recorder.checked_batches == 2
     recorder.assert_credit_moved()
+
+
+# ------------------------------------------------------------------------------------- no output over an input
+
+
+def _folders_of_every_command(tmp_path) -> None:
+    """A training run with token credit and card plots, another run, and the folders of eval, lab and compare."""
+    for run in ("run", "other"):
+        write_fake_trainer_state(tmp_path / run / "trainer_state.json")
+        (tmp_path / run / "plots").mkdir()
+        (tmp_path / run / "plots" / "reward.png").write_bytes(b"the card's plot")
+    records = fake_token_credit_records()
+    (tmp_path / "run" / "token_credit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for folder, names in {
+        "evaluation": ("completions.jsonl", "summary.json"),
+        "lab": ("results.json", "summary.json", "report.md"),
+        "comparison": ("report.md", "report.html"),
+    }.items():
+        (tmp_path / folder).mkdir()
+        for name in names:
+            (tmp_path / folder / name).write_text(f"{folder}'s {name}")
+
+
+def _files(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["inspect", "{tmp}/run", "--output", "{tmp}/run/token_credit.jsonl"],
+            "is a file this command reads: writing an HTML page there",
+        ),
+        (
+            ["inspect", "{tmp}/run", "--png", "{tmp}/run/token_credit.jsonl"],
+            "is a file this command reads: writing a PNG image there",
+        ),
+        (["inspect", "{tmp}/run", "--output", "{tmp}/run/trainer_state.json"], "exists and is not an HTML page"),
+        (["inspect", "{tmp}/run", "--png", "{tmp}/run/trainer_state.json"], "exists and is not a PNG image"),
+        (["plot", "{tmp}/run", "--compare", "{tmp}/other"], "--output {tmp}/run/plots holds the plots of"),
+        (["plot", "{tmp}/run", "--output", "{tmp}/other/plots"], "holds the plots of {tmp}/other's model card"),
+        (
+            ["eval", "--model_name_or_path", "m", "--dataset_name", "chain_sum", "--output_dir", "{tmp}/lab"],
+            "--output_dir {tmp}/lab holds trl-credit lab's summary.json, which trl-credit eval would replace",
+        ),
+        (["lab", "--output_dir", "{tmp}/evaluation"], "holds trl-credit eval's summary.json, which trl-credit lab"),
+        (["lab", "--output_dir", "{tmp}/comparison"], "holds trl-credit compare's report.md, which trl-credit lab"),
+        (
+            ["compare", "--methods", "grpo", "--seeds", "0", "--output_dir", "{tmp}/lab"],
+            "holds trl-credit lab's report.md, which trl-credit compare would replace",
+        ),
+    ],
+)
+def test_no_command_writes_over_a_file_it_reads_or_another_commands_files(tmp_path, capsys, argv, message):
+    _folders_of_every_command(tmp_path)
+    before = _files(tmp_path)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"trl-credit {argv[0]}: error: ")
+    assert message.replace("{tmp}", str(tmp_path)) in err[0]
+    assert _files(tmp_path) == before

@@ -181,7 +181,9 @@ def interrupted_at(step: int, training_args, argv: list[str]) -> str:
 
     checkpoint = last_checkpoint(training_args.output_dir, step) or training_args.resume_from_checkpoint
     if checkpoint is None:
-        return f"interrupted after step {step}; no checkpoint was saved (--save_strategy steps --save_steps N saves them)"
+        return (
+            f"interrupted after step {step}; no checkpoint was saved (--save_strategy steps --save_steps N saves them)"
+        )
     kept, skip = [], False
     for arg in argv:  # the given `--resume_from_checkpoint`, if any, is replaced
         if skip or arg == "--resume_from_checkpoint":
