@@ -59,7 +59,7 @@ class CreditScriptArguments:
         default=False,
         metadata={
             "help": "Train into an --output_dir that holds a finished run, replacing its model, card and state; "
-            "without it (or --resume_from_checkpoint) such a folder is refused."
+            "without it such a folder is refused, also to a --resume_from_checkpoint."
         },
     )
 
