@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 from conftest import tiny_recipe
-from fake_runs import fake_token_credit_records, write_fake_trainer_state
+from fake_runs import fake_token_credit_records, folder_files, write_fake_trainer_state
 from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_settings
 
 from trl_credit.cli import UsageError
@@ -652,10 +652,6 @@ def _folders_of_every_command(tmp_path) -> None:
             (tmp_path / folder / name).write_text(f"{folder}'s {name}")
 
 
-def _files(folder) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 @pytest.mark.parametrize(
     "argv,message",
     [
@@ -685,10 +681,10 @@ def _files(folder) -> dict[str, bytes]:
 )
 def test_no_command_writes_over_a_file_it_reads_or_another_commands_files(tmp_path, capsys, argv, message):
     _folders_of_every_command(tmp_path)
-    before = _files(tmp_path)
+    before = folder_files(tmp_path)
     argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
     assert cli_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"trl-credit {argv[0]}: error: ")
     assert message.replace("{tmp}", str(tmp_path)) in err[0]
-    assert _files(tmp_path) == before
+    assert folder_files(tmp_path) == before

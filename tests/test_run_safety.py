@@ -19,6 +19,7 @@ import sys
 import pytest
 import torch
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset, tiny_recipe
+from fake_runs import folder_files
 from safetensors.torch import load_file
 
 from trl_credit import CreditGRPOTrainer
@@ -324,10 +325,6 @@ def _finished_eapo_run(tmp_path, tiny_model_dir, capsys, **settings):
     return recipe, tmp_path / "run"
 
 
-def _files(folder) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def test_resuming_another_methods_checkpoint_is_refused_before_loading_unless_asked_and_the_card_says_both(
     tmp_path, tiny_model_dir, capsys, monkeypatch
 ):
@@ -371,7 +368,7 @@ def test_resuming_a_finished_run_at_its_last_step_trains_nothing_and_rewrites_no
     tmp_path, tiny_model_dir, capsys, monkeypatch
 ):
     recipe, run = _finished_eapo_run(tmp_path, tiny_model_dir, capsys, max_steps=2)
-    before = _files(run)
+    before = folder_files(run)
     monkeypatch.setattr("trl_credit.data.models.resolve_model_path", _no_model)
     resumed = ["--method", "eapo", "--resume_from_checkpoint", str(run / "checkpoint-2")]
     assert cli_main(["grpo", "--config", str(recipe), *resumed]) == 0
@@ -380,7 +377,17 @@ def test_resuming_a_finished_run_at_its_last_step_trains_nothing_and_rewrites_no
         f"trl-credit grpo: {run / 'checkpoint-2'} is at step 2 and the run ends at step 2: nothing to train; {run} "
         "holds a finished run, left as it is (a larger --max_steps trains on)"
     ]
-    assert _files(run) == before  # no step 3, no card or state rewritten
+    assert folder_files(run) == before  # no step 3, no card or state rewritten
+
+    # A run interrupted after its last checkpoint, before its final save: the checkpoint's model is its final one.
+    monkeypatch.undo()
+    for name in ("trainer_state.json", "config.json", "model.safetensors"):
+        (run / name).unlink()
+    assert cli_main(["grpo", "--config", str(recipe), *resumed]) == 0
+    assert "nothing to train; saving its model as the run's final model" in capsys.readouterr().out
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 2
+    assert (run / "model.safetensors").read_bytes() == (run / "checkpoint-2" / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
 
 
 def interrupt_at_step_2(completions, trainer_state, **kwargs):

@@ -126,7 +126,11 @@ def launch_with_accelerate(accelerate_config: str, argv: list[str], output_dir: 
     ]
     print(f"trl-credit: launching {' '.join(command)}", flush=True)
     held = str(Path(output_dir).resolve())
-    return subprocess.call(command, env={**os.environ, _LAUNCHED_ENV: "1", HELD_BY_PARENT_ENV: held})
+    process = subprocess.Popen(command, env={**os.environ, _LAUNCHED_ENV: "1", HELD_BY_PARENT_ENV: held})
+    try:
+        return process.wait()
+    except KeyboardInterrupt:  # the workers got the same Ctrl-C: they say where to resume, then exit
+        return process.wait() or 130
 
 
 def training_dataset(script_args, seed: int):
