@@ -634,6 +634,9 @@ def test_grpo_cli_trains_a_documented_stack_exactly(monkeypatch, tmp_path, tiny_
 # ------------------------------------------------------------------------------------- no output over an input
 
 
+LAB_GRID = ["--methods", "grpo", "--tasks", "rare", "--seeds", "0", "--max_steps", "1"]
+
+
 def _folders_of_every_command(tmp_path) -> None:
     """A training run with token credit and card plots, another run, and the folders of eval, lab and compare."""
     for run in ("run", "other"):
@@ -671,10 +674,11 @@ def _folders_of_every_command(tmp_path) -> None:
             ["eval", "--model_name_or_path", "m", "--dataset_name", "chain_sum", "--output_dir", "{tmp}/lab"],
             "--output_dir {tmp}/lab holds trl-credit lab's summary.json, which trl-credit eval would replace",
         ),
-        (["lab", "--output_dir", "{tmp}/evaluation"], "holds trl-credit eval's summary.json, which trl-credit lab"),
-        (["lab", "--output_dir", "{tmp}/comparison"], "holds trl-credit compare's report.md, which trl-credit lab"),
+        # Small grids, so that a command that does not refuse ends soon.
+        (["lab", *LAB_GRID, "--output_dir", "{tmp}/evaluation"], "holds trl-credit eval's summary.json, which trl-cr"),
+        (["lab", *LAB_GRID, "--output_dir", "{tmp}/comparison"], "holds trl-credit compare's report.md, which trl-c"),
         (
-            ["compare", "--methods", "grpo", "--seeds", "0", "--output_dir", "{tmp}/lab"],
+            ["compare", "--methods", "grpo", "--seeds", "0", "--dry_run", "--skip_eval", "--output_dir", "{tmp}/lab"],
             "holds trl-credit lab's report.md, which trl-credit compare would replace",
         ),
     ],
