@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import tiny_recipe
+from fake_runs import fake_token_credit_records, folder_files, write_fake_trainer_state
 from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_settings
 
 from trl_credit.cli import UsageError
@@ -247,7 +248,13 @@ BAD_INPUT = [
     (["--output_dir", "{tmp}/a-file"], {}, "a-file is a file, not a folder"),
     (["--output_dir", "{tmp}/a-file/run"], {}, "a-file is a file, not a folder"),
     (["--output_dir", "/sys/trl-credit-run"], {}, "--output_dir /sys/trl-credit-run: cannot write in /sys"),
-    (["--resume_from_checkpoint", "/no/such"], {}, "--resume_from_checkpoint /no/such: no such checkpoint folder"),
+    (["--resume_from_checkpoint", "/no/such"], {}, "--resume_from_checkpoint /no/such: no such folder"),
+    (
+        ["--resume_from_checkpoint", "{tmp}/emptyckpt"],
+        {},
+        "emptyckpt: not a checkpoint: a checkpoint folder (checkpoint-N, saved by a run with save_strategy steps) holds "
+        "trainer_state.json and the model's weights, and this one lacks trainer_state.json and the model's weights",
+    ),
     (["--model_name_or_path", "{tmp}/no-model-type"], {}, "config.json has no model_type"),
     # Script arguments from YAML, and data, named as given.
     (["--config", "{yaml}"], {"dataset_name": None}, "dataset_name (in "),
@@ -296,6 +303,7 @@ def _bad_input_files(tmp_path) -> None:
     (tmp_path / "no-model-type").mkdir()
     (tmp_path / "no-model-type" / "config.json").write_text("{}")
     (tmp_path / "a-file").write_text("")
+    (tmp_path / "emptyckpt").mkdir()
     rows = [json.dumps({"question": "1 + 1?", "answer": "2"}), "", '{"question": "2 + 2?" "answer": "4"}']
     (tmp_path / "malformed.jsonl").write_text("\n".join(rows) + "\n")  # line 2 is blank: line 3 is the bad one
     (tmp_path / "empty.jsonl").write_text("\n")
@@ -751,3 +759,66 @@ def test_grpo_cli_trains_a_documented_stack_exactly(monkeypatch, tmp_path, tiny_
     [recorder] = recorders
     assert recorder.checked_batches == 2
     recorder.assert_credit_moved()
+
+
+# ------------------------------------------------------------------------------------- no output over an input
+
+
+LAB_GRID = ["--methods", "grpo", "--tasks", "rare", "--seeds", "0", "--max_steps", "1"]
+
+
+def _folders_of_every_command(tmp_path) -> None:
+    """A training run with token credit and card plots, another run, and the folders of eval, lab and compare."""
+    for run in ("run", "other"):
+        write_fake_trainer_state(tmp_path / run / "trainer_state.json")
+        (tmp_path / run / "plots").mkdir()
+        (tmp_path / run / "plots" / "reward.png").write_bytes(b"the card's plot")
+    records = fake_token_credit_records()
+    (tmp_path / "run" / "token_credit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for folder, names in {
+        "evaluation": ("completions.jsonl", "summary.json"),
+        "lab": ("results.json", "summary.json", "report.md"),
+        "comparison": ("report.md", "report.html"),
+    }.items():
+        (tmp_path / folder).mkdir()
+        for name in names:
+            (tmp_path / folder / name).write_text(f"{folder}'s {name}")
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["inspect", "{tmp}/run", "--output", "{tmp}/run/token_credit.jsonl"],
+            "is a file this command reads: writing an HTML page there",
+        ),
+        (
+            ["inspect", "{tmp}/run", "--png", "{tmp}/run/token_credit.jsonl"],
+            "is a file this command reads: writing a PNG image there",
+        ),
+        (["inspect", "{tmp}/run", "--output", "{tmp}/run/trainer_state.json"], "exists and is not an HTML page"),
+        (["inspect", "{tmp}/run", "--png", "{tmp}/run/trainer_state.json"], "exists and is not a PNG image"),
+        (["plot", "{tmp}/run", "--compare", "{tmp}/other"], "--output {tmp}/run/plots holds the plots of"),
+        (["plot", "{tmp}/run", "--output", "{tmp}/other/plots"], "holds the plots of {tmp}/other's model card"),
+        (
+            ["eval", "--model_name_or_path", "m", "--dataset_name", "chain_sum", "--output_dir", "{tmp}/lab"],
+            "--output_dir {tmp}/lab holds trl-credit lab's summary.json, which trl-credit eval would replace",
+        ),
+        # Small grids, so that a command that does not refuse ends soon.
+        (["lab", *LAB_GRID, "--output_dir", "{tmp}/evaluation"], "holds trl-credit eval's summary.json, which trl-cr"),
+        (["lab", *LAB_GRID, "--output_dir", "{tmp}/comparison"], "holds trl-credit compare's report.md, which trl-c"),
+        (
+            ["compare", "--methods", "grpo", "--seeds", "0", "--dry_run", "--skip_eval", "--output_dir", "{tmp}/lab"],
+            "holds trl-credit lab's report.md, which trl-credit compare would replace",
+        ),
+    ],
+)
+def test_no_command_writes_over_a_file_it_reads_or_another_commands_files(tmp_path, capsys, argv, message):
+    _folders_of_every_command(tmp_path)
+    before = folder_files(tmp_path)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"trl-credit {argv[0]}: error: ")
+    assert message.replace("{tmp}", str(tmp_path)) in err[0]
+    assert folder_files(tmp_path) == before

@@ -260,3 +260,10 @@ def test_the_stack_runner_names_the_method_and_what_is_wrong():
     method = CREDIT_METHODS[name]
     with pytest.raises(ValueError, match=rf"^credit method '{name}': the returned advantages_BT has NaN or inf"):
         run_stack([method.step(method.hyperparameters())], batch)
+
+
+def test_every_statistic_range_holds_zero():
+    """`run_stack` checks a statistic's range with one min/max pass over its values zeroed at masked positions."""
+    from trl_credit.methods.batch import STATISTIC_RANGES
+
+    assert all(low <= 0.0 <= high for low, high in STATISTIC_RANGES.values())

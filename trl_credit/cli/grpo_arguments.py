@@ -59,7 +59,7 @@ class CreditScriptArguments:
         default=False,
         metadata={
             "help": "Train into an --output_dir that holds a finished run, replacing its model, card and state; "
-            "without it (or --resume_from_checkpoint) such a folder is refused."
+            "without it such a folder is refused, also to a --resume_from_checkpoint."
         },
     )
     dry_run: bool = field(
@@ -365,6 +365,7 @@ def _check_against_the_run(script_args, training_args, model_args, sources: _Sou
     against the model's context (read from its config.json, when it is on disk), the folders the run writes to and
     resumes from, evaluation (without evaluation data) and the LoRA settings (`grpo_checks.py`)."""
     from ..data.models import model_context_length
+    from ..trainer.run_record import checkpoint_problem
 
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(script_args.reward_funcs):
@@ -387,5 +388,5 @@ def _check_against_the_run(script_args, training_args, model_args, sources: _Sou
     check_no_evaluation(training_args, sources)
     check_lora(model_args, sources)
     checkpoint = training_args.resume_from_checkpoint
-    if checkpoint is not None and not os.path.isdir(checkpoint):
-        raise UsageError(f"{sources.describe('resume_from_checkpoint')} {checkpoint}: no such checkpoint folder")
+    if checkpoint is not None and (problem := checkpoint_problem(checkpoint)):
+        raise UsageError(f"{sources.describe('resume_from_checkpoint')} {checkpoint}: {problem}")

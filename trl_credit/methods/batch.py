@@ -110,7 +110,7 @@ class CreditBatch:
     def followed_by(self, result: CreditResult) -> CreditBatch:
         """The batch the next method of a stack sees, from `result` as `run_stack` checked it (its advantages zero
         wherever `mask_BT` is false): `result`'s advantages, and its loss mask multiplied into the loss weights; a
-        token whose weight reaches 0 leaves `mask_BT`, and its advantage becomes 0."""
+        token whose weight reaches 0 leaves `mask_BT`, and its advantage and statistics become 0."""
         if result.loss_mask_BT is None:  # the same tokens at the same weights
             return dataclasses.replace(self, advantages_BT=result.advantages_BT.float())
         weights_BT = self.mask_BT.float() if self.loss_weights_BT is None else self.loss_weights_BT
@@ -121,12 +121,8 @@ class CreditBatch:
             advantages_BT=torch.where(mask_BT, result.advantages_BT.float(), 0.0),
             mask_BT=mask_BT,
             loss_weights_BT=torch.where(mask_BT, weights_BT, 0.0),
+            statistics={name: torch.where(mask_BT, values, 0.0) for name, values in self.statistics.items()},
         )
-
-    def with_masked_statistics(self) -> CreditBatch:
-        """This batch with every statistic zero wherever `mask_BT` is false (after an earlier method dropped tokens)."""
-        statistics = {name: torch.where(self.mask_BT, values, 0.0) for name, values in self.statistics.items()}
-        return dataclasses.replace(self, statistics=statistics)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.statistics:

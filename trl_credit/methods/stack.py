@@ -60,8 +60,6 @@ def run_stack(steps: Sequence[StackStep], batch: CreditBatch) -> StackCredit:
         batch = checked_batch(steps, batch)
         for step in steps:
             method = step.method
-            if method.estimates_advantages:
-                _check_group_inputs(method.name, batch)
             result = method.function(batch, **step.hyperparameters)
             result = result if isinstance(result, CreditResult) else CreditResult(advantages_BT=result)
             # Zero wherever the mask is false: the next method takes these advantages as they are.
@@ -83,18 +81,18 @@ def run_stack(steps: Sequence[StackStep], batch: CreditBatch) -> StackCredit:
             statistic_BT = result.statistic_BT if result.statistic_BT is not None else statistic_BT
             results.append((method.name, batch, result))
             batch = batch.followed_by(result)
-            if result.loss_mask_BT is not None and step is not steps[-1]:  # the next method reads no dropped token
-                batch = batch.with_masked_statistics()
     return StackCredit(batch, loss_mask_BT, statistic_BT, tuple(results))
 
 
 def checked_batch(steps: Sequence[StackStep], batch: CreditBatch) -> CreditBatch:
     """`batch` with its advantages, loss weights and each statistic the methods of `steps` read checked (shape,
     finite at valid positions, range) and zeroed at masked positions, where whatever padding holds (even NaN) is
-    ignored. Each check runs once for the stage; an error names the first method that reads what failed it."""
+    ignored; an advantage estimator's groups and raw rewards present and finite. Each check runs once for the stage;
+    an error names the first method that reads what failed it."""
     first, mask_BT = steps[0].method.name if steps else "?", batch.mask_BT
     if mask_BT.dim() != 2 or mask_BT.dtype != torch.bool:
-        raise ValueError(f"credit method {first!r}: mask_BT must be a (B, T) bool tensor, got {_describe(mask_BT)}")
+        got = f"{mask_BT.dtype} of shape {tuple(mask_BT.shape)}"
+        raise ValueError(f"credit method {first!r}: mask_BT must be a (B, T) bool tensor, got {got}")
     rows_B = torch.ones(mask_BT.shape[:1], dtype=torch.bool, device=mask_BT.device)  # every row, finite or not
     _check(first, "sequence_advantages_B", batch.sequence_advantages_B, rows_B)
     advantages_BT = _check(first, "advantages_BT", batch.advantages_BT, mask_BT)
@@ -102,35 +100,25 @@ def checked_batch(steps: Sequence[StackStep], batch: CreditBatch) -> CreditBatch
         weights_BT = mask_BT.float()
     else:
         weights_BT = _check(first, "loss_weights_BT", batch.loss_weights_BT, mask_BT, bounds=(0.0, 1.0))
-    statistics = dict(batch.statistics)
-    readers = {}
+    statistics, checked = dict(batch.statistics), set()
     for step in steps:
-        for statistic in step.statistics:
-            readers.setdefault(statistic, step.method.name)
-    for statistic, name in readers.items():
-        if statistic not in statistics:
-            raise ValueError(f"credit method {name!r} reads statistic {statistic!r}, which the batch does not have")
-        bounds = STATISTIC_RANGES.get(statistic)
-        statistics[statistic] = _check(
-            name, f"statistic {statistic!r}", statistics[statistic].detach(), mask_BT, bounds, True
-        )
+        name = step.method.name
+        for what in ("group_index_B", "rewards_B") if step.method.estimates_advantages else ():
+            if getattr(batch, what) is None:
+                raise ValueError(
+                    f"credit method {name!r} estimates advantages from the groups and raw rewards: the batch must "
+                    f"carry {what} of shape ({mask_BT.size(0)},), got None"
+                )
+            _check(name, what, getattr(batch, what), rows_B)
+        for statistic in [s for s in step.statistics if s not in checked]:
+            if statistic not in statistics:
+                raise ValueError(
+                    f"credit method {name!r} reads statistic {statistic!r}, which the batch does not have"
+                )
+            bounds, values = STATISTIC_RANGES.get(statistic), statistics[statistic].detach()
+            statistics[statistic] = _check(name, f"statistic {statistic!r}", values, mask_BT, bounds, True)
+            checked.add(statistic)
     return dataclasses.replace(batch, advantages_BT=advantages_BT, statistics=statistics, loss_weights_BT=weights_BT)
-
-
-def _check_group_inputs(name: str, batch: CreditBatch) -> None:
-    """An advantage estimator's raw rewards and groups: present, `(B,)` and finite."""
-    rows_B = torch.ones(batch.mask_BT.shape[:1], dtype=torch.bool, device=batch.mask_BT.device)
-    for what, values_B in (("group_index_B", batch.group_index_B), ("rewards_B", batch.rewards_B)):
-        if values_B is None:
-            raise ValueError(
-                f"credit method {name!r} estimates advantages from the groups and raw rewards: the batch must "
-                f"carry {what} of shape ({rows_B.numel()},), got None"
-            )
-        _check(name, what, values_B, rows_B)
-
-
-def _describe(tensor: torch.Tensor) -> str:
-    return f"{tensor.dtype} of shape {tuple(tensor.shape)}"
 
 
 def _check(
@@ -146,9 +134,9 @@ def _check(
     masked positions hold is ignored."""
     per_token = like.dim() == 2
     if tensor.shape != like.shape:
+        shape = "the shape of the mask" if per_token else "shape"
         raise ValueError(
-            f"credit method {method!r}: {what} must have {'the shape of the mask' if per_token else 'shape'} "
-            f"{tuple(like.shape)}, got {tuple(tensor.shape)}"
+            f"credit method {method!r}: {what} must have {shape} {tuple(like.shape)}, got {tuple(tensor.shape)}"
         )
     values = torch.where(like, tensor.float(), 0.0)
     # One reduction on the common path: a NaN or inf makes the sum non-finite (an overflow too, which the exact test
@@ -158,15 +146,12 @@ def _check(
             f"credit method {method!r}: {what} has NaN or inf{' at valid positions' if per_token else ''} "
             f"({int((~torch.isfinite(values)).sum())} of {int(like.sum())} values)"
         )
-    if bounds is not None:
-        low, high = bounds
-        slack = _RANGE_TOLERANCE if tolerant else 0.0
-        if low <= 0.0 <= high and values.numel():  # the zeros at masked positions pass: one pass for min and max
-            smallest, largest = torch.aminmax(values)
-            outside = bool(smallest < low - slack) or bool(largest > high + slack)
-        else:
-            outside = bool((like & ((values < low - slack) | (values > high + slack))).any())
-        if outside:
+    if bounds is not None and values.numel():
+        # Every range holds 0 (the statistics' ranges, loss weights and masks in [0, 1]), so the zeros at masked
+        # positions pass: one pass for min and max.
+        (low, high), slack = bounds, _RANGE_TOLERANCE if tolerant else 0.0
+        smallest, largest = torch.aminmax(values)
+        if smallest < low - slack or largest > high + slack:
             valid = values[like]
             raise ValueError(
                 f"credit method {method!r}: {what} must lie in [{low:g}, {high:g}] at valid positions, got values in "

@@ -72,6 +72,13 @@ class CreditGRPOConfig(GRPOConfig):
             step, for `trl-credit inspect`.
         token_credit_samples (`int`, *optional*, defaults to `4`):
             Completions recorded per logging step when `log_token_credit=True`.
+
+        > Parameters that control resuming
+
+        resume_with_other_method (`bool`, *optional*, defaults to `False`):
+            Resume a checkpoint whose method stack or method hyperparameters (recorded in its `_trl_credit_run.json`)
+            differ from this config's; the model card then lists which steps trained with which. Off, such a
+            resume is refused before it loads.
     """
 
     credit_method: str = field(
@@ -115,6 +122,13 @@ class CreditGRPOConfig(GRPOConfig):
     )
     token_credit_samples: int = field(
         default=4, metadata={"help": "Completions recorded per logging step when log_token_credit is on."}
+    )
+    resume_with_other_method: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume a checkpoint trained with another method stack or other method hyperparameters, "
+            "continuing it with this config's; the model card lists which steps trained with which. Off: refused."
+        },
     )
 
     def __post_init__(self):

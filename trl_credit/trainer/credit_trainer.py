@@ -46,6 +46,7 @@ from .diagnostics import (
 from .model_parts import vocab_size
 from .recorders import recorded_final_hidden
 from .reference import DeviationReference, copy_initial_model, same_mode_as_training_args
+from .run_record import RunRecord
 from .run_safety import RunSafety
 from .statistics_sources import StatisticsSources
 from .token_credit_log import TokenCreditLog, TokenCreditPreview, token_credit_step
@@ -91,14 +92,15 @@ def trl_card_attributes(methods) -> dict[str, Any]:
     return attributes
 
 
-class CreditGRPOTrainer(RunSafety, StatisticsSources, GRPOTrainer):
+class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
     """[`~trl.GRPOTrainer`] whose advantage is reshaped per token by the methods of `args.credit_method`.
 
     Overrides `_generate_and_score_completions` (methods that read the generation batch), and `_compute_loss` with
     `_get_per_token_logps_and_entropies` (methods that read the training forward). Use it exactly like
     `GRPOTrainer`, with a [`CreditGRPOConfig`]. Its model card is TRL's, tagged and cited as `trl_card_attributes`
     says. Where each method runs is `stage_plan` (a `StagePlan`), decided once from the config. It stops at the first
-    non-finite step and holds its output folder while it trains (`run_safety`).
+    non-finite step and holds its output folder while it trains (`run_safety`); each checkpoint records its run, and
+    a resume that would mix two runs is refused (`run_record`).
     """
 
     config_class = CreditGRPOConfig
