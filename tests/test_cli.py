@@ -534,12 +534,15 @@ def test_an_accelerate_launch_gets_the_packaged_config_file_and_the_recipe_as_gi
 
     launched = []
 
-    def launch(command, env):
-        config_file = command[command.index("--config_file") + 1]
-        launched.append((Path(config_file).read_text(), command[command.index("trl_credit.cli.grpo") + 1 :], env))
-        return 0
+    class Launch:  # the launcher's process: it reads the config file while it exists, and ends at once
+        def __init__(self, command, env):
+            config_file = command[command.index("--config_file") + 1]
+            launched.append((Path(config_file).read_text(), command[command.index("trl_credit.cli.grpo") + 1 :], env))
 
-    monkeypatch.setattr(grpo.subprocess, "call", launch)
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(grpo.subprocess, "Popen", Launch)
     argv = ["--config", QUICK_START, "--accelerate_config", "zero3", "--output_dir", str(tmp_path / "run")]
     assert cli_main(["grpo", *argv]) == 0
     ((config_text, worker_argv, env),) = launched
