@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trl_credit.cli import doc_tables
 from trl_credit.cli import main as cli_main
 from trl_credit.methods import COMMON_DIAGNOSTICS, CREDIT_METHODS, parse_credit_methods
-from trl_credit.reports import doc_tables
 from trl_credit.resources import recipes
 from trl_credit.rewards import RewardStats
 from trl_credit.trainer.diagnostics import TRAINER_METRICS
@@ -41,7 +41,7 @@ def test_docs_hold_pages_and_the_images_they_show():
 
 
 def test_generated_tables_are_up_to_date():
-    assert doc_tables.stale_documents(ROOT) == [], "run: python -m trl_credit.reports.doc_tables"
+    assert doc_tables.stale_documents(ROOT) == [], "run: python -m trl_credit.cli.doc_tables"
 
 
 # --------------------------------------------------------------------------------------------------- commands

@@ -6,19 +6,26 @@ it, so a method's own function holds only its paper's math. Every error names th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from .batch import STATISTIC_RANGES, CreditBatch, CreditResult
 
-if TYPE_CHECKING:
-    from .registry import CreditMethod
-
 # A streamed computation may round a bounded statistic this far outside its range.
 _RANGE_TOLERANCE = 1e-4
+
+
+class StackedMethod(Protocol):
+    """What a stack reads of a method's registration (`registry.CreditMethod`, which imports this module)."""
+
+    name: str
+    function: Callable[..., CreditResult | torch.Tensor]
+    drops_tokens: bool
+    estimates_advantages: bool
+    diagnostics: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -26,7 +33,7 @@ class StackStep:
     """One method of a stack as it runs: its registration, its resolved hyperparameters (by field name) and the
     statistics they make it read. [`CreditMethod.step`] builds it."""
 
-    method: CreditMethod
+    method: StackedMethod
     hyperparameters: Mapping[str, Any]
     statistics: tuple[str, ...]
 

@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ...cli import UsageError
-from ...cli.grpo_arguments import _given_options, _normalise_options
-from ...cli.parsing import read_recipe
+from ...command_line import UsageError, given_options, normalise_options, read_recipe
 from ...methods import DEFAULT_COMPARISON
 
 DONE_MARKER = ".done"
@@ -170,7 +168,7 @@ COMMON_SETTINGS = {"epsilon_high": "0.28"}
 
 def _option_names(args: list[str]) -> set[str]:
     """The option names among `args`, spelt as `trl-credit grpo` reads them (`--taco-alpha=0.05` -> `taco_alpha`)."""
-    return _given_options(_normalise_options(args))
+    return given_options(normalise_options(args))
 
 
 def _option_groups(argv: list[str]) -> list[list[str]]:
@@ -215,7 +213,7 @@ def route_method_settings(methods: list[str], passthrough: list[str]) -> tuple[l
     """
     from ...methods import CREDIT_METHODS
     from ...trainer.config import parse_credit_kwargs
-    from ..lab.lab_runs import method_credit_kwargs
+    from ..lab.lab_config import method_credit_kwargs
 
     stacks = {method: _method_stack(method) for method in methods}
     shared: list[str] = []
