@@ -6,6 +6,7 @@ Imports are read with `ast` from the source, so a deferred import inside a funct
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -166,6 +167,14 @@ def import_cycles() -> list[list[str]]:
 
 def test_no_modules_import_each_other():
     assert import_cycles() == []
+
+
+def test_docs_layout_lists_the_layers_in_their_order():
+    section = (PACKAGE.parent / "docs" / "layout.md").read_text().split("## Import layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[2].strip() for line in section.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [row.strip("`/") if row.endswith("/`") else None for row in reversed(rows)] == list(LAYERS)
+    top_level = sorted(f"`{module}`" for module in MODULES if "/" not in module)
+    assert sorted(rows[LAYERS[::-1].index(None)].split(", ")) == top_level
 
 
 def test_the_layer_and_cycle_readers_catch_an_upward_import_and_a_cycle(tmp_path, monkeypatch):
