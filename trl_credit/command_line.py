@@ -23,9 +23,14 @@ def one_line(error: BaseException) -> str:
     return " ".join(str(error).split()) or type(error).__name__
 
 
+def option_name(arg: str) -> str:
+    """The name an option is read by: `--taco-alpha=0.05` -> `taco_alpha` (argparse also accepts the dashes)."""
+    return arg[2:].partition("=")[0].replace("-", "_")
+
+
 def given_options(argv: list[str]) -> set[str]:
-    """The option names on the command line, without `--` (`--taco_alpha=0.05` -> `taco_alpha`)."""
-    return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    """The names of the options on the command line (`--taco_alpha=0.05` -> `taco_alpha`)."""
+    return {option_name(arg) for arg in argv if arg.startswith("--")}
 
 
 def normalise_options(argv: list[str]) -> list[str]:
@@ -34,11 +39,11 @@ def normalise_options(argv: list[str]) -> list[str]:
     normalised = []
     for arg in argv:
         if arg.startswith("--") and len(arg) > 2:
-            name, equals, value = arg[2:].partition("=")
-            arg = "--" + name.replace("-", "_") + equals + value
+            name, (_, equals, value) = option_name(arg), arg.partition("=")
             if name == "config" and equals:
                 normalised += ["--config", value]
                 continue
+            arg = f"--{name}{equals}{value}"
         normalised.append(arg)
     return normalised
 

@@ -14,6 +14,7 @@ from importlib.resources.abc import Traversable
 
 from transformers import HfArgumentParser
 
+from ..command_line import option_name
 from . import UsageError, one_line
 
 # A negative number in any notation Python's `float` reads: argparse's own pattern knows only `-5` and `-0.5`, so
@@ -34,9 +35,9 @@ def refuse_repeated_options(argv: list[str]) -> None:
     for i, arg in enumerate(argv):
         if not arg.startswith("--") or len(arg) == 2:
             continue
-        name, equals, value = arg.partition("=")
+        _, equals, value = arg.partition("=")
         values = [value] if equals else list(itertools.takewhile(lambda a: not a.startswith("--"), argv[i + 1 :]))
-        given.setdefault("--" + name[2:].replace("-", "_"), []).append(" ".join(values))
+        given.setdefault(f"--{option_name(arg)}", []).append(" ".join(values))
     for name, values in given.items():
         if len(values) > 1:
             raise UsageError(

@@ -6,9 +6,9 @@ it, so a method's own function holds only its paper's math. Every error names th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -18,22 +18,12 @@ from .batch import STATISTIC_RANGES, CreditBatch, CreditResult
 _RANGE_TOLERANCE = 1e-4
 
 
-class StackedMethod(Protocol):
-    """What a stack reads of a method's registration (`registry.CreditMethod`, which imports this module)."""
-
-    name: str
-    function: Callable[..., CreditResult | torch.Tensor]
-    drops_tokens: bool
-    estimates_advantages: bool
-    diagnostics: Mapping[str, str]
-
-
 @dataclass(frozen=True)
 class StackStep:
     """One method of a stack as it runs: its registration, its resolved hyperparameters (by field name) and the
     statistics they make it read. [`CreditMethod.step`] builds it."""
 
-    method: StackedMethod
+    method: Any  # its `registry.CreditMethod`, not imported: the registry imports this module
     hyperparameters: Mapping[str, Any]
     statistics: tuple[str, ...]
 
