@@ -17,6 +17,7 @@ import argparse
 import collections
 import json
 import math
+import shlex
 import statistics
 import sys
 import time
@@ -31,6 +32,7 @@ from transformers import TrainerCallback  # noqa: E402
 import trl_credit  # noqa: E402
 import trl_credit.experiments.lab.lab_runs as lab_run  # noqa: E402
 import trl_credit.experiments.lab.trainer as lab_trainer  # noqa: E402
+from trl_credit.experiments.compare.compare_report import portable_command  # noqa: E402
 from trl_credit.experiments.lab.tasks import FILLERS, ForkTask  # noqa: E402
 
 
@@ -239,7 +241,7 @@ def trace_one(args, seed: int, trace: dict) -> None:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     result = {
-        "command": "python benchmarks/oracle_collapse.py " + " ".join(sys.argv[1:]),
+        "command": portable_command("python benchmarks/oracle_collapse.py " + shlex.join(sys.argv[1:])),
         "seed": seed,
         "wall_seconds": round(time.monotonic() - started, 1),
         "final_reward": record["metrics"]["final_reward"],

@@ -621,7 +621,7 @@ def main():
     model_desc = (
         f"tiny random Qwen2 (tests/conftest.py, hidden {args.tiny_hidden}, 2 layers, vocab ~150)"
         if tiny
-        else f"`{label}` ({args.model})"
+        else f"`{label}` ({Path(args.model).name})"  # the model's name, not where it sits on this machine
     )
     if vllm:
         command = " ".join(["python benchmarks/step_overhead.py", *sys.argv[1 : sys.argv.index("--rollouts")]])

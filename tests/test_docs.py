@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trl_credit.cli import doc_tables
 from trl_credit.cli import main as cli_main
 from trl_credit.methods import COMMON_DIAGNOSTICS, CREDIT_METHODS, parse_credit_methods
-from trl_credit.reports import doc_tables
 from trl_credit.resources import recipes
 from trl_credit.rewards import RewardStats
 from trl_credit.trainer.diagnostics import TRAINER_METRICS
@@ -41,7 +41,55 @@ def test_docs_hold_pages_and_the_images_they_show():
 
 
 def test_generated_tables_are_up_to_date():
-    assert doc_tables.stale_documents(ROOT) == [], "run: python -m trl_credit.reports.doc_tables"
+    assert doc_tables.stale_documents(ROOT) == [], "run: python -m trl_credit.cli.doc_tables"
+
+
+# A folder of the machine a file was made on: a home, a scratch or work folder, an installed package's, a drive.
+_MACHINE_PATH = re.compile(
+    r"(?<![\w.~$/-])/(?:root|home|Users|tmp|work|mnt|scratch)/|(?:site|dist)-packages|\b[A-Z]:\\"
+)
+_COMMITTED_PROSE_AND_DATA = ("README.md", "CITATION.cff", "docs", "results", "examples", "configs", "model_cards")
+
+
+def test_no_page_or_result_names_a_folder_of_the_machine_it_was_made_on():
+    """Pages, results, examples and recipes name a model or a folder by its name (`SmolLM2-135M-Instruct`, `cmp`),
+    not by where it sat on the machine that wrote them (`/root/.cache/...`)."""
+    paths = [ROOT / name for name in _COMMITTED_PROSE_AND_DATA if (ROOT / name).is_file()]
+    paths += [
+        path for name in _COMMITTED_PROSE_AND_DATA for path in sorted((ROOT / name).rglob("*")) if path.is_file()
+    ]
+    found = []
+    for path in paths:
+        try:
+            lines = path.read_text().splitlines()
+        except UnicodeDecodeError:  # an image
+            continue
+        found += [
+            f"{path.relative_to(ROOT)}:{i}: {line[:120]}"
+            for i, line in enumerate(lines, 1)
+            if _MACHINE_PATH.search(line)
+        ]
+    assert found == [], "\n".join(found)
+
+
+def test_the_machine_path_pattern_tells_a_machine_folder_from_a_name_or_an_address():
+    machine = [
+        "(/root/.cache/trl_credit/SmolLM2-135M-Instruct)",
+        "--output_dir /tmp/eapo_trace",
+        "/home/me/run",
+        "lib/python3.12/site-packages/trl",
+        r"C:\Users\me",
+    ]
+    portable = [
+        "(SmolLM2-135M-Instruct)",
+        "--output_dir eapo_trace",
+        "https://example.org/home/page",
+        "~/.cache/x",
+        "docs/lab_oracle/eapo_h128",
+        "$HOME/.cache",
+        "$OUT/gpu_check.json",
+    ]
+    assert [bool(_MACHINE_PATH.search(text)) for text in machine + portable] == [True] * 5 + [False] * 7
 
 
 # --------------------------------------------------------------------------------------------------- commands

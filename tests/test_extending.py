@@ -273,11 +273,11 @@ assert "--surprise_boost_max" in help_text.getvalue()
 from trl_credit import CreditGRPOConfig
 config = CreditGRPOConfig(output_dir=str(root / "run"), credit_method="surprise_boost", credit_kwargs={"surprise_boost_max": "3"}, use_cpu=True)
 assert config.credit_kwargs == {"surprise_boost_max": 3.0}
-from trl_credit.reports import doc_tables
+from trl_credit.cli import doc_tables
 check = io.StringIO()
 with contextlib.redirect_stdout(check):
     assert doc_tables.main(["--check"]) == 1
-assert "run python -m trl_credit.reports.doc_tables" in check.getvalue(), check.getvalue()
+assert "run python -m trl_credit.cli.doc_tables" in check.getvalue(), check.getvalue()
 with contextlib.redirect_stdout(io.StringIO()):
     assert doc_tables.main([]) == 0
 assert doc_tables.stale_documents() == []
@@ -296,7 +296,7 @@ print("every surface has surprise_boost")
 def test_a_built_in_method_is_one_new_file_plus_the_docs_regeneration(tmp_path):
     """A new module in `trl_credit/methods/` (the example method, in a copy of the package with its docs) is registered
     by importing the package, and reaches every surface: plain tensors, `trl-credit grpo --help`, the config, the generated docs
-    tables (stale until `python -m trl_credit.reports.doc_tables` runs, which the check names), the model card and
+    tables (stale until `python -m trl_credit.cli.doc_tables` runs, which the check names), the model card and
     the token-credit view."""
     import shutil
     import subprocess

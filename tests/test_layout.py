@@ -6,6 +6,7 @@ Imports are read with `ast` from the source, so a deferred import inside a funct
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -26,37 +27,52 @@ def _module_name(relative: str) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(relative: str) -> set[str]:
-    """Every `trl_credit` module `relative` imports, as absolute dotted names (`from . import x` gives `pkg.x` too)."""
+def _import_statements(relative: str) -> list[tuple[str, list[str]]]:
+    """`(module, names)` of every import in `relative`, the module absolute: `import a.b` gives `("a.b", [])`, `from .x
+    import y, z` in `pkg/m.py` gives `("pkg.x", ["y", "z"])`."""
     name = _module_name(relative)
     package = name if relative.endswith("__init__.py") else name.rpartition(".")[0]
-    found = set()
+    statements = []
     for node in ast.walk(ast.parse((PACKAGE / relative).read_text())):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            statements += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)
+            statements.append((module, [alias.name for alias in node.names]))
+    return statements
+
+
+def imported_modules(relative: str) -> set[str]:
+    """Every `trl_credit` module `relative` imports, as absolute dotted names (`from . import x` gives `pkg.x` too)."""
+    found = set()
+    for module, names in _import_statements(relative):
+        found.add(module)
+        found.update(f"{module}.{name}" for name in names)
     return {module for module in found if module == "trl_credit" or module.startswith("trl_credit.")}
 
 
-def _group(module: str) -> str | None:
-    """`library`, `tooling`, or None for the package's top-level modules (`trl_credit`, `trl_credit.resources`)."""
-    parts = module.split(".")
-    if len(parts) < 2 or parts[1] not in LIBRARY + TOOLING:
-        return None
-    return "library" if parts[1] in LIBRARY else "tooling"
+def package_imports(relative: str) -> set[str]:
+    """The modules of the package that `relative` imports: a submodule taken from a package is that submodule, any
+    other name taken from a package its `__init__.py` (`from . import UsageError` in `cli/parsing.py`: `trl_credit.cli`)."""
+    modules = {_module_name(m) for m in MODULES}
+    found = set()
+    for module, names in _import_statements(relative):
+        for target in [f"{module}.{name}" for name in names] or [module]:
+            while target not in modules and "." in target:  # a name defined in a module: that module
+                target = target.rpartition(".")[0]
+            if target in modules:
+                found.add(target)
+    return found - {_module_name(relative)}
 
 
 def test_every_folder_of_the_package_is_library_or_tooling():
     # `configs/` and `model_cards/` join the package as data in a wheel (pyproject's package-dir), not as code.
     folders = {path.name for path in PACKAGE.iterdir() if path.is_dir()} - {"__pycache__", "configs", "model_cards"}
-    assert folders == set(LIBRARY + TOOLING)
+    assert folders == set(LIBRARY + TOOLING) == set(LAYERS) - {None}
 
 
 @pytest.mark.parametrize("module", MODULES)
@@ -96,14 +112,90 @@ def test_code_lines_skips_blank_lines_comments_and_docstrings():
     assert code_lines(source) == 3  # X = 1, def f(), return
 
 
-LIBRARY_MODULES = [m for m in MODULES if _group(_module_name(m)) != "tooling"]
+# The layers of the package, bottom to top: a module imports from its own layer and from those below it, never from one
+# above (docs/layout.md). The library is below all the tooling. `None` is the package's own modules
+# (`trl_credit/__init__.py`, which re-exports the library, `resources.py`, `command_line.py`): above the library, below
+# the tooling. The tooling's order is what each folder needs: data sets are checked with the reward functions' answer
+# checks, the reports read data sets' names, the experiments write reports, and the command line runs them all.
+LAYERS = ("methods", "trainer", None, "rewards", "data", "reports", "experiments", "cli")
 
 
-@pytest.mark.parametrize("module", LIBRARY_MODULES)
-def test_the_library_imports_nothing_from_the_tooling(module):
-    # The trainer writes TRL's model card and the token-credit records (their schema is
-    # `trainer/token_credit_records.py`, which `reports/token_view` reads back); the research card is the tooling's.
-    assert sorted(m for m in imported_modules(module) if _group(m) == "tooling") == []
+def layer(module: str) -> int:
+    """The position in `LAYERS` of the dotted `module` (or of a name defined in it)."""
+    parts = module.split(".")
+    return LAYERS.index(parts[1] if len(parts) > 1 and parts[1] in LAYERS else None)
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_import_points_down_the_layers(module):
+    # So the library imports nothing from the tooling: the trainer writes TRL's model card and the token-credit records
+    # (their schema is `trainer/token_credit_records.py`, which `reports/token_view` reads back); the research card is
+    # the tooling's. TYPE_CHECKING and deferred imports count as much as the others.
+    own = layer(_module_name(module))
+    assert sorted(m for m in package_imports(module) if layer(m) > own) == []
+
+
+def import_cycles() -> list[list[str]]:
+    """The groups of modules of the package that import each other, directly or through others (Tarjan's strongly
+    connected components of the import graph, each of two or more modules, or one that imports itself)."""
+    graph = {_module_name(m): package_imports(m) for m in MODULES}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in sorted(graph[module]):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            group = stack[stack.index(module) :]
+            del stack[stack.index(module) :]
+            if len(group) > 1 or module in graph[module]:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_modules_import_each_other():
+    assert import_cycles() == []
+
+
+def test_docs_layout_lists_the_layers_in_their_order():
+    section = (PACKAGE.parent / "docs" / "layout.md").read_text().split("## Import layers", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[2].strip() for line in section.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [row.strip("`/") if row.endswith("/`") else None for row in reversed(rows)] == list(LAYERS)
+    top_level = sorted(f"`{module}`" for module in MODULES if "/" not in module)
+    assert sorted(rows[LAYERS[::-1].index(None)].split(", ")) == top_level
+
+
+def test_the_layer_and_cycle_readers_catch_an_upward_import_and_a_cycle(tmp_path, monkeypatch):
+    # A package written for the readers: `methods/a` and `methods/b` import each other (one of them only for type
+    # checking), and `trainer/t` imports the command line.
+    sources = {
+        "methods/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+        "methods/b.py": "from . import a\nB = 1\n",
+        "trainer/t.py": "from ..methods.b import B\ndef f():\n    from ..cli import UsageError\n",
+        "cli/__init__.py": "UsageError = Exception\n",
+    }
+    for relative, source in sources.items():
+        (tmp_path / "trl_credit" / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "trl_credit" / relative).write_text(source)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "trl_credit")
+    monkeypatch.setattr(sys.modules[__name__], "MODULES", sorted(sources))
+    assert package_imports("trainer/t.py") == {"trl_credit.methods.b", "trl_credit.cli"}
+    assert [m for m in package_imports("trainer/t.py") if layer(m) > layer("trl_credit.trainer.t")] == [
+        "trl_credit.cli"
+    ]
+    assert import_cycles() == [["trl_credit.methods.a", "trl_credit.methods.b"]]
 
 
 def test_the_import_reader_sees_relative_deferred_and_submodule_imports(tmp_path, monkeypatch):

@@ -1,14 +1,15 @@
 """trl-credit: token-level credit assignment (TACO, EAPO, TIDE) for TRL's GRPOTrainer.
 
-The library is two folders; everything else is tooling around it, grouped by role, and the library imports none of it:
+The library is two folders; everything else is tooling around it, grouped by role, and the library imports none of it.
+Each folder imports only from itself and the folders listed before it (`tests/test_layout.py`):
 
 - `methods/`: the credit methods, one pure function per paper over `(B, T)` tensors (no TRL), and their registry;
 - `trainer/`: `CreditGRPOTrainer`, its config and the single-method pairs (`TACOTrainer`, ...);
-- `data/`: math data sets as TRL prompts with gold answers, and the offline SmolLM2 model;
 - `rewards/`: reward functions in TRL's convention and the Math-Verify answer checks behind them;
-- `reports/`: the model card, the training plots, the token-credit view and the generated tables of the docs;
+- `data/`: math data sets as TRL prompts with gold answers, and the offline SmolLM2 model;
+- `reports/`: the model card, the training plots and the token-credit view;
 - `experiments/`: evaluation (avg@k, pass@k), comparisons over methods and seeds, and the credit lab;
-- `cli/`: the `trl-credit` command and its sub-commands.
+- `cli/`: the `trl-credit` command and its sub-commands, and the generated tables of the docs.
 
 Everything loads on first access, so that `trl-credit --help` answers without importing torch. See docs/layout.md.
 """

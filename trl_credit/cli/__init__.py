@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from ..command_line import UsageError, one_line
+
 SUBCOMMANDS = {
     "grpo": "Train with GRPO and a token-level credit method (mirrors `trl grpo`).",
     "eval": "Evaluate a model on a math data set: avg@k, pass@k, mean completion length.",
@@ -23,15 +25,6 @@ SUBCOMMANDS = {
     "compare": "Train methods x seeds, evaluate them, and write a report with confidence intervals.",
     "lab": "Measure where each method puts credit on procedural tasks with known decisive tokens.",
 }
-
-
-class UsageError(Exception):
-    """A bad command line or config: reported as one line, exit status 2, before any model is loaded."""
-
-
-def one_line(error: BaseException) -> str:
-    """An error's message on one line, for `trl-credit <command>: error: ...` (its type where it has none)."""
-    return " ".join(str(error).split()) or type(error).__name__
 
 
 @contextmanager

@@ -15,9 +15,10 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from ..command_line import given_options, normalise_options, read_recipe
 from . import UsageError  # the one usage error of every sub-command
 from .grpo_checks import check_lora, check_no_evaluation, check_trainable, check_writable
-from .parsing import parse_with_recipe, read_recipe, refuse_repeated_options
+from .parsing import parse_with_recipe, refuse_repeated_options
 
 
 @dataclass
@@ -101,26 +102,6 @@ def _peek_option(argv: list[str], name: str) -> str | None:
         if arg.startswith(name + "="):
             return arg.split("=", 1)[1]
     return None
-
-
-def _given_options(argv: list[str]) -> set[str]:
-    """The option names on the command line, without `--` (`--taco_alpha=0.05` -> `taco_alpha`)."""
-    return {arg[2:].split("=", 1)[0] for arg in argv if arg.startswith("--")}
-
-
-def _normalise_options(argv: list[str]) -> list[str]:
-    """`--taco-alpha 0.05` -> `--taco_alpha 0.05` and `--config=x` -> `--config x`: `HfArgumentParser` accepts
-    both spellings, and every later step looks an option up by its underscore name."""
-    normalised = []
-    for arg in argv:
-        if arg.startswith("--") and len(arg) > 2:
-            name, equals, value = arg[2:].partition("=")
-            arg = "--" + name.replace("-", "_") + equals + value
-            if name == "config" and equals:
-                normalised += ["--config", value]
-                continue
-        normalised.append(arg)
-    return normalised
 
 
 def _resolve_method(argv: list[str], config: dict, config_path: str) -> str:
@@ -250,7 +231,7 @@ class _Sources:
     def __init__(self, argv: list[str], config: dict, config_path: str | None):
         from ..trainer.config import parse_credit_kwargs
 
-        self.flags, self.config, self.config_path = _given_options(argv), config, config_path
+        self.flags, self.config, self.config_path = given_options(argv), config, config_path
         raw = _peek_option(argv, "--credit_kwargs")
         self.credit_kwargs_origin = "--credit_kwargs" if raw is not None else f"credit_kwargs in {config_path}"
         if raw is None:
@@ -323,7 +304,7 @@ def parse_arguments(argv: list[str]):
     """
     from ..methods import SettingError
 
-    argv = _normalise_options(argv)
+    argv = normalise_options(argv)
     refuse_repeated_options(argv)
     recipe, config_path, config = read_recipe(_peek_option(argv, "--config"))
     method = _resolve_method(argv, config, config_path)

@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
 def _lab(argv: list[str]) -> int:
     import torch
 
-    from ..experiments.lab.lab_runs import LabConfig, previous_records, run_lab
+    from ..experiments.lab.lab_config import LabConfig
+    from ..experiments.lab.lab_runs import previous_records, run_lab
     from . import UsageError, one_line, owned_folder
     from .outputs import check_output_folder
     from .parsing import CommandParser, require_scipy

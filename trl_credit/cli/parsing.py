@@ -12,9 +12,9 @@ import re
 from importlib.resources import as_file
 from importlib.resources.abc import Traversable
 
-import yaml
 from transformers import HfArgumentParser
 
+from ..command_line import option_name
 from . import UsageError, one_line
 
 # A negative number in any notation Python's `float` reads: argparse's own pattern knows only `-5` and `-0.5`, so
@@ -35,9 +35,9 @@ def refuse_repeated_options(argv: list[str]) -> None:
     for i, arg in enumerate(argv):
         if not arg.startswith("--") or len(arg) == 2:
             continue
-        name, equals, value = arg.partition("=")
+        _, equals, value = arg.partition("=")
         values = [value] if equals else list(itertools.takewhile(lambda a: not a.startswith("--"), argv[i + 1 :]))
-        given.setdefault("--" + name[2:].replace("-", "_"), []).append(" ".join(values))
+        given.setdefault(f"--{option_name(arg)}", []).append(" ".join(values))
     for name, values in given.items():
         if len(values) > 1:
             raise UsageError(
@@ -82,26 +82,6 @@ def require_scipy() -> None:
         raise UsageError(one_line(error)) from error
 
 
-def read_recipe(value: str | None) -> tuple[Traversable, str, dict]:
-    """The `--config` recipe `value` (a file or a packaged name; the packaged quick start when None), how to name it
-    in a message, and the mapping it holds; `UsageError` naming the recipe, and where in it, otherwise."""
-    from ..resources import QUICK_START, find_yaml, recipes
-
-    try:
-        recipe, shown = find_yaml("--config", QUICK_START if value is None else value, recipes())
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    try:
-        config = yaml.safe_load(recipe.read_text(encoding="utf-8")) or {}
-    except OSError as error:
-        raise UsageError(f"cannot read --config {shown!r}: {error.strerror}") from error
-    except yaml.YAMLError as error:
-        raise UsageError(f"--config {shown!r} is not valid YAML: {yaml_error_words(error)}") from error
-    if not isinstance(config, dict):
-        raise UsageError(f"--config {shown!r} must hold a YAML mapping of argument names to values")
-    return recipe, shown, config
-
-
 def parse_with_recipe(parser, recipe: Traversable, argv: list[str]) -> tuple:
     """TRL's `TrlParser.parse_args_and_config(argv)`, with `argv`'s `--config` (the first, the one it reads; added when
     there is none) naming a file of `recipe` on disk, which that parser opens."""
@@ -110,13 +90,3 @@ def parse_with_recipe(parser, recipe: Traversable, argv: list[str]) -> tuple:
         if at is None:
             return parser.parse_args_and_config(["--config", str(path), *argv])
         return parser.parse_args_and_config([*argv[: at + 1], str(path), *argv[at + 2 :]])
-
-
-def yaml_error_words(error: yaml.YAMLError) -> str:
-    """PyYAML's error on one line, with the line and column (1-based) it points at, and a tab called a tab."""
-    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    if "\\t" in problem or "\t" in problem:
-        problem += " (a tab: YAML indents with spaces)"
-    return where + problem

@@ -8,14 +8,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .batch import STATISTIC_RANGES, CreditBatch, CreditResult
-
-if TYPE_CHECKING:
-    from .registry import CreditMethod
 
 # A streamed computation may round a bounded statistic this far outside its range.
 _RANGE_TOLERANCE = 1e-4
@@ -26,7 +23,7 @@ class StackStep:
     """One method of a stack as it runs: its registration, its resolved hyperparameters (by field name) and the
     statistics they make it read. [`CreditMethod.step`] builds it."""
 
-    method: CreditMethod
+    method: Any  # its `registry.CreditMethod`, not imported: the registry imports this module
     hyperparameters: Mapping[str, Any]
     statistics: tuple[str, ...]
 

@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ...cli import UsageError
-from ...cli.grpo_arguments import _given_options, _normalise_options
-from ...cli.parsing import read_recipe
+from ...command_line import UsageError, given_options, option_name, read_recipe
 from ...methods import DEFAULT_COMPARISON
 
 DONE_MARKER = ".done"
@@ -168,11 +166,6 @@ RESUMABLE = ("--save_strategy", "steps", "--save_steps", "10", "--save_total_lim
 COMMON_SETTINGS = {"epsilon_high": "0.28"}
 
 
-def _option_names(args: list[str]) -> set[str]:
-    """The option names among `args`, spelt as `trl-credit grpo` reads them (`--taco-alpha=0.05` -> `taco_alpha`)."""
-    return _given_options(_normalise_options(args))
-
-
 def _option_groups(argv: list[str]) -> list[list[str]]:
     """`["--a", "1", "--b", "x", "y", "--c"]` -> `[["--a", "1"], ["--b", "x", "y"], ["--c"]]`: each option with the
     values that follow it (as argparse reads them: up to the next `--` option)."""
@@ -215,13 +208,13 @@ def route_method_settings(methods: list[str], passthrough: list[str]) -> tuple[l
     """
     from ...methods import CREDIT_METHODS
     from ...trainer.config import parse_credit_kwargs
-    from ..lab.lab_runs import method_credit_kwargs
+    from ..lab.lab_config import method_credit_kwargs
 
     stacks = {method: _method_stack(method) for method in methods}
     shared: list[str] = []
     own: dict[str, list[str]] = {method: [] for method in methods}
     for group in _option_groups(passthrough):
-        name = next(iter(_option_names(group[:1])), "")
+        name = next(iter(given_options(group[:1])), "")
         if name == "credit_kwargs":
             raw = group[0].split("=", 1)[1] if "=" in group[0] else " ".join(group[1:])
             try:
@@ -268,7 +261,7 @@ def _recipe_keys(recipe: str | None) -> set[str]:
 
 def common_settings(config: CompareConfig, shared: list[str]) -> dict[str, str]:
     """The `COMMON_SETTINGS` that neither the flags passed through nor the recipe set: compare passes these."""
-    given = _option_names(shared) | _recipe_keys(config.config)
+    given = given_options(shared) | _recipe_keys(config.config)
     return {name: value for name, value in COMMON_SETTINGS.items() if name not in given}
 
 
@@ -276,7 +269,7 @@ def build_runs(config: CompareConfig, passthrough: list[str]) -> list[RunSpec]:
     """One `RunSpec` per (method, seed), seeds outermost so that early results already pair every method."""
     runs_dir = Path(config.output_dir) / "runs"
     shared, own = route_method_settings(config.methods, passthrough)
-    given = _option_names(shared)
+    given = given_options(shared)
     if config.config is None and "save_strategy" not in given:  # a resume point, in the settings the flags leave
         pairs = zip(RESUMABLE[::2], RESUMABLE[1::2])
         shared = [*(arg for name, value in pairs if name[2:] not in given for arg in (name, value)), *shared]
@@ -293,7 +286,7 @@ def check_passthrough(passthrough: list[str]) -> None:
     for arg in passthrough:
         if not arg.startswith("--"):
             continue
-        flag = "--" + arg[2:].split("=", 1)[0].replace("-", "_")  # argparse also accepts `--output-dir`
+        flag = f"--{option_name(arg)}"  # argparse also accepts `--output-dir`
         if flag in OWNED_FLAGS:
             raise CompareUsageError(f"{flag} is set by compare for each run; use {OWNED_FLAGS[flag]}")
         if flag.startswith("--eval_"):
@@ -369,7 +362,7 @@ def settings_lines(config: CompareConfig, passthrough: list[str], runs: list[Run
     upper = training_args.epsilon_high if training_args.epsilon_high is not None else training_args.epsilon
     if "epsilon_high" in pinned:
         origin = f"epsilon_high {pinned['epsilon_high']} is compare's common value; --epsilon_high sets another"
-    elif "epsilon_high" in _option_names(shared):
+    elif "epsilon_high" in given_options(shared):
         origin = "as --epsilon_high sets it"
     else:
         origin = f"as the recipe {config.config} sets it"

@@ -6,9 +6,9 @@ fraction of the broadcast-to-oracle gap each method closes (`summarize`, `render
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from ..compare.stats import paired_difference, t_interval
+from .lab_config import LabConfig
 from .metrics import (
     COLLAPSE_TOLERANCE,
     collapsed,
@@ -16,10 +16,6 @@ from .metrics import (
 )
 from .oracle import CEILING
 from .tasks import TASKS, get_task
-
-if TYPE_CHECKING:  # at run time the report reads the config's fields only
-    from .lab_runs import LabConfig
-
 
 BROADCAST = "grpo"  # the floor of the gap; the ceiling is the lab's oracle method (`CEILING`)
 

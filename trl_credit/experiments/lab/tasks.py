@@ -208,10 +208,10 @@ class MDPTask(ForkTask):
         return CHOICES[fork % 2]
 
 
-class RareTokenTask(LabTask):
+class RareTokenTask(NeedleTask):
     """`rare`: `needle`'s reward on a template prior where `z` (never rewarded) has probability 0.001."""
 
-    name, prompt_word = "rare", "find"
+    name = "rare"
     TEMPLATE_PROBABILITY = 0.85
     KEY_PROBABILITY = 0.02  # success rate of the prior 1 - 0.98^8 ~ 0.15
     RARE_PROBABILITY = 0.001
@@ -226,13 +226,6 @@ class RareTokenTask(LabTask):
             **dict.fromkeys(KEYS, self.KEY_PROBABILITY),
             RARE_TOKEN: self.RARE_PROBABILITY,
         }
-
-    def reward(self, prompt, completion):
-        return float(_key_of(prompt) in completion)
-
-    def decisive(self, prompt, completion):
-        key = _key_of(prompt)
-        return [token == key for token in completion]
 
 
 class HitchTask(RareTokenTask):

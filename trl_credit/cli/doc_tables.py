@@ -1,7 +1,8 @@
-"""The documentation's tables, generated from the registry: the methods table and the list of logged metrics.
+"""The documentation's tables, generated from the code: the registered methods, the logged metrics and each
+sub-command's options. It reads every layer of the package (docs/layout.md), so it sits in the top one.
 
-    python -m trl_credit.reports.doc_tables          # rewrite the generated blocks of README.md and docs/*.md
-    python -m trl_credit.reports.doc_tables --check  # exit 1, naming the files, if a block differs from the code
+    python -m trl_credit.cli.doc_tables          # rewrite the generated blocks of README.md and docs/*.md
+    python -m trl_credit.cli.doc_tables --check  # exit 1, naming the files, if a block differs from the code
 
 A generated block sits between `<!-- BEGIN generated:NAME -->` and `<!-- END generated:NAME -->`; the text around it
 is written by hand. `tests/test_docs.py` fails when a block differs from what this module generates.
@@ -151,8 +152,8 @@ def cli_options(command: str) -> str:
     if command == "grpo":
         from trl import GRPOConfig
 
-        from ..cli.grpo_arguments import CreditScriptArguments
         from ..trainer import CreditGRPOConfig
+        from .grpo_arguments import CreditScriptArguments
 
         rows = [*_dataclass_options(CreditScriptArguments), *_dataclass_options(CreditGRPOConfig, GRPOConfig)]
     elif command == "eval":
@@ -164,7 +165,7 @@ def cli_options(command: str) -> str:
 
         rows = _dataclass_options(CompareConfig)
     elif command == "lab":
-        from ..experiments.lab.lab_runs import LabConfig
+        from ..experiments.lab.lab_config import LabConfig
 
         rows = _dataclass_options(LabConfig)
     else:
@@ -225,15 +226,13 @@ def stale_documents(root: Path = REPOSITORY) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m trl_credit.reports.doc_tables", description=__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m trl_credit.cli.doc_tables", description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only report stale documents (exit 1 if any)")
     args = parser.parse_args(argv)
     stale = stale_documents()
     if args.check:
         if stale:
-            print(f"stale generated blocks in {', '.join(stale)}: run python -m trl_credit.reports.doc_tables")
+            print(f"stale generated blocks in {', '.join(stale)}: run python -m trl_credit.cli.doc_tables")
         return 1 if stale else 0
     for name in stale:
         path = REPOSITORY / name
