@@ -227,7 +227,7 @@ def kernel_check(config, device: str, num_tokens: int) -> dict:
         for label, call in (
             (
                 "token_statistics",
-                lambda: token_statistics(hidden, weight, token_ids_N=ids, temperature=0.7, transform=transform),
+                lambda: token_statistics(hidden, weight, None, ids, temperature=0.7, transform=transform),
             ),
             (
                 "hellinger_and_entropy",

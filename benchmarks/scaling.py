@@ -152,7 +152,7 @@ def stream_calls(tokens: int, vocab: int, hidden: int) -> dict:
     hidden_NH, ref_hidden_NH, weight_VH, ref_weight_VH = make_head_inputs(tokens, vocab, hidden)
     ids_N = torch.randint(0, vocab, (tokens,), generator=torch.Generator().manual_seed(1))
     return {
-        "token_statistics": lambda: token_statistics(hidden_NH, weight_VH, token_ids_N=ids_N),
+        "token_statistics": lambda: token_statistics(hidden_NH, weight_VH, None, ids_N),
         "hellinger_and_entropy": lambda: hellinger_and_entropy(hidden_NH, ref_hidden_NH, weight_VH, ref_weight_VH),
     }
 

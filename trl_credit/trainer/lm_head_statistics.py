@@ -144,9 +144,9 @@ def hellinger_and_entropy(
 class TokenStatistics(NamedTuple):
     """Per-token statistics of one model's next-token distributions, `(N,)` float32 each."""
 
-    logps: torch.Tensor | None  # log-probability of the given tokens (None when no tokens were given)
+    logps: torch.Tensor  # log-probability of the given tokens
     entropy: torch.Tensor  # full-vocabulary entropy
-    logit_gap: torch.Tensor | None  # the given token's logit minus the largest logit, `<= 0` (None as `logps`)
+    logit_gap: torch.Tensor  # the given token's logit minus the largest logit, `<= 0`
     sum_sq_probs: torch.Tensor  # sum_v p_v^2
 
 
@@ -154,8 +154,8 @@ class TokenStatistics(NamedTuple):
 def token_statistics(
     hidden_NH: torch.Tensor,
     weight_VH: torch.Tensor,
-    bias_V: torch.Tensor | None = None,
-    token_ids_N: torch.Tensor | None = None,
+    bias_V: torch.Tensor | None,
+    token_ids_N: torch.Tensor,
     temperature: float = 1.0,
     token_chunk_size: int = 1024,
     vocab_chunk_size: int = 16384,
@@ -179,7 +179,7 @@ def token_statistics(
     sum_sq_probs_N = torch.zeros(num_tokens, device=hidden_NH.device)
     for t0 in range(0, num_tokens, token_chunk_size):
         rows = slice(t0, min(t0 + token_chunk_size, num_tokens))
-        ids_n = token_ids_N[rows] if token_ids_N is not None else None
+        ids_n = token_ids_N[rows]
         policy = _StreamedSoftmax(rows.stop - rows.start, hidden_NH.device)
         sampled_logit_n = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)
         square_sum_n = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)  # sum e^(2 (z - m))
@@ -188,13 +188,10 @@ def token_statistics(
             z_nC = _logits(hidden_NH[rows], weight_VH, bias_V, v0, v1, transform, temperature)
             centred_nC, rescale_n = policy.add(z_nC)
             square_sum_n = rescale_n**2 * square_sum_n + torch.exp(2.0 * centred_nC).sum(dim=1)
-            if ids_n is not None:
-                chunk_logit_n = z_nC.gather(1, (ids_n - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)).squeeze(1)
-                sampled_logit_n = torch.where((ids_n >= v0) & (ids_n < v1), chunk_logit_n, sampled_logit_n)
+            chunk_logit_n = z_nC.gather(1, (ids_n - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)).squeeze(1)
+            sampled_logit_n = torch.where((ids_n >= v0) & (ids_n < v1), chunk_logit_n, sampled_logit_n)
         logps_N[rows] = sampled_logit_n - policy.log_normalizer()
         entropy_N[rows] = policy.entropy()
         logit_gap_N[rows] = sampled_logit_n - policy.max
         sum_sq_probs_N[rows] = square_sum_n / policy.sum**2
-    if token_ids_N is None:
-        return TokenStatistics(None, entropy_N, None, sum_sq_probs_N)
     return TokenStatistics(logps_N, entropy_N, logit_gap_N, sum_sq_probs_N)
