@@ -27,7 +27,7 @@ from conftest import (
     tiny_config,
     tiny_prompt_dataset,
 )
-from trainer_helpers import AdvantageRecorder, make_rollout_func, moving_settings
+from trainer_helpers import AdvantageRecorder, frozen_copy, make_rollout_func, moving_settings
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
@@ -36,7 +36,7 @@ from trl_credit.methods import CREDIT_METHODS, ROLLOUT_ENTROPY, ROLLOUT_MEAN_ENT
 from trl_credit.methods.stack import StackCredit
 from trl_credit.reports.token_view import read_token_credit
 from trl_credit.trainer import trl_compat
-from trl_credit.trainer.batch_layout import GROUP_INDEX, REWARDS, groups_and_rewards
+from trl_credit.trainer.batch_layout import GROUP_INDEX, REWARDS, SEQUENCE_ADVANTAGES, groups_and_rewards
 from trl_credit.trainer.diagnostics import credit_metrics, gather_all, unscored_answers
 from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, ScoringForward
 from trl_credit.trainer.run_safety import NonFiniteGuard
@@ -194,6 +194,43 @@ def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(t
     for got, want in zip([r for r in records if r["step"] == 2], before):
         assert got["token_ids"] == want["token_ids"]
         assert got["weights"] == pytest.approx(want["weights"], abs=1e-5)
+
+
+def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(monkeypatch, tmp_path):
+    """Every row of a step's batch (token_credit_samples = the batch), as TRL's loss consumed it: each token's weight
+    Â / A, and the log-prob and entropy of the policy that generated it (float64 from its full logits)."""
+    trainer = _trainer("taco", tmp_path / "run", max_steps=1, log_token_credit=True, token_credit_samples=4)
+    initial = frozen_copy(trainer.model)
+    consumed = []
+    original = GRPOTrainer._compute_loss
+
+    def compute_loss(trainer_self, model, inputs):
+        loss = original(trainer_self, model, inputs)
+        consumed.append({key: value.detach().clone() for key, value in inputs.items() if torch.is_tensor(value)})
+        return loss
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    trainer.train()
+    [batch] = consumed
+    mask_BT = batch["completion_mask"].bool()
+    logp_BTV = naive_logprobs(initial, batch, trainer.temperature, torch.float64)
+    entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
+    logps_BT = logp_BTV.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    records = read_token_credit(tmp_path / "run")
+    assert [r["step"] for r in records] == [1] * 4
+    moved = 0
+    for record in records:
+        i = next(i for i in range(4) if batch["completion_ids"][i][mask_BT[i]].tolist() == record["token_ids"])
+        advantage = batch[SEQUENCE_ADVANTAGES][i].item()
+        assert record["advantage"] == pytest.approx(advantage, abs=1e-6)
+        want = (
+            (batch["advantages"][i][mask_BT[i]] / advantage).tolist() if advantage else [1.0] * len(record["weights"])
+        )
+        assert record["weights"] == pytest.approx(want, abs=1e-5)
+        assert record["logps"] == pytest.approx(logps_BT[i][mask_BT[i]].tolist(), abs=1e-4)
+        assert record["entropies"] == pytest.approx(entropy_BT[i][mask_BT[i]].tolist(), abs=1e-4)
+        moved += max(want) - min(want) > 1e-3
+    assert moved  # TACO moved the credit of some completion
 
 
 def test_trl_1_15s_fused_head_fallback_scores_as_trls_kernel(tmp_path):
