@@ -6,11 +6,13 @@ These are in the fast selection of the mutation runs (`[tool.mutmut]` in pyproje
 a trainer module meets a trainer here. Each case is one the longer trainer files (`test_trainer.py`,
 `test_multiprocess.py`, `test_resume.py`) reach only among many: a sampling temperature with a reference that moved,
 two iterations over a batch whose credit moved, evaluation between training batches, the old-log-prob forward as the
-source, a STARE gate decided by which tokens its mean counts, a resume, and TRL 1.15's fused head.
+source, a STARE gate decided by which tokens its mean counts, a resume, and TRL 1.15's fused head. The cases that
+run in milliseconds come first, so that a mutant they kill costs no training run.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from types import SimpleNamespace
 
@@ -29,18 +31,35 @@ from conftest import (
 )
 from trainer_helpers import AdvantageRecorder, frozen_copy, make_rollout_func, moving_settings
 from transformers import TrainerCallback
+from transformers.modeling_outputs import BaseModelOutputWithPast
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOTrainer
-from trl_credit.methods import CREDIT_METHODS, ROLLOUT_ENTROPY, ROLLOUT_MEAN_ENTROPY, CreditBatch, CreditResult
+from trl_credit.methods import (
+    CREDIT_METHODS,
+    ROLLOUT_ENTROPY,
+    ROLLOUT_MEAN_ENTROPY,
+    CreditBatch,
+    CreditResult,
+    register_credit_method,
+)
 from trl_credit.methods.stack import StackCredit
 from trl_credit.reports.token_view import read_token_credit
 from trl_credit.trainer import trl_compat
-from trl_credit.trainer.batch_layout import GROUP_INDEX, REWARDS, SEQUENCE_ADVANTAGES, groups_and_rewards
+from trl_credit.trainer.batch_layout import (
+    GROUP_INDEX,
+    REWARDS,
+    SEQUENCE_ADVANTAGES,
+    groups_and_rewards,
+    loss_weights,
+    valid_mask,
+)
 from trl_credit.trainer.diagnostics import credit_metrics, gather_all, unscored_answers
-from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, ScoringForward
+from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, GenerationHidden, ScoringForward
+from trl_credit.trainer.reference import copy_initial_model
 from trl_credit.trainer.run_safety import NonFiniteGuard
 from trl_credit.trainer.statistics_sources import StatisticsSources
+from trl_credit.trainer.token_credit_records import method_statistic_name
 
 
 def _trainer(method, output_dir, trainer_class=CreditGRPOTrainer, **settings):
@@ -81,6 +100,270 @@ TRAINING_FORWARD_METHODS = [
 ROLLOUT_DISTRIBUTION_METHODS = [m for m in PACKAGE_METHODS if _reads(m, ROLLOUT_DISTRIBUTION)]
 
 
+# ------------------------------------------------------------------------------- cross-process reductions
+
+
+class ThreadAccelerator:
+    """The collectives of accelerate's `Accelerator` (`gather`, `reduce`, `pad_across_processes`) for one thread-backed
+    process of `on_threads_as_processes`, built on its `gather`. As accelerate's, `gather` needs the same size on
+    every process."""
+
+    def __init__(self, rank: int, gather, processes: int = 2):
+        self.process_index, self.num_processes, self._gather = rank, processes, gather
+        self.device = torch.device("cpu")
+
+    def _sizes(self, tensor) -> list[int]:
+        return self._gather(torch.tensor([tensor.size(0)])).long().tolist()
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        sizes = self._sizes(tensor)
+        if len(set(sizes)) != 1:
+            raise RuntimeError(f"accelerate gathers tensors of one size on every process, got sizes {sizes}")
+        return self._gather(tensor).view(-1, *tensor.shape[1:]).to(tensor.dtype)
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        assert reduction == "sum"
+        return self.gather(tensor.unsqueeze(0)).sum(0).to(tensor.dtype)
+
+    def pad_across_processes(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        assert dim == 0
+        padding = max(self._sizes(tensor)) - tensor.size(0)
+        return torch.cat([tensor, tensor.new_zeros(padding, *tensor.shape[1:])])
+
+
+def _on_processes(run, processes: int = 2):
+    return on_threads_as_processes(
+        lambda rank, gather: run(rank, ThreadAccelerator(rank, gather, processes)), processes
+    )
+
+
+def _credit(advantages_BT, out_BT, mask_BT, kept_BT):
+    """The `StackCredit` of one method, `m`, that turned `advantages_BT` into `out_BT` and kept `kept_BT`, with a
+    metric of each kind: a (numerator, denominator) pair, a per-token tensor and an already global number."""
+    handed = CreditBatch(advantages_BT, advantages_BT.sum(1), mask_BT)
+    result = CreditResult(
+        out_BT,
+        loss_mask_BT=kept_BT,
+        metrics={"pair": (out_BT.gt(0) & mask_BT, mask_BT), "per_token": out_BT * 2, "global": 0.25},
+    )
+    return StackCredit(handed.followed_by(result), kept_BT, None, (("m", handed, result),))
+
+
+def test_credit_metrics_over_processes_are_those_of_their_rows_on_one():
+    """Three processes: rank 0 with 2 rows, rank 1 with one row without a valid token, rank 2 with the largest
+    advantage (so the factor's floor, 1e-3 of the largest |A| of every process, drops some of rank 0's tokens): every
+    metric is that of the 4 rows on one process."""
+    generator = torch.Generator().manual_seed(0)
+    advantages_BT = torch.randn(4, 5, generator=generator)
+    advantages_BT[3, 0] = 50.0
+    out_BT = advantages_BT * torch.rand(4, 5, generator=generator) * 3
+    mask_BT = torch.rand(4, 5, generator=generator) > 0.3
+    mask_BT[2] = False
+    mask_BT[3, 0] = True
+    kept_BT = (torch.rand(4, 5, generator=generator) > 0.5).float()
+    rows = [slice(0, 2), slice(2, 3), slice(3, 4)]
+    single = ThreadAccelerator(0, lambda values: values.float().flatten(), 1)
+    whole = credit_metrics(single, _credit(advantages_BT, out_BT, mask_BT, kept_BT), mask_BT)
+    parts = _on_processes(
+        lambda rank, accelerator: credit_metrics(
+            accelerator,
+            _credit(advantages_BT[rows[rank]], out_BT[rows[rank]], mask_BT[rows[rank]], kept_BT[rows[rank]]),
+            mask_BT[rows[rank]],
+        ),
+        processes=3,
+    )
+    assert parts[0] == parts[1] == parts[2]
+    assert parts[0].keys() == whole.keys()
+    for name, value in whole.items():
+        assert parts[0][name] == pytest.approx(value, rel=1e-6, abs=1e-7), name
+    # docs/metrics.md by hand: factors where |A| exceeds 1e-3 of the largest |A| or |Â|; dropped tokens carry 0.
+    floor = 1e-3 * torch.maximum(advantages_BT.abs(), out_BT.abs())[mask_BT].max()
+    weights = (out_BT / advantages_BT)[mask_BT & (advantages_BT.abs() > floor)]
+    assert ((advantages_BT.abs() <= floor) & mask_BT).any()  # the floor drops tokens
+    assert whole["m/weight_max"] == pytest.approx(weights.max().item(), rel=1e-6)
+    assert whole["m/mean_weight"] == pytest.approx(weights.mean().item(), rel=1e-6)
+    assert whole["m/weight_std"] == pytest.approx(weights.std(unbiased=False).item(), rel=1e-4)
+    assert whole["m/mean_shift"] == pytest.approx((out_BT - advantages_BT)[mask_BT].mean().item(), rel=1e-6)
+    assert whole["credit/adv_abs_mean"] == pytest.approx((out_BT * kept_BT)[mask_BT].abs().mean().item(), rel=1e-6)
+    assert whole["m/kept_fraction"] == pytest.approx(kept_BT[mask_BT].mean().item(), rel=1e-6)
+    assert whole["m/pair"] == pytest.approx(out_BT[mask_BT].gt(0).float().mean().item(), rel=1e-6)
+    assert whole["m/per_token"] == pytest.approx(2 * out_BT[mask_BT].mean().item(), rel=1e-6)
+    assert whole["m/global"] == 0.25
+
+
+def test_the_gathers_sums_and_flags_of_two_processes():
+    """`gather_all` (sizes 3 and 0), the unscored-answer counts, the non-finite flags (true on any process) and the
+    recorded-source check (true on every process) on two processes."""
+
+    class Counts:
+        def __init__(self, counts):
+            self.counts = counts
+
+        def snapshot_and_reset(self):
+            counts, self.counts = self.counts, Counter()
+            return counts
+
+    def run(rank, accelerator):
+        sources = StatisticsSources()
+        sources.accelerator = accelerator
+        guard = NonFiniteGuard(SimpleNamespace(accelerator=accelerator))
+        return (
+            gather_all(accelerator, torch.arange(3.0) + 10 if rank == 0 else torch.zeros(0)),
+            unscored_answers(
+                [Counts(Counter({"rewards/no_answer": 2 + rank, "rewards/timeouts": rank}))], accelerator
+            ),
+            guard._on_any_process(torch.tensor([rank == 1, False])),
+            [sources._on_every_process(found, "cpu") for found in (True, rank == 0)],
+        )
+
+    for gathered, unscored, any_flags, every in _on_processes(run):
+        assert torch.equal(gathered, torch.tensor([10.0, 11.0, 12.0]))
+        assert unscored == {"rewards/no_answer": 5.0, "rewards/timeouts": 1.0}
+        assert any_flags == [True, False]
+        assert every == [True, False]
+
+
+def test_groups_and_rewards_of_the_second_process_are_its_rows_of_the_whole_batch():
+    batch = {"completion_ids": torch.zeros(4, 3, dtype=torch.long)}
+    rewards_N = torch.arange(8.0) * 1.5  # every process's rows, in process order
+    keys = groups_and_rewards(batch, rewards_N, process_index=1, num_generations=2)
+    assert torch.equal(keys[GROUP_INDEX], torch.tensor([2, 2, 3, 3]))
+    assert torch.equal(keys[REWARDS], rewards_N[4:])
+
+
+def test_the_mean_entropy_of_the_generation_batch_counts_every_valid_token_of_every_process():
+    """Two processes with padded rows: the mean is over the valid tokens of both (the padded positions' entropies are
+    large, so counting them would move it), from the entropies TRL's scoring forward gave."""
+    generator = torch.Generator().manual_seed(1)
+    entropy_PBT = torch.rand(2, 2, 4, generator=generator) + torch.tensor([[0.0, 0.0, 0.0, 9.0], [0.0, 0.0, 9.0, 9.0]])
+    mask_PBT = torch.tensor([[[1, 1, 1, 0], [1, 1, 0, 0]], [[1, 0, 0, 0], [0, 0, 0, 0]]])
+    want = entropy_PBT[mask_PBT.bool()].mean().item()
+
+    def run(rank, accelerator):
+        sources = StatisticsSources()
+        sources.accelerator = accelerator
+        logps_BT = -torch.rand(2, 4, generator=torch.Generator().manual_seed(rank))
+        batch = {
+            "completion_ids": torch.zeros(2, 4, dtype=torch.long),
+            "completion_mask": mask_PBT[rank],
+            "old_per_token_logps": logps_BT,
+        }
+        scoring = ScoringForward(keep_hidden=False)
+        scoring.calls = [(logps_BT, entropy_PBT[rank], None)]  # TRL's scoring forward, one call for the two rows
+        return sources._generation_batch_statistics(batch, (ROLLOUT_ENTROPY, ROLLOUT_MEAN_ENTROPY), scoring=scoring)
+
+    for rank, statistics in enumerate(_on_processes(run)):
+        valid_BT = mask_PBT[rank].bool()
+        torch.testing.assert_close(statistics[ROLLOUT_ENTROPY], torch.where(valid_BT, entropy_PBT[rank], 0.0))
+        torch.testing.assert_close(statistics[ROLLOUT_MEAN_ENTROPY], torch.where(valid_BT, want, 0.0))
+
+
+@pytest.mark.parametrize(
+    "statistics,beta,copied",
+    [
+        ((), 0.0, False),
+        (("reference_deviation",), 0.0, True),
+        (("reference_deviation",), 0.1, False),  # TRL keeps its own reference model
+        (("previous_policy_deviation",), 0.1, True),
+        (("rollout_entropy",), 0.0, False),
+    ],
+)
+def test_the_initial_policy_is_copied_only_for_a_deviation_without_trls_reference(statistics, beta, copied):
+    model = make_tiny_model(make_tiny_tokenizer())
+    copy = copy_initial_model(model, SimpleNamespace(beta=beta), None, statistics)
+    assert (copy is not None) == copied
+    if copied:
+        assert copy is not model and torch.equal(copy.lm_head.weight, model.lm_head.weight)
+    assert copy_initial_model("some/model", SimpleNamespace(beta=0.0), None, ("previous_policy_deviation",)) is None
+
+
+# ------------------------------------------------------------------------------ what the sources record
+
+
+def _backbone_output(hidden_BLH, cache=True):
+    """A backbone's output as `generate` (with its KV cache) or a scoring forward (without) returns it."""
+    return BaseModelOutputWithPast(last_hidden_state=hidden_BLH, past_key_values=object() if cache else None)
+
+
+def test_generate_s_hidden_states_cover_the_completion_positions_they_scored():
+    """A prefill over a prompt of 3 positions, then 2 decoding steps, of 2 rows: the hidden state that scored
+    completion token t is the last position of call t (prompt_len - 1 + t), 3 tokens; a forward without a cache is
+    not one."""
+    generator = torch.Generator().manual_seed(0)
+    calls = [torch.randn(2, 3, 4, generator=generator)] + [torch.randn(2, 1, 4, generator=generator) for _ in range(2)]
+    record = GenerationHidden()
+    for hidden_BLH in calls:
+        record(None, (), _backbone_output(hidden_BLH))
+    record(None, (), _backbone_output(torch.randn(2, 6, 4), cache=False))  # a scoring forward: not recorded
+    batch = {
+        "prompt_ids": torch.zeros(2, 3, dtype=torch.long),
+        "completion_ids": torch.zeros(2, 4, dtype=torch.long),
+        "completion_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+    }
+    want_BTH = torch.stack([calls[0][:, -1], calls[1][:, 0], calls[2][:, 0], torch.zeros(2, 4)], dim=1)
+    torch.testing.assert_close(record.completion_hidden(batch), want_BTH)  # TRL padded one position further
+    assert record.completion_hidden({**batch, "completion_mask": torch.ones(2, 4)}) is None  # a token not generated
+    assert record.completion_hidden({**batch, "prompt_ids": torch.zeros(2, 2, dtype=torch.long)}) is None
+    other_rows = {key: value[:1] for key, value in batch.items()}
+    assert record.completion_hidden(other_rows) is None
+
+
+def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
+    """Calls recorded in order: another forward's (a reference model's, other log-probs), then TRL's old-log-prob
+    forward of the batch in two row chunks; the record is the latter's entropies and hidden states."""
+    generator = torch.Generator().manual_seed(0)
+    other = (torch.randn(3, 5, generator=generator), torch.rand(3, 5, generator=generator), torch.randn(3, 5, 2))
+    chunks = [(torch.randn(rows, 5, generator=generator), torch.rand(rows, 5, generator=generator)) for rows in (2, 1)]
+    hidden = [torch.randn(rows, 5, 2, generator=generator) for rows in (2, 1)]
+    record = ScoringForward(keep_hidden=True)
+    record.calls = [other, *((logps, entropy, h) for (logps, entropy), h in zip(chunks, hidden))]
+    old_BT = torch.cat([logps for logps, _ in chunks])[:, 1:]  # TRL keeps the completion's last positions
+    entropy_BT, hidden_BTH = record.statistics({"old_per_token_logps": old_BT})
+    torch.testing.assert_close(entropy_BT, torch.cat([entropy for _, entropy in chunks])[:, 1:])
+    torch.testing.assert_close(hidden_BTH, torch.cat(hidden)[:, 1:])
+    assert record.statistics({"old_per_token_logps": old_BT + 1}) is None
+    assert record.statistics({}) is None
+
+
+def test_loss_weights_are_the_completion_mask_times_the_tool_mask():
+    batch = {"completion_mask": torch.tensor([[1, 1, 1, 0]]), "tool_mask": torch.tensor([[1.0, 0.0, 0.5, 1.0]])}
+    assert torch.equal(loss_weights(batch), torch.tensor([[1.0, 0.0, 0.5, 0.0]]))
+    assert torch.equal(valid_mask(batch), torch.tensor([[True, False, True, False]]))
+    assert torch.equal(valid_mask({"completion_mask": batch["completion_mask"]}), batch["completion_mask"].bool())
+
+
+def test_trl_1_15s_fused_head_fallback_scores_as_trls_kernel(tmp_path):
+    """The fallback `torch_fused_head` routes TRL 1.15's fused head through (exercised here on any release): TRL's
+    scoring forward inside it gives what it gives outside (TRL's kernel on this CPU), and TRL's kernel is back after."""
+    trainer = _trainer("grpo", tmp_path)
+    kernel = trl_utils._ChunkedLogProbFunction
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(7, len(trainer.processing_class), (3, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :2] = 0
+
+    def score():
+        return trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, attention_mask, 4, compute_entropy=True
+        )
+
+    want = GRPOTrainer._get_per_token_logps_and_entropies(
+        trainer, trainer.model, input_ids, attention_mask, 4, compute_entropy=True
+    )
+    with trl_compat._torch_fused_head():
+        assert trl_utils._ChunkedLogProbFunction is trl_compat._FusedHeadFunction
+        with trl_compat._torch_fused_head():  # re-entrant
+            pass
+        assert trl_utils._ChunkedLogProbFunction is trl_compat._FusedHeadFunction
+        got = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer, trainer.model, input_ids, attention_mask, 4, compute_entropy=True
+        )
+    assert trl_utils._ChunkedLogProbFunction is kernel
+    for value, reference in zip(got[:2], want[:2]):
+        torch.testing.assert_close(value, reference, rtol=1e-5, atol=1e-5)
+    assert torch.equal(score()[0], want[0])  # the trainer's own scoring call, on this release
+
+
 # ------------------------------------------------------------------------------------------------ training runs
 
 
@@ -118,15 +401,22 @@ def test_evaluation_between_training_batches_leaves_the_deviation_reference(monk
     assert min(_logged(trainer, "tide/mean_deviation")[1:]) > 1e-4
 
 
+# Where TRL generates in one `generate` call, the hidden states it computed; with two steps per generation TRL runs its
+# no-grad old-log-prob forward, whose entropies (and hidden states) are recorded. Three steps there: two generation
+# batches (TIDE's reference differs from the policy from the second on; under seed 1 its rewards are not all tied).
+SOURCES = {"generate": {"max_steps": 2}, "old_log_prob": {"steps_per_generation": 2, "max_steps": 3, "seed": 1}}
+
+
+@pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("method", ROLLOUT_DISTRIBUTION_METHODS)
-def test_the_old_log_prob_forward_is_the_source_of_the_rollout_statistics(monkeypatch, tmp_path, method):
-    """With two steps per generation TRL runs its no-grad old-log-prob forward: the entropies (and hidden states) it
-    computed feed the method, and no policy forward is added. Three steps: two generation batches (TIDE's reference
-    differs from the policy from the second on; under seed 1 the second one's rewards are not all tied)."""
-    trainer, recorder = _checked_run(monkeypatch, tmp_path, method, steps_per_generation=2, max_steps=3, seed=1)
-    assert recorder.checked_batches == 3
+def test_a_forward_trl_ran_is_the_source_of_the_rollout_statistics(monkeypatch, tmp_path, method, source):
+    """The rollout statistics come from what TRL computed anyway, so no policy forward is added, and they equal the
+    plain recomputation (the recorder)."""
+    trainer, recorder = _checked_run(monkeypatch, tmp_path, method, **SOURCES[source])
+    steps = trainer.args.max_steps
+    assert recorder.checked_batches == steps
     recorder.assert_credit_moved()
-    assert _logged(trainer, "credit/extra_forwards") == [0, 0, 0]
+    assert _logged(trainer, "credit/extra_forwards") == [0] * steps
 
 
 def _mean_entropies(monkeypatch, tmp_path, settings) -> tuple[float, float]:
@@ -196,16 +486,19 @@ def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(t
         assert got["weights"] == pytest.approx(want["weights"], abs=1e-5)
 
 
-def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(monkeypatch, tmp_path):
+@pytest.mark.parametrize("method", ["grpo", "taco", "eapo"])
+def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(monkeypatch, tmp_path, method):
     """Every row of a step's batch (token_credit_samples = the batch), as TRL's loss consumed it: each token's weight
-    Â / A, and the log-prob and entropy of the policy that generated it (float64 from its full logits)."""
-    trainer = _trainer("taco", tmp_path / "run", max_steps=1, log_token_credit=True, token_credit_samples=4)
+    Â / A, the log-prob and entropy of the policy that generated it (float64 from its full logits), and the method's
+    token statistic (TACO's tail risk r = -log p - H + log alpha, by its docstring); GRPO and a generation-stage
+    method (EAPO) as well as a training-forward one (TACO)."""
+    trainer = _trainer(method, tmp_path / "run", max_steps=1, log_token_credit=True, token_credit_samples=4)
     initial = frozen_copy(trainer.model)
     consumed = []
     original = GRPOTrainer._compute_loss
 
-    def compute_loss(trainer_self, model, inputs):
-        loss = original(trainer_self, model, inputs)
+    def compute_loss(self, model, inputs):  # named as TRL's, which the trainer checks
+        loss = original(self, model, inputs)
         consumed.append({key: value.detach().clone() for key, value in inputs.items() if torch.is_tensor(value)})
         return loss
 
@@ -213,206 +506,84 @@ def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(mo
     trainer.train()
     [batch] = consumed
     mask_BT = batch["completion_mask"].bool()
+    sequence_B = batch.get(SEQUENCE_ADVANTAGES, batch["advantages"])
+    advantages_BT = batch["advantages"] if batch["advantages"].dim() == 2 else sequence_B.unsqueeze(1) * mask_BT
     logp_BTV = naive_logprobs(initial, batch, trainer.temperature, torch.float64)
     entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
     logps_BT = logp_BTV.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
     records = read_token_credit(tmp_path / "run")
-    assert [r["step"] for r in records] == [1] * 4
+    assert [(r["step"], r["method"]) for r in records] == [(1, method)] * 4
     moved = 0
     for record in records:
         i = next(i for i in range(4) if batch["completion_ids"][i][mask_BT[i]].tolist() == record["token_ids"])
-        advantage = batch[SEQUENCE_ADVANTAGES][i].item()
+        valid = mask_BT[i]
+        advantage = sequence_B[i].item()
         assert record["advantage"] == pytest.approx(advantage, abs=1e-6)
-        want = (
-            (batch["advantages"][i][mask_BT[i]] / advantage).tolist() if advantage else [1.0] * len(record["weights"])
-        )
+        want = (advantages_BT[i][valid] / advantage).tolist() if advantage else [1.0] * int(valid.sum())
         assert record["weights"] == pytest.approx(want, abs=1e-5)
-        assert record["logps"] == pytest.approx(logps_BT[i][mask_BT[i]].tolist(), abs=1e-4)
-        assert record["entropies"] == pytest.approx(entropy_BT[i][mask_BT[i]].tolist(), abs=1e-4)
+        assert record["logps"] == pytest.approx(logps_BT[i][valid].tolist(), abs=1e-4)
+        assert record["entropies"] == pytest.approx(entropy_BT[i][valid].tolist(), abs=1e-4)
+        assert record["statistic_name"] == method_statistic_name(method)
+        if method == "grpo":
+            assert record["statistic"] is None
+        else:
+            assert len(record["statistic"]) == len(record["tokens"])
+        if method == "taco":
+            alpha = trainer.args.credit_kwargs["taco_alpha"]
+            risk = -logps_BT[i][valid] - entropy_BT[i][valid] + math.log(alpha)
+            assert record["statistic"] == pytest.approx(risk.tolist(), abs=1e-4)
         moved += max(want) - min(want) > 1e-3
-    assert moved  # TACO moved the credit of some completion
+    assert bool(moved) == (method != "grpo")  # the method moved the credit of some completion
 
 
-def test_trl_1_15s_fused_head_fallback_scores_as_trls_kernel(tmp_path):
-    """The fallback `torch_fused_head` routes TRL 1.15's fused head through (exercised here on any release): TRL's
-    scoring forward inside it gives what it gives outside (TRL's kernel on this CPU), and TRL's kernel is back after."""
-    trainer = _trainer("grpo", tmp_path)
-    kernel = trl_utils._ChunkedLogProbFunction
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(7, len(trainer.processing_class), (3, 9), generator=generator)
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[0, :2] = 0
+def test_a_generation_stage_method_that_drops_tokens_recounts_trls_normaliser(monkeypatch, tmp_path):
+    """A method of the generation batch that returns a loss mask (a user's: it drops each completion's first token):
+    its mask reaches TRL's loss as the tool mask, and `num_items_in_batch` (the normaliser of loss_type='dapo', which
+    TRL counts at generation) counts only the tokens it kept."""
 
-    def score():
-        return trainer._get_per_token_logps_and_entropies(
-            trainer.model, input_ids, attention_mask, 4, compute_entropy=True
-        )
+    @register_credit_method("credit_path_drop_first", drops_tokens=True)
+    def drop_first(batch):
+        keep_BT = torch.ones(batch.mask_BT.shape)
+        keep_BT[:, 0] = 0.0
+        return CreditResult(batch.advantages_BT, loss_mask_BT=keep_BT)
 
-    want = GRPOTrainer._get_per_token_logps_and_entropies(
-        trainer, trainer.model, input_ids, attention_mask, 4, compute_entropy=True
+    consumed = []
+    original = GRPOTrainer._compute_loss
+
+    def compute_loss(self, model, inputs):  # named as TRL's, which the trainer checks
+        consumed.append({key: value for key, value in inputs.items() if torch.is_tensor(value)})
+        return original(self, model, inputs)
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    _trainer("credit_path_drop_first", tmp_path, max_steps=1, loss_type="dapo").train()
+    [batch] = consumed
+    want_BT = batch["completion_mask"].float()
+    want_BT[:, 0] = 0.0
+    torch.testing.assert_close(batch["tool_mask"] * batch["completion_mask"], want_BT)
+    assert batch["num_items_in_batch"].item() == want_BT.sum().item()
+
+
+def test_a_policy_given_by_name_is_measured_against_its_weights_loaded_as_trl_loads_it(
+    monkeypatch, tmp_path, tiny_model_dir
+):
+    """TIDE's reference for a policy given by its path: the initial weights loaded again with TRL's model-init
+    arguments (here the eager attention), so the deviation is from the initial policy (the recorder's own copy)."""
+    tokenizer = make_tiny_tokenizer()
+    settings = dict(max_steps=2, model_init_kwargs={"attn_implementation": "eager"})
+    trainer = CreditGRPOTrainer(
+        model=tiny_model_dir,
+        reward_funcs=length_reward,
+        args=tiny_config("tide", tmp_path / "out", **settings),
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
     )
-    with trl_compat._torch_fused_head():
-        assert trl_utils._ChunkedLogProbFunction is trl_compat._FusedHeadFunction
-        with trl_compat._torch_fused_head():  # re-entrant
-            pass
-        assert trl_utils._ChunkedLogProbFunction is trl_compat._FusedHeadFunction
-        got = GRPOTrainer._get_per_token_logps_and_entropies(
-            trainer, trainer.model, input_ids, attention_mask, 4, compute_entropy=True
-        )
-    assert trl_utils._ChunkedLogProbFunction is kernel
-    for value, reference in zip(got[:2], want[:2]):
-        torch.testing.assert_close(value, reference, rtol=1e-5, atol=1e-5)
-    assert torch.equal(score()[0], want[0])  # the trainer's own scoring call, on this release
-
-
-# ------------------------------------------------------------------------------- cross-process reductions
-
-
-class ThreadAccelerator:
-    """The collectives of accelerate's `Accelerator` (`gather`, `reduce`, `pad_across_processes`) for one thread-backed
-    process of `on_threads_as_processes`, built on its `gather`. As accelerate's, `gather` needs the same size on
-    every process."""
-
-    def __init__(self, rank: int, gather, processes: int = 2):
-        self.process_index, self.num_processes, self._gather = rank, processes, gather
-        self.device = torch.device("cpu")
-
-    def _sizes(self, tensor) -> list[int]:
-        return self._gather(torch.tensor([tensor.size(0)])).long().tolist()
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        sizes = self._sizes(tensor)
-        if len(set(sizes)) != 1:
-            raise RuntimeError(f"accelerate gathers tensors of one size on every process, got sizes {sizes}")
-        return self._gather(tensor).view(-1, *tensor.shape[1:]).to(tensor.dtype)
-
-    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
-        assert reduction == "sum"
-        return self.gather(tensor.unsqueeze(0)).sum(0).to(tensor.dtype)
-
-    def pad_across_processes(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
-        assert dim == 0
-        padding = max(self._sizes(tensor)) - tensor.size(0)
-        return torch.cat([tensor, tensor.new_zeros(padding, *tensor.shape[1:])])
-
-
-def _on_two_processes(run):
-    return on_threads_as_processes(lambda rank, gather: run(rank, ThreadAccelerator(rank, gather)))
-
-
-def _credit(advantages_BT, out_BT, mask_BT, kept_BT):
-    """The `StackCredit` of one method, `m`, that turned `advantages_BT` into `out_BT` and kept `kept_BT`, with a
-    metric of each kind: a (numerator, denominator) pair, a per-token tensor and an already global number."""
-    handed = CreditBatch(advantages_BT, advantages_BT.sum(1), mask_BT)
-    result = CreditResult(
-        out_BT,
-        loss_mask_BT=kept_BT,
-        metrics={"pair": (out_BT.gt(0) & mask_BT, mask_BT), "per_token": out_BT * 2, "global": 0.25},
-    )
-    return StackCredit(handed.followed_by(result), kept_BT, None, (("m", handed, result),))
-
-
-def test_credit_metrics_over_two_processes_are_those_of_their_rows_on_one():
-    """Rank 0 holds 3 rows, rank 1 one row with no valid token: every metric is that of the 4 rows on one process."""
-    generator = torch.Generator().manual_seed(0)
-    advantages_BT = torch.randn(4, 5, generator=generator)
-    out_BT = advantages_BT * torch.rand(4, 5, generator=generator) * 3
-    mask_BT = torch.rand(4, 5, generator=generator) > 0.3
-    mask_BT[3] = False
-    kept_BT = (torch.rand(4, 5, generator=generator) > 0.5).float()
-    rows = [slice(0, 3), slice(3, 4)]
-    whole = credit_metrics(
-        ThreadAccelerator(0, lambda v: v.float().flatten(), 1),
-        _credit(advantages_BT, out_BT, mask_BT, kept_BT),
-        mask_BT,
-    )
-    parts = _on_two_processes(
-        lambda rank, accelerator: credit_metrics(
-            accelerator,
-            _credit(advantages_BT[rows[rank]], out_BT[rows[rank]], mask_BT[rows[rank]], kept_BT[rows[rank]]),
-            mask_BT[rows[rank]],
-        )
-    )
-    assert parts[0] == parts[1]
-    assert parts[0].keys() == whole.keys()
-    for name, value in whole.items():
-        assert parts[0][name] == pytest.approx(value, rel=1e-6, abs=1e-7), name
-    # docs/metrics.md by hand: factors where |A| exceeds 1e-3 of the largest |A| or |Â|; dropped tokens carry 0.
-    floor = 1e-3 * torch.maximum(advantages_BT.abs(), out_BT.abs())[mask_BT].max()
-    weights = (out_BT / advantages_BT)[mask_BT & (advantages_BT.abs() > floor)]
-    assert whole["m/weight_max"] == pytest.approx(weights.max().item(), rel=1e-6)
-    assert whole["m/mean_weight"] == pytest.approx(weights.mean().item(), rel=1e-6)
-    assert whole["m/weight_std"] == pytest.approx(weights.std(unbiased=False).item(), rel=1e-5)
-    assert whole["m/mean_shift"] == pytest.approx((out_BT - advantages_BT)[mask_BT].mean().item(), rel=1e-6)
-    assert whole["credit/adv_abs_mean"] == pytest.approx((out_BT * kept_BT)[mask_BT].abs().mean().item(), rel=1e-6)
-    assert whole["m/kept_fraction"] == pytest.approx(kept_BT[mask_BT].mean().item(), rel=1e-6)
-    assert whole["m/pair"] == pytest.approx(out_BT[mask_BT].gt(0).float().mean().item(), rel=1e-6)
-    assert whole["m/per_token"] == pytest.approx(2 * out_BT[mask_BT].mean().item(), rel=1e-6)
-    assert whole["m/global"] == 0.25
-
-
-def test_the_gathers_sums_and_flags_of_two_processes():
-    """`gather_all` (sizes 3 and 0), the unscored-answer counts, the non-finite flags (true on any process) and the
-    recorded-source check (true on every process) on two processes."""
-
-    class Counts:
-        def __init__(self, counts):
-            self.counts = counts
-
-        def snapshot_and_reset(self):
-            counts, self.counts = self.counts, Counter()
-            return counts
-
-    def run(rank, accelerator):
-        sources = StatisticsSources()
-        sources.accelerator = accelerator
-        guard = NonFiniteGuard(SimpleNamespace(accelerator=accelerator))
-        return (
-            gather_all(accelerator, torch.arange(3.0) + 10 if rank == 0 else torch.zeros(0)),
-            unscored_answers(
-                [Counts(Counter({"rewards/no_answer": 2 + rank, "rewards/timeouts": rank}))], accelerator
-            ),
-            guard._on_any_process(torch.tensor([rank == 1, False])),
-            [sources._on_every_process(found, "cpu") for found in (True, rank == 0)],
-        )
-
-    for gathered, unscored, any_flags, every in _on_two_processes(run):
-        assert torch.equal(gathered, torch.tensor([10.0, 11.0, 12.0]))
-        assert unscored == {"rewards/no_answer": 5.0, "rewards/timeouts": 1.0}
-        assert any_flags == [True, False]
-        assert every == [True, False]
-
-
-def test_groups_and_rewards_of_the_second_process_are_its_rows_of_the_whole_batch():
-    batch = {"completion_ids": torch.zeros(4, 3, dtype=torch.long)}
-    rewards_N = torch.arange(8.0) * 1.5  # every process's rows, in process order
-    keys = groups_and_rewards(batch, rewards_N, process_index=1, num_generations=2)
-    assert torch.equal(keys[GROUP_INDEX], torch.tensor([2, 2, 3, 3]))
-    assert torch.equal(keys[REWARDS], rewards_N[4:])
-
-
-def test_the_mean_entropy_of_the_generation_batch_counts_every_valid_token_of_every_process():
-    """Two processes with padded rows: the mean is over the valid tokens of both (the padded positions' entropies are
-    large, so counting them would move it), from the entropies TRL's scoring forward gave."""
-    generator = torch.Generator().manual_seed(1)
-    entropy_PBT = torch.rand(2, 2, 4, generator=generator) + torch.tensor([[0.0, 0.0, 0.0, 9.0], [0.0, 0.0, 9.0, 9.0]])
-    mask_PBT = torch.tensor([[[1, 1, 1, 0], [1, 1, 0, 0]], [[1, 0, 0, 0], [0, 0, 0, 0]]])
-    want = entropy_PBT[mask_PBT.bool()].mean().item()
-
-    def run(rank, accelerator):
-        sources = StatisticsSources()
-        sources.accelerator = accelerator
-        logps_BT = -torch.rand(2, 4, generator=torch.Generator().manual_seed(rank))
-        batch = {
-            "completion_ids": torch.zeros(2, 4, dtype=torch.long),
-            "completion_mask": mask_PBT[rank],
-            "old_per_token_logps": logps_BT,
-        }
-        scoring = ScoringForward(keep_hidden=False)
-        scoring.calls = [(logps_BT, entropy_PBT[rank], None)]  # TRL's scoring forward, one call for the two rows
-        return sources._generation_batch_statistics(batch, (ROLLOUT_ENTROPY, ROLLOUT_MEAN_ENTROPY), scoring=scoring)
-
-    for rank, statistics in enumerate(_on_two_processes(run)):
-        valid_BT = mask_PBT[rank].bool()
-        torch.testing.assert_close(statistics[ROLLOUT_ENTROPY], torch.where(valid_BT, entropy_PBT[rank], 0.0))
-        torch.testing.assert_close(statistics[ROLLOUT_MEAN_ENTROPY], torch.where(valid_BT, want, 0.0))
+    reference = trainer.deviation_reference.model_and_context()[0]
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    assert reference is not policy and reference.config._attn_implementation == "eager"
+    assert reference.dtype == policy.dtype and not any(p.requires_grad for p in reference.parameters())
+    for name, value in policy.state_dict().items():
+        assert torch.equal(reference.state_dict()[name], value), name
+    recorder = AdvantageRecorder(monkeypatch, trainer)
+    trainer.train()
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()
