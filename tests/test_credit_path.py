@@ -466,7 +466,7 @@ class _Interrupt(TrainerCallback):
             raise KeyboardInterrupt
 
 
-def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(tmp_path):
+def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(tmp_path, caplog):
     """Interrupted after step 2 (logged, not saved), resumed from checkpoint-1: step 2 is recorded once, by the resumed
     run, with the credit the interrupted run gave it (TIDE against the previous policy saved in checkpoint-1)."""
     settings = dict(max_steps=2, save_strategy="steps", save_steps=1, log_token_credit=True, token_credit_samples=2)
@@ -478,7 +478,14 @@ def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(t
     before = [r for r in read_token_credit(tmp_path / "run") if r["step"] == 2]
     assert before and any(max(r["weights"]) - min(r["weights"]) > 1e-3 for r in before)  # TIDE moved step 2's credit
 
-    _trainer("tide", tmp_path / "run", **settings).train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1"))
+    with caplog.at_level("WARNING"):
+        _trainer("tide", tmp_path / "run", **settings).train(
+            resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1")
+        )
+    assert (
+        "token_credit.jsonl: dropped 2 records of steps after step 1, written before this run began (by the "
+        "interrupted run it resumes, or an earlier run in this output_dir); this run records those steps again"
+    ) in caplog.text
     records = read_token_credit(tmp_path / "run")
     assert Counter(r["step"] for r in records) == {1: 2, 2: 2}
     for got, want in zip([r for r in records if r["step"] == 2], before):

@@ -83,6 +83,12 @@ def test_trl_is_checked_without_reading_its_source(monkeypatch):
     trl_compat.check_trl_surfaces()
 
 
+@pytest.mark.parametrize("name", ["_compute_loss", "_calculate_rewards"])
+def test_a_trl_without_a_method_the_trainer_overrides_is_caught_naming_it(monkeypatch, name):
+    monkeypatch.setattr(GRPOTrainer, name, None)
+    _fails_naming_the_range(rf"has no GRPOTrainer\.{name}\.")
+
+
 def test_a_version_outside_the_range_is_refused(monkeypatch):
     monkeypatch.setattr(trl, "__version__", "1.17.0")
     _fails_naming_the_range("is outside that range")
