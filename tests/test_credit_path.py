@@ -309,10 +309,11 @@ def test_generate_s_hidden_states_cover_the_completion_positions_they_scored():
 
 
 def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
-    """Calls recorded in order: another forward's (a reference model's, other log-probs), then TRL's old-log-prob
-    forward of the batch in two row chunks; the record is the latter's entropies and hidden states."""
+    """Calls recorded in order: another forward's (of 2 rows, whose log-probs are not the batch's), then TRL's
+    old-log-prob forward of the batch's 3 rows in two row chunks; the record is the latter's entropies and hidden
+    states, found past the calls that do not add up to the batch."""
     generator = torch.Generator().manual_seed(0)
-    other = (torch.randn(3, 5, generator=generator), torch.rand(3, 5, generator=generator), torch.randn(3, 5, 2))
+    other = (torch.randn(2, 5, generator=generator), torch.rand(2, 5, generator=generator), torch.randn(2, 5, 2))
     chunks = [(torch.randn(rows, 5, generator=generator), torch.rand(rows, 5, generator=generator)) for rows in (2, 1)]
     hidden = [torch.randn(rows, 5, 2, generator=generator) for rows in (2, 1)]
     record = ScoringForward(keep_hidden=True)
