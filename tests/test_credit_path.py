@@ -43,6 +43,7 @@ from trl_credit.methods import (
     CreditResult,
     register_credit_method,
 )
+from trl_credit.methods.registry import paper
 from trl_credit.methods.stack import StackCredit
 from trl_credit.reports.token_view import read_token_credit
 from trl_credit.trainer import trl_compat
@@ -275,6 +276,28 @@ def test_the_initial_policy_is_copied_only_for_a_deviation_without_trls_referenc
     if copied:
         assert copy is not model and torch.equal(copy.lm_head.weight, model.lm_head.weight)
     assert copy_initial_model("some/model", SimpleNamespace(beta=0.0), None, ("previous_policy_deviation",)) is None
+
+
+def test_a_config_records_its_stack_and_every_hyperparameter_that_trains(tmp_path):
+    config = tiny_config("eapo+taco", tmp_path, taco_alpha=0.2)
+    assert config.credit_hyperparameters() == {"credit_method": "eapo+taco", **config.credit_kwargs}
+    assert config.credit_kwargs["taco_alpha"] == 0.2 and "eapo_kappa" in config.credit_kwargs
+
+
+def test_training_by_epochs_needs_a_positive_epoch_count(tmp_path):
+    assert tiny_config("grpo", tmp_path, max_steps=-1, num_train_epochs=0.5).num_train_epochs == 0.5
+    with pytest.raises(ValueError, match=r"num_train_epochs must be > 0 when max_steps is -1, got 0"):
+        tiny_config("grpo", tmp_path, max_steps=-1, num_train_epochs=0)
+
+
+def test_a_paper_record_is_the_title_the_arxiv_id_and_a_bibtex_entry():
+    record = paper("A Title", "2601.00001", "doe2026title", "Doe, Jane", 2025)
+    assert record == {
+        "title": "A Title",
+        "id": "2601.00001",
+        "citation": "@article{doe2026title,\n    title        = {{A Title}},\n    author       = {Doe, Jane},\n"
+        "    year         = 2025,\n    eprint       = {arXiv:2601.00001},\n}",
+    }
 
 
 # ------------------------------------------------------------------------------ what the sources record
