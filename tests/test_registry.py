@@ -267,3 +267,45 @@ def test_every_statistic_range_holds_zero():
     from trl_credit.methods.batch import STATISTIC_RANGES
 
     assert all(low <= 0.0 <= high for low, high in STATISTIC_RANGES.values())
+
+
+def test_loss_weights_handed_to_a_stack_outside_zero_one_are_refused_naming_them():
+    import dataclasses
+
+    from trl_credit.methods import CreditBatch, get_credit_method
+    from trl_credit.methods.stack import run_stack
+
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    batch = CreditBatch.from_sequence_advantages(torch.tensor([1.0, -1.0]), mask)
+    taco = get_credit_method("taco")
+    heavy = dataclasses.replace(batch, loss_weights_BT=torch.full((2, 3), 1.5))
+    with pytest.raises(ValueError, match=r"^credit method 'taco': loss_weights_BT must lie in \[0, 1\]"):
+        run_stack([taco.step(taco.hyperparameters())], heavy)
+
+
+@pytest.mark.parametrize(
+    "value,declared,want",
+    [
+        ("true", bool, True),
+        ("False", bool, False),
+        ("0.5", float, 0.5),
+        ("3", int, 3),
+        (["1", 2], list[int], [1, 2]),
+        (None, float | None, None),
+        ("2", int | None, 2),
+    ],
+)
+def test_a_hyperparameter_is_coerced_to_its_declared_type(value, declared, want):
+    from trl_credit.methods.settings import coerce_value
+
+    got = coerce_value("x", value, declared)
+    assert got == want and type(got) is type(want)
+
+
+def test_the_supported_hyperparameter_types_are_the_documented_ones():
+    from typing import Literal
+
+    from trl_credit.methods.settings import supported_type
+
+    assert all(supported_type(t) for t in (bool, int, float, str, Literal["a", "b"], int | None, list[float]))
+    assert not any(supported_type(t) for t in (dict, list, list[dict], dict[str, int], tuple[int, int], bytes))

@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from trl_credit import CreditGRPOTrainer
 from trl_credit.cli import main as cli_main
 from trl_credit.experiments.lab.lab_runs import LabConfig, previous_records
+from trl_credit.trainer import run_safety
 from trl_credit.trainer.run_folder import LOCK_FILE, RunFolderBusy, run_folder_lock
 from trl_credit.trainer.run_safety import NonFiniteTrainingError
 
@@ -429,3 +430,40 @@ def _one_error_line_of(capsys) -> str:
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trl-credit grpo:")]
     assert len(lines) == 1, lines
     return lines[0]
+
+
+def test_weights_an_update_made_non_finite_with_finite_settings_name_every_optimizer_setting(tmp_path):
+    """An update that overflowed (a weight set to inf by the optimizer step) under finite settings, whose learning
+    rate and weight decay do not scale the weights past 1: the message lists every optimizer setting."""
+    out = tmp_path / "run"
+    trainer = _trainer(out, max_steps=2, save_strategy="no")
+    trainer.create_optimizer()
+    weight = next(trainer.model.parameters())
+    trainer.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: weight.data.view(-1)[0].fill_(math.inf))
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        trainer.train()
+    settings = "learning_rate=0.05, weight_decay=0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-08"
+    assert str(raised.value) == (
+        f"step 1: the weights after the update are not finite (likely cause: {settings}); training stopped before "
+        "saving step 1; no checkpoint was saved"
+    )
+
+
+def test_an_update_scaling_the_weights_by_learning_rate_times_weight_decay_names_both(tmp_path):
+    """Decoupled weight decay scales each weight by 1 - learning_rate x weight_decay: past 1 in size the weights
+    overflow (every weight beyond 1.2 in size, here in one step), though each setting is finite and within float32."""
+    trainer = _trainer(tmp_path / "run", max_steps=1, save_strategy="no", learning_rate=1.0, weight_decay=3e38)
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        trainer.train()
+    assert str(raised.value).startswith(
+        "step 1: the weights after the update are not finite (likely cause: weight_decay=3e+38 with "
+        "learning_rate=1 (each update scales the weights by 1 - learning_rate x weight_decay)); "
+    )
+
+
+def test_no_tensors_and_empty_tensors_are_finite():
+    """A process whose shard of the trainable weights or of their gradients is empty has nothing non-finite."""
+    cpu = torch.device("cpu")
+    assert run_safety._all_finite([], cpu).item() is True
+    assert run_safety._all_finite([torch.empty(0), torch.ones(2)], cpu).item() is True
+    assert run_safety._all_finite([torch.empty(0), torch.tensor([1.0, math.nan])], cpu).item() is False

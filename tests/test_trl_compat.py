@@ -2,6 +2,7 @@
 supported range), what TRL does with them (run on both supported releases), and the torch fused-head fallback that
 TRL 1.15 lacks off CUDA/XPU."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -81,6 +82,26 @@ def test_trl_is_checked_without_reading_its_source(monkeypatch):
 
     monkeypatch.setattr(trl_compat.inspect, "getsource", no_source)
     trl_compat.check_trl_surfaces()
+
+
+@pytest.mark.parametrize("name", ["_compute_loss", "_calculate_rewards"])
+def test_a_trl_without_a_method_the_trainer_overrides_is_caught_naming_it(monkeypatch, name):
+    monkeypatch.setattr(GRPOTrainer, name, None)
+    _fails_naming_the_range(rf"has no GRPOTrainer\.{name}\.")
+
+
+def test_a_scoring_forward_without_a_keyword_the_trainer_passes_is_caught(monkeypatch):
+    """TRL's scoring forward with every multimodal input but without `compute_entropy`."""
+    original = GRPOTrainer._get_per_token_logps_and_entropies
+    signature = inspect.signature(original)
+
+    def scoring(*args, **kwargs):
+        return original(*args, **kwargs)
+
+    kept = [parameter for parameter in signature.parameters.values() if parameter.name != "compute_entropy"]
+    scoring.__signature__ = signature.replace(parameters=kept)
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", scoring)
+    _fails_naming_the_range(r"scores tokens with _get_per_token_logps_and_entropies.*expected the keywords")
 
 
 def test_a_version_outside_the_range_is_refused(monkeypatch):

@@ -1,0 +1,620 @@
+"""The trainer's credit path in seconds: short runs of the tiny model (`tests/conftest.py`) through every stage and
+statistics source a training step takes, checked against the plain recomputation of `trainer_helpers.AdvantageRecorder`,
+and every cross-process reduction on two thread-backed stand-ins of processes (`conftest.on_threads_as_processes`).
+
+These are in the fast selection of the mutation runs (`[tool.mutmut]` in pyproject.toml, docs/testing.md): a mutant of
+a trainer module meets a trainer here. Each case is one the longer trainer files (`test_trainer.py`,
+`test_multiprocess.py`, `test_resume.py`) reach only among many: a sampling temperature with a reference that moved,
+two iterations over a batch whose credit moved, evaluation between training batches, the old-log-prob forward as the
+source, a STARE gate decided by which tokens its mean counts, a resume, and TRL 1.15's fused head. The cases that
+run in milliseconds come first, so that a mutant they kill costs no training run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+import torch
+import trl.trainer.utils as trl_utils
+from conftest import (
+    PACKAGE_METHODS,
+    length_reward,
+    make_tiny_model,
+    make_tiny_tokenizer,
+    naive_logprobs,
+    on_threads_as_processes,
+    tiny_config,
+    tiny_prompt_dataset,
+)
+from trainer_helpers import AdvantageRecorder, frozen_copy, make_rollout_func, moving_settings
+from transformers import TrainerCallback
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from trl import GRPOTrainer
+
+from trl_credit import CreditGRPOTrainer
+from trl_credit.methods import (
+    CREDIT_METHODS,
+    ROLLOUT_ENTROPY,
+    ROLLOUT_MEAN_ENTROPY,
+    CreditBatch,
+    CreditResult,
+    register_credit_method,
+)
+from trl_credit.methods.registry import paper
+from trl_credit.methods.stack import StackCredit
+from trl_credit.reports.token_view import read_token_credit
+from trl_credit.trainer import trl_compat
+from trl_credit.trainer.batch_layout import (
+    GROUP_INDEX,
+    REWARDS,
+    SEQUENCE_ADVANTAGES,
+    groups_and_rewards,
+    loss_weights,
+    valid_mask,
+)
+from trl_credit.trainer.diagnostics import credit_metrics, gather_all, unscored_answers
+from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, GenerationHidden, ScoringForward
+from trl_credit.trainer.reference import copy_initial_model
+from trl_credit.trainer.run_safety import NonFiniteGuard
+from trl_credit.trainer.statistics_sources import StatisticsSources
+from trl_credit.trainer.token_credit_records import method_statistic_name
+
+
+def _trainer(method, output_dir, trainer_class=CreditGRPOTrainer, **settings):
+    tokenizer = make_tiny_tokenizer()
+    rollout_func = settings.pop("rollout_func", None)
+    return trainer_class(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=tiny_config(method, output_dir, **{**moving_settings(method), **settings}),
+        train_dataset=tiny_prompt_dataset(),
+        eval_dataset=tiny_prompt_dataset(2) if settings.get("eval_strategy") == "steps" else None,
+        processing_class=tokenizer,
+        **({"rollout_func": rollout_func} if rollout_func else {}),
+    )
+
+
+def _checked_run(monkeypatch, tmp_path, method, **settings):
+    """A run of `method` (under the settings that move its credit on the tiny model) whose every consumed advantage
+    and loss mask the recorder checked; returns the trainer and the recorder."""
+    trainer = _trainer(method, tmp_path / "out", **settings)
+    recorder = AdvantageRecorder(monkeypatch, trainer)
+    trainer.train()
+    return trainer, recorder
+
+
+def _logged(trainer, metric) -> list[float]:
+    return [entry[metric] for entry in trainer.state.log_history if metric in entry]
+
+
+def _reads(method: str, statistics) -> bool:
+    registered = CREDIT_METHODS[method]
+    return bool(set(registered.statistics_for(registered.hyperparameters())) & set(statistics))
+
+
+TRAINING_FORWARD_METHODS = [
+    m for m in PACKAGE_METHODS if CREDIT_METHODS[m].reads_training_forward(CREDIT_METHODS[m].hyperparameters())
+]
+ROLLOUT_DISTRIBUTION_METHODS = [m for m in PACKAGE_METHODS if _reads(m, ROLLOUT_DISTRIBUTION)]
+
+
+# ------------------------------------------------------------------------------- cross-process reductions
+
+
+class ThreadAccelerator:
+    """The collectives of accelerate's `Accelerator` (`gather`, `reduce`, `pad_across_processes`) for one thread-backed
+    process of `on_threads_as_processes`, built on its `gather`. As accelerate's, `gather` needs the same size on
+    every process."""
+
+    def __init__(self, rank: int, gather, processes: int = 2):
+        self.process_index, self.num_processes, self._gather = rank, processes, gather
+        self.device = torch.device("cpu")
+
+    def _sizes(self, tensor) -> list[int]:
+        return self._gather(torch.tensor([tensor.size(0)])).long().tolist()
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        sizes = self._sizes(tensor)
+        if len(set(sizes)) != 1:
+            raise RuntimeError(f"accelerate gathers tensors of one size on every process, got sizes {sizes}")
+        return self._gather(tensor).view(-1, *tensor.shape[1:]).to(tensor.dtype)
+
+    def reduce(self, tensor: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
+        assert reduction == "sum"
+        return self.gather(tensor.unsqueeze(0)).sum(0).to(tensor.dtype)
+
+    def pad_across_processes(self, tensor: torch.Tensor, dim: int = 0) -> torch.Tensor:
+        assert dim == 0
+        padding = max(self._sizes(tensor)) - tensor.size(0)
+        return torch.cat([tensor, tensor.new_zeros(padding, *tensor.shape[1:])])
+
+
+def _on_processes(run, processes: int = 2):
+    return on_threads_as_processes(
+        lambda rank, gather: run(rank, ThreadAccelerator(rank, gather, processes)), processes
+    )
+
+
+def _credit(advantages_BT, out_BT, mask_BT, kept_BT):
+    """The `StackCredit` of one method, `m`, that turned `advantages_BT` into `out_BT` and kept `kept_BT`, with a
+    metric of each kind: a (numerator, denominator) pair, a per-token tensor and an already global number."""
+    handed = CreditBatch(advantages_BT, advantages_BT.sum(1), mask_BT)
+    result = CreditResult(
+        out_BT,
+        loss_mask_BT=kept_BT,
+        metrics={"pair": (out_BT.gt(0) & mask_BT, mask_BT), "per_token": out_BT * 2, "global": 0.25},
+    )
+    return StackCredit(handed.followed_by(result), kept_BT, None, (("m", handed, result),))
+
+
+def test_credit_metrics_over_processes_are_those_of_their_rows_on_one():
+    """Three processes: rank 0 with 2 rows, rank 1 with one row without a valid token, rank 2 with the largest
+    advantage (so the factor's floor, 1e-3 of the largest |A| of every process, drops some of rank 0's tokens): every
+    metric is that of the 4 rows on one process."""
+    generator = torch.Generator().manual_seed(0)
+    advantages_BT = torch.randn(4, 5, generator=generator)
+    advantages_BT[3, 0] = 50.0
+    out_BT = advantages_BT * torch.rand(4, 5, generator=generator) * 3
+    mask_BT = torch.rand(4, 5, generator=generator) > 0.3
+    mask_BT[2] = False
+    mask_BT[3, 0] = True
+    kept_BT = (torch.rand(4, 5, generator=generator) > 0.5).float()
+    rows = [slice(0, 2), slice(2, 3), slice(3, 4)]
+    single = ThreadAccelerator(0, lambda values: values.float().flatten(), 1)
+    whole = credit_metrics(single, _credit(advantages_BT, out_BT, mask_BT, kept_BT), mask_BT)
+    parts = _on_processes(
+        lambda rank, accelerator: credit_metrics(
+            accelerator,
+            _credit(advantages_BT[rows[rank]], out_BT[rows[rank]], mask_BT[rows[rank]], kept_BT[rows[rank]]),
+            mask_BT[rows[rank]],
+        ),
+        processes=3,
+    )
+    assert parts[0] == parts[1] == parts[2]
+    assert parts[0].keys() == whole.keys()
+    for name, value in whole.items():
+        assert parts[0][name] == pytest.approx(value, rel=1e-6, abs=1e-7), name
+    # docs/metrics.md by hand: factors where |A| exceeds 1e-3 of the largest |A| or |Â|; dropped tokens carry 0.
+    floor = 1e-3 * torch.maximum(advantages_BT.abs(), out_BT.abs())[mask_BT].max()
+    weights = (out_BT / advantages_BT)[mask_BT & (advantages_BT.abs() > floor)]
+    assert ((advantages_BT.abs() <= floor) & mask_BT).any()  # the floor drops tokens
+    assert whole["m/weight_max"] == pytest.approx(weights.max().item(), rel=1e-6)
+    assert whole["m/mean_weight"] == pytest.approx(weights.mean().item(), rel=1e-6)
+    assert whole["m/weight_std"] == pytest.approx(weights.std(unbiased=False).item(), rel=1e-4)
+    assert whole["m/mean_shift"] == pytest.approx((out_BT - advantages_BT)[mask_BT].mean().item(), rel=1e-6)
+    assert whole["credit/adv_abs_mean"] == pytest.approx((out_BT * kept_BT)[mask_BT].abs().mean().item(), rel=1e-6)
+    assert whole["m/kept_fraction"] == pytest.approx(kept_BT[mask_BT].mean().item(), rel=1e-6)
+    assert whole["m/pair"] == pytest.approx(out_BT[mask_BT].gt(0).float().mean().item(), rel=1e-6)
+    assert whole["m/per_token"] == pytest.approx(2 * out_BT[mask_BT].mean().item(), rel=1e-6)
+    assert whole["m/global"] == 0.25
+
+
+def test_the_gathers_sums_and_flags_of_two_processes():
+    """`gather_all` (sizes 3 and 0), the unscored-answer counts, the non-finite flags (true on any process) and the
+    recorded-source check (true on every process) on two processes."""
+
+    class Counts:
+        def __init__(self, counts):
+            self.counts = counts
+
+        def snapshot_and_reset(self):
+            counts, self.counts = self.counts, Counter()
+            return counts
+
+    def run(rank, accelerator):
+        sources = StatisticsSources()
+        sources.accelerator = accelerator
+        guard = NonFiniteGuard(SimpleNamespace(accelerator=accelerator))
+        return (
+            gather_all(accelerator, torch.arange(3.0) + 10 if rank == 0 else torch.zeros(0)),
+            unscored_answers(
+                [Counts(Counter({"rewards/no_answer": 2 + rank, "rewards/timeouts": rank}))], accelerator
+            ),
+            guard._on_any_process(torch.tensor([rank == 1, False])),
+            [sources._on_every_process(found, "cpu") for found in (True, rank == 0)],
+        )
+
+    for gathered, unscored, any_flags, every in _on_processes(run):
+        assert torch.equal(gathered, torch.tensor([10.0, 11.0, 12.0]))
+        assert unscored == {"rewards/no_answer": 5.0, "rewards/timeouts": 1.0}
+        assert any_flags == [True, False]
+        assert every == [True, False]
+
+
+def test_groups_and_rewards_of_the_second_process_are_its_rows_of_the_whole_batch():
+    batch = {"completion_ids": torch.zeros(4, 3, dtype=torch.long)}
+    rewards_N = torch.arange(8.0) * 1.5  # every process's rows, in process order
+    keys = groups_and_rewards(batch, rewards_N, process_index=1, num_generations=2)
+    assert torch.equal(keys[GROUP_INDEX], torch.tensor([2, 2, 3, 3]))
+    assert torch.equal(keys[REWARDS], rewards_N[4:])
+
+
+def test_the_mean_entropy_of_the_generation_batch_counts_every_valid_token_of_every_process():
+    """Two processes with padded rows: the mean is over the valid tokens of both (the padded positions' entropies are
+    large, so counting them would move it), from the entropies TRL's scoring forward gave."""
+    generator = torch.Generator().manual_seed(1)
+    entropy_PBT = torch.rand(2, 2, 4, generator=generator) + torch.tensor([[0.0, 0.0, 0.0, 9.0], [0.0, 0.0, 9.0, 9.0]])
+    mask_PBT = torch.tensor([[[1, 1, 1, 0], [1, 1, 0, 0]], [[1, 0, 0, 0], [0, 0, 0, 0]]])
+    want = entropy_PBT[mask_PBT.bool()].mean().item()
+
+    def run(rank, accelerator):
+        sources = StatisticsSources()
+        sources.accelerator = accelerator
+        logps_BT = -torch.rand(2, 4, generator=torch.Generator().manual_seed(rank))
+        batch = {
+            "completion_ids": torch.zeros(2, 4, dtype=torch.long),
+            "completion_mask": mask_PBT[rank],
+            "old_per_token_logps": logps_BT,
+        }
+        scoring = ScoringForward(keep_hidden=False)
+        scoring.calls = [(logps_BT, entropy_PBT[rank], None)]  # TRL's scoring forward, one call for the two rows
+        return sources._generation_batch_statistics(batch, (ROLLOUT_ENTROPY, ROLLOUT_MEAN_ENTROPY), scoring=scoring)
+
+    for rank, statistics in enumerate(_on_processes(run)):
+        valid_BT = mask_PBT[rank].bool()
+        torch.testing.assert_close(statistics[ROLLOUT_ENTROPY], torch.where(valid_BT, entropy_PBT[rank], 0.0))
+        torch.testing.assert_close(statistics[ROLLOUT_MEAN_ENTROPY], torch.where(valid_BT, want, 0.0))
+
+
+@pytest.mark.parametrize(
+    "statistics,beta,copied",
+    [
+        ((), 0.0, False),
+        (("reference_deviation",), 0.0, True),
+        (("reference_deviation",), 0.1, False),  # TRL keeps its own reference model
+        (("previous_policy_deviation",), 0.1, True),
+        (("rollout_entropy",), 0.0, False),
+    ],
+)
+def test_the_initial_policy_is_copied_only_for_a_deviation_without_trls_reference(statistics, beta, copied):
+    model = make_tiny_model(make_tiny_tokenizer())
+    copy = copy_initial_model(model, SimpleNamespace(beta=beta), None, statistics)
+    assert (copy is not None) == copied
+    if copied:
+        assert copy is not model and torch.equal(copy.lm_head.weight, model.lm_head.weight)
+    assert copy_initial_model("some/model", SimpleNamespace(beta=0.0), None, ("previous_policy_deviation",)) is None
+
+
+def test_a_config_records_its_stack_and_every_hyperparameter_that_trains(tmp_path):
+    config = tiny_config("eapo+taco", tmp_path, taco_alpha=0.2)
+    assert config.credit_hyperparameters() == {"credit_method": "eapo+taco", **config.credit_kwargs}
+    assert config.credit_kwargs["taco_alpha"] == 0.2 and "eapo_kappa" in config.credit_kwargs
+
+
+def test_training_by_epochs_needs_a_positive_epoch_count(tmp_path):
+    assert tiny_config("grpo", tmp_path, max_steps=-1, num_train_epochs=0.5).num_train_epochs == 0.5
+    with pytest.raises(ValueError, match=r"num_train_epochs must be > 0 when max_steps is -1, got 0"):
+        tiny_config("grpo", tmp_path, max_steps=-1, num_train_epochs=0)
+
+
+def test_a_paper_record_is_the_title_the_arxiv_id_and_a_bibtex_entry():
+    record = paper("A Title", "2601.00001", "doe2026title", "Doe, Jane", 2025)
+    assert record == {
+        "title": "A Title",
+        "id": "2601.00001",
+        "citation": "@article{doe2026title,\n    title        = {{A Title}},\n    author       = {Doe, Jane},\n"
+        "    year         = 2025,\n    eprint       = {arXiv:2601.00001},\n}",
+    }
+
+
+# ------------------------------------------------------------------------------ what the sources record
+
+
+def _backbone_output(hidden_BLH, cache=True):
+    """A backbone's output as `generate` (with its KV cache) or a scoring forward (without) returns it."""
+    return BaseModelOutputWithPast(last_hidden_state=hidden_BLH, past_key_values=object() if cache else None)
+
+
+def test_generate_s_hidden_states_cover_the_completion_positions_they_scored():
+    """A prefill over a prompt of 3 positions, then 2 decoding steps, of 2 rows: the hidden state that scored
+    completion token t is the last position of call t (prompt_len - 1 + t), 3 tokens; a forward without a cache is
+    not one."""
+    generator = torch.Generator().manual_seed(0)
+    calls = [torch.randn(2, 3, 4, generator=generator)] + [torch.randn(2, 1, 4, generator=generator) for _ in range(2)]
+    record = GenerationHidden()
+    for hidden_BLH in calls:
+        record(None, (), _backbone_output(hidden_BLH))
+    record(None, (), _backbone_output(torch.randn(2, 6, 4), cache=False))  # a scoring forward: not recorded
+    batch = {
+        "prompt_ids": torch.zeros(2, 3, dtype=torch.long),
+        "completion_ids": torch.zeros(2, 4, dtype=torch.long),
+        "completion_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+    }
+    want_BTH = torch.stack([calls[0][:, -1], calls[1][:, 0], calls[2][:, 0], torch.zeros(2, 4)], dim=1)
+    torch.testing.assert_close(record.completion_hidden(batch), want_BTH)  # TRL padded one position further
+    assert record.completion_hidden({**batch, "completion_mask": torch.ones(2, 4)}) is None  # a token not generated
+    assert record.completion_hidden({**batch, "prompt_ids": torch.zeros(2, 2, dtype=torch.long)}) is None
+    other_rows = {key: value[:1] for key, value in batch.items()}
+    assert record.completion_hidden(other_rows) is None
+
+
+def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
+    """Calls recorded in order: another forward's (of 2 rows, whose log-probs are not the batch's), then TRL's
+    old-log-prob forward of the batch's 3 rows in two row chunks; the record is the latter's entropies and hidden
+    states, found past the calls that do not add up to the batch."""
+    generator = torch.Generator().manual_seed(0)
+    other = (torch.randn(2, 5, generator=generator), torch.rand(2, 5, generator=generator), torch.randn(2, 5, 2))
+    chunks = [(torch.randn(rows, 5, generator=generator), torch.rand(rows, 5, generator=generator)) for rows in (2, 1)]
+    hidden = [torch.randn(rows, 5, 2, generator=generator) for rows in (2, 1)]
+    record = ScoringForward(keep_hidden=True)
+    record.calls = [other, *((logps, entropy, h) for (logps, entropy), h in zip(chunks, hidden))]
+    old_BT = torch.cat([logps for logps, _ in chunks])[:, 1:]  # TRL keeps the completion's last positions
+    entropy_BT, hidden_BTH = record.statistics({"old_per_token_logps": old_BT})
+    torch.testing.assert_close(entropy_BT, torch.cat([entropy for _, entropy in chunks])[:, 1:])
+    torch.testing.assert_close(hidden_BTH, torch.cat(hidden)[:, 1:])
+    assert record.statistics({"old_per_token_logps": old_BT + 1}) is None
+    assert record.statistics({}) is None
+
+
+def test_loss_weights_are_the_completion_mask_times_the_tool_mask():
+    batch = {"completion_mask": torch.tensor([[1, 1, 1, 0]]), "tool_mask": torch.tensor([[1.0, 0.0, 0.5, 1.0]])}
+    assert torch.equal(loss_weights(batch), torch.tensor([[1.0, 0.0, 0.5, 0.0]]))
+    assert torch.equal(valid_mask(batch), torch.tensor([[True, False, True, False]]))
+    assert torch.equal(valid_mask({"completion_mask": batch["completion_mask"]}), batch["completion_mask"].bool())
+
+
+def test_trl_1_15s_fused_head_fallback_scores_as_trls_kernel(tmp_path):
+    """The fallback `torch_fused_head` routes TRL 1.15's fused head through (exercised here on any release): TRL's
+    scoring forward inside it gives what it gives outside (TRL's kernel on this CPU), and TRL's kernel is back after."""
+    trainer = _trainer("grpo", tmp_path)
+    kernel = trl_utils._ChunkedLogProbFunction
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(7, len(trainer.processing_class), (3, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[0, :2] = 0
+
+    def score():
+        return trainer._get_per_token_logps_and_entropies(
+            trainer.model, input_ids, attention_mask, 4, compute_entropy=True
+        )
+
+    want = GRPOTrainer._get_per_token_logps_and_entropies(
+        trainer, trainer.model, input_ids, attention_mask, 4, compute_entropy=True
+    )
+    with trl_compat._torch_fused_head():
+        assert trl_utils._ChunkedLogProbFunction is trl_compat._FusedHeadFunction
+        with trl_compat._torch_fused_head():  # re-entrant
+            pass
+        assert trl_utils._ChunkedLogProbFunction is trl_compat._FusedHeadFunction
+        got = GRPOTrainer._get_per_token_logps_and_entropies(
+            trainer, trainer.model, input_ids, attention_mask, 4, compute_entropy=True
+        )
+    assert trl_utils._ChunkedLogProbFunction is kernel
+    for value, reference in zip(got[:2], want[:2]):
+        torch.testing.assert_close(value, reference, rtol=1e-5, atol=1e-5)
+    assert torch.equal(score()[0], want[0])  # the trainer's own scoring call, on this release
+
+
+# ------------------------------------------------------------------------------------------------ training runs
+
+
+@pytest.mark.parametrize("reference", ["ref", "old"])
+def test_tide_at_a_sampling_temperature_measures_a_reference_that_moved(monkeypatch, tmp_path, reference):
+    """At temperature 0.7 the deviation is between the policy's and the reference's tempered distributions; from the
+    second batch on the reference differs from the policy, so TIDE's weights are not flat."""
+    trainer, recorder = _checked_run(
+        monkeypatch, tmp_path, "tide", temperature=0.7, max_steps=2, tide_reference=reference
+    )
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()
+    assert _logged(trainer, "tide/mean_deviation")[1] > 1e-4
+
+
+@pytest.mark.parametrize("method", TRAINING_FORWARD_METHODS)
+def test_two_iterations_over_a_batch_reshape_its_advantages_once(monkeypatch, tmp_path, method):
+    """TRL hands the same buffered micro-batch to both iterations: the second must start from GRPO's advantages, not
+    from the first iteration's reshaped ones (the trainer works on a shallow copy)."""
+    trainer, recorder = _checked_run(monkeypatch, tmp_path, method, num_iterations=2, max_steps=2)
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()
+
+
+@pytest.mark.parametrize("reference", ["ref", "old"])
+def test_evaluation_between_training_batches_leaves_the_deviation_reference(monkeypatch, tmp_path, reference):
+    """An evaluation batch changes no reference: after it, tide_reference='old' still measures the deviation from the
+    policy of the previous training batch (the recorder's own copy follows the training batches only)."""
+    trainer, recorder = _checked_run(
+        monkeypatch, tmp_path, "tide", tide_reference=reference, max_steps=3, eval_strategy="steps", eval_steps=1
+    )
+    assert len(_logged(trainer, "eval_loss")) == 3
+    assert recorder.checked_batches == 3 + 3  # the training batches and the evaluation batches (one each)
+    recorder.assert_credit_moved()
+    assert min(_logged(trainer, "tide/mean_deviation")[1:]) > 1e-4
+
+
+# Where TRL generates in one `generate` call, the hidden states it computed; with two steps per generation TRL runs its
+# no-grad old-log-prob forward, whose entropies (and hidden states) are recorded. Three steps there: two generation
+# batches (TIDE's reference differs from the policy from the second on; under seed 1 its rewards are not all tied).
+SOURCES = {"generate": {"max_steps": 2}, "old_log_prob": {"steps_per_generation": 2, "max_steps": 3, "seed": 1}}
+
+
+@pytest.mark.parametrize("source", SOURCES)
+@pytest.mark.parametrize("method", ROLLOUT_DISTRIBUTION_METHODS)
+def test_a_forward_trl_ran_is_the_source_of_the_rollout_statistics(monkeypatch, tmp_path, method, source):
+    """The rollout statistics come from what TRL computed anyway, so no policy forward is added, and they equal the
+    plain recomputation (the recorder)."""
+    trainer, recorder = _checked_run(monkeypatch, tmp_path, method, **SOURCES[source])
+    steps = trainer.args.max_steps
+    assert recorder.checked_batches == steps
+    recorder.assert_credit_moved()
+    assert _logged(trainer, "credit/extra_forwards") == [0] * steps
+
+
+def _mean_entropies(monkeypatch, tmp_path, settings) -> tuple[float, float]:
+    """The policy's mean entropy over the valid tokens of the run's first generation batch, and over every position."""
+    means = []
+    original = GRPOTrainer._generate_and_score_completions
+
+    def generate(trainer_self, inputs):
+        batch = original(trainer_self, inputs)
+        logp_BTV = naive_logprobs(trainer_self.model, batch, trainer_self.temperature, torch.float64)
+        entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
+        means.append((entropy_BT[batch["completion_mask"].bool()].mean().item(), entropy_BT.mean().item()))
+        return batch
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate)
+    _trainer("stare", tmp_path / "probe", **settings).train()
+    monkeypatch.undo()
+    return means[0]
+
+
+def test_a_stare_gate_between_the_masked_and_the_unmasked_mean_entropy(monkeypatch, tmp_path):
+    """Completions of different lengths (right padding): the gate's target halfway between the mean entropy of the
+    valid tokens and that of every position, so only the mean over valid tokens decides the gate as it must."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
+    settings = dict(max_steps=1, stare_target_entropy=100.0)
+    masked, unmasked = _mean_entropies(
+        monkeypatch, tmp_path, {**settings, "rollout_func": make_rollout_func(6, 0.0, True)}
+    )
+    assert abs(masked - unmasked) > 0.01  # the padded positions move the mean
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    target = (masked + unmasked) / 2
+    trainer, recorder = _checked_run(
+        monkeypatch,
+        tmp_path,
+        "stare",
+        rollout_func=make_rollout_func(6, 0.0, True),
+        **{**settings, "stare_target_entropy": target},
+    )
+    assert recorder.checked_batches == 1
+    assert _logged(trainer, "stare/gate_on") == [1.0 if masked < target else 0.0]
+    assert _logged(trainer, "stare/batch_entropy")[0] == pytest.approx(masked, abs=1e-4)
+
+
+class _Interrupt(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            raise KeyboardInterrupt
+
+
+def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(tmp_path, caplog):
+    """Interrupted after step 2 (logged, not saved), resumed from checkpoint-1: step 2 is recorded once, by the resumed
+    run, with the credit the interrupted run gave it (TIDE against the previous policy saved in checkpoint-1)."""
+    settings = dict(max_steps=2, save_strategy="steps", save_steps=1, log_token_credit=True, token_credit_samples=2)
+    settings.update(tide_reference="old")
+    interrupted = _trainer("tide", tmp_path / "run", **settings)
+    interrupted.add_callback(_Interrupt())
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    before = [r for r in read_token_credit(tmp_path / "run") if r["step"] == 2]
+    assert before and any(max(r["weights"]) - min(r["weights"]) > 1e-3 for r in before)  # TIDE moved step 2's credit
+
+    with caplog.at_level("WARNING"):
+        _trainer("tide", tmp_path / "run", **settings).train(
+            resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-1")
+        )
+    assert (
+        "token_credit.jsonl: dropped 2 records of steps after step 1, written before this run began (by the "
+        "interrupted run it resumes, or an earlier run in this output_dir); this run records those steps again"
+    ) in caplog.text
+    records = read_token_credit(tmp_path / "run")
+    assert Counter(r["step"] for r in records) == {1: 2, 2: 2}
+    for got, want in zip([r for r in records if r["step"] == 2], before):
+        assert got["token_ids"] == want["token_ids"]
+        assert got["weights"] == pytest.approx(want["weights"], abs=1e-5)
+
+
+@pytest.mark.parametrize("method", ["grpo", "taco", "eapo"])
+def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(monkeypatch, tmp_path, method):
+    """Every row of a step's batch (token_credit_samples = the batch), as TRL's loss consumed it: each token's weight
+    Â / A, the log-prob and entropy of the policy that generated it (float64 from its full logits), and the method's
+    token statistic (TACO's tail risk r = -log p - H + log alpha, by its docstring); GRPO and a generation-stage
+    method (EAPO) as well as a training-forward one (TACO)."""
+    trainer = _trainer(method, tmp_path / "run", max_steps=1, log_token_credit=True, token_credit_samples=4)
+    initial = frozen_copy(trainer.model)
+    consumed = []
+    original = GRPOTrainer._compute_loss
+
+    def compute_loss(self, model, inputs):  # named as TRL's, which the trainer checks
+        loss = original(self, model, inputs)
+        consumed.append({key: value.detach().clone() for key, value in inputs.items() if torch.is_tensor(value)})
+        return loss
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    trainer.train()
+    [batch] = consumed
+    mask_BT = batch["completion_mask"].bool()
+    sequence_B = batch.get(SEQUENCE_ADVANTAGES, batch["advantages"])
+    advantages_BT = batch["advantages"] if batch["advantages"].dim() == 2 else sequence_B.unsqueeze(1) * mask_BT
+    logp_BTV = naive_logprobs(initial, batch, trainer.temperature, torch.float64)
+    entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
+    logps_BT = logp_BTV.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    records = read_token_credit(tmp_path / "run")
+    assert [(r["step"], r["method"]) for r in records] == [(1, method)] * 4
+    moved = 0
+    for record in records:
+        i = next(i for i in range(4) if batch["completion_ids"][i][mask_BT[i]].tolist() == record["token_ids"])
+        valid = mask_BT[i]
+        advantage = sequence_B[i].item()
+        assert record["advantage"] == pytest.approx(advantage, abs=1e-6)
+        want = (advantages_BT[i][valid] / advantage).tolist() if advantage else [1.0] * int(valid.sum())
+        assert record["weights"] == pytest.approx(want, abs=1e-5)
+        assert record["logps"] == pytest.approx(logps_BT[i][valid].tolist(), abs=1e-4)
+        assert record["entropies"] == pytest.approx(entropy_BT[i][valid].tolist(), abs=1e-4)
+        assert record["statistic_name"] == method_statistic_name(method)
+        if method == "grpo":
+            assert record["statistic"] is None
+        else:
+            assert len(record["statistic"]) == len(record["tokens"])
+        if method == "taco":
+            alpha = trainer.args.credit_kwargs["taco_alpha"]
+            risk = -logps_BT[i][valid] - entropy_BT[i][valid] + math.log(alpha)
+            assert record["statistic"] == pytest.approx(risk.tolist(), abs=1e-4)
+        moved += max(want) - min(want) > 1e-3
+    assert bool(moved) == (method != "grpo")  # the method moved the credit of some completion
+
+
+def test_a_generation_stage_method_that_drops_tokens_recounts_trls_normaliser(monkeypatch, tmp_path):
+    """A method of the generation batch that returns a loss mask (a user's: it drops each completion's first token):
+    its mask reaches TRL's loss as the tool mask, and `num_items_in_batch` (the normaliser of loss_type='dapo', which
+    TRL counts at generation) counts only the tokens it kept."""
+
+    @register_credit_method("credit_path_drop_first", drops_tokens=True)
+    def drop_first(batch):
+        keep_BT = torch.ones(batch.mask_BT.shape)
+        keep_BT[:, 0] = 0.0
+        return CreditResult(batch.advantages_BT, loss_mask_BT=keep_BT)
+
+    consumed = []
+    original = GRPOTrainer._compute_loss
+
+    def compute_loss(self, model, inputs):  # named as TRL's, which the trainer checks
+        consumed.append({key: value for key, value in inputs.items() if torch.is_tensor(value)})
+        return original(self, model, inputs)
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    _trainer("credit_path_drop_first", tmp_path, max_steps=1, loss_type="dapo").train()
+    [batch] = consumed
+    want_BT = batch["completion_mask"].float()
+    want_BT[:, 0] = 0.0
+    torch.testing.assert_close(batch["tool_mask"] * batch["completion_mask"], want_BT)
+    assert batch["num_items_in_batch"].item() == want_BT.sum().item()
+
+
+def test_a_policy_given_by_name_is_measured_against_its_weights_loaded_as_trl_loads_it(
+    monkeypatch, tmp_path, tiny_model_dir
+):
+    """TIDE's reference for a policy given by its path: the initial weights loaded again with TRL's model-init
+    arguments (here the eager attention), so the deviation is from the initial policy (the recorder's own copy)."""
+    tokenizer = make_tiny_tokenizer()
+    settings = dict(max_steps=2, model_init_kwargs={"attn_implementation": "eager"})
+    trainer = CreditGRPOTrainer(
+        model=tiny_model_dir,
+        reward_funcs=length_reward,
+        args=tiny_config("tide", tmp_path / "out", **settings),
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    reference = trainer.deviation_reference.model_and_context()[0]
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    assert reference is not policy and reference.config._attn_implementation == "eager"
+    assert reference.dtype == policy.dtype and not any(p.requires_grad for p in reference.parameters())
+    for name, value in policy.state_dict().items():
+        assert torch.equal(reference.state_dict()[name], value), name
+    recorder = AdvantageRecorder(monkeypatch, trainer)
+    trainer.train()
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()
