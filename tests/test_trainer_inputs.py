@@ -64,7 +64,7 @@ def test_a_reward_function_that_takes_trls_arguments_passes_the_check():
     [({"r": 0}, "`r` should be a positive integer"), ({"lora_dropout": 2.0}, "dropout probability has to be between")],
 )
 def test_lora_settings_peft_refuses_are_refused_before_the_model_loads(lora, words):
-    peft = pytest.importorskip("peft")
+    peft = pytest.importorskip("peft", reason="needs PEFT: pip install -e .[peft]")
     config = peft.LoraConfig(target_modules=["q_proj"], **lora)
     _refused(rf"peft_config LoraConfig\(.*\): PEFT's LoRA layer refuses it: {re.escape(words)}", peft_config=config)
 
@@ -72,7 +72,7 @@ def test_lora_settings_peft_refuses_are_refused_before_the_model_loads(lora, wor
 def test_the_python_api_does_not_print_deepspeeds_accelerator_guess(tiny_model_dir):
     """DeepSpeed (imported by accelerate whenever installed) logs 'Setting accelerator to CPU' when TRL's trainer is
     built on a machine without a GPU, unless DS_ACCELERATOR is set: the trainer hides it on a CPU run."""
-    pytest.importorskip("deepspeed")
+    pytest.importorskip("deepspeed", reason="needs DeepSpeed: pip install -e .[deepspeed]")
     code = (
         "import sys; sys.path.insert(0, 'tests'); from conftest import tiny_config, tiny_prompt_dataset, length_reward\n"
         "from trl_credit import TACOTrainer\n"

@@ -19,8 +19,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..command_line import normalise_options
 from . import owned_folder
-from .grpo_arguments import UsageError, _normalise_options, parse_arguments
+from .grpo_arguments import UsageError, parse_arguments
 
 _LAUNCHED_ENV = "TRL_CREDIT_LAUNCHED"  # set in processes started by `accelerate launch` from this command
 
@@ -293,7 +294,7 @@ def train(script_args, training_args, model_args, argv: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    given = _normalise_options(argv)  # as typed, for the command that resumes an interrupted run
+    given = normalise_options(argv)  # as typed, for the command that resumes an interrupted run
     try:
         script_args, training_args, model_args, argv = parse_arguments(argv)
         if script_args.dry_run:
