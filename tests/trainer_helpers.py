@@ -285,7 +285,9 @@ class AdvantageRecorder:
         )
         slack_BT, slack_weights_BT = torch.zeros_like(credit.advantages_BT), torch.zeros_like(credit.loss_weights_BT)
         if self.generation_stage:
+            handed = credit
             credit, slack_BT, slack_weights_BT = float32_slack(self.generation_stage, credit, self.hyperparameters)
+            self.on_stage(self.generation_stage, handed, credit, slack_BT, slack_weights_BT)
         self.expected = {}  # TRL buffers the micro-batches of the latest generation batch only
         rows, width = mask_BT.shape
         first = self.first_local_row(rows)
@@ -310,6 +312,10 @@ class AdvantageRecorder:
 
     def on_generation(self, batch, rollout_logps_BT, mask_BT):
         """A subclass's checks of the generation batch (the policy's sampled-token log-probs given, float64)."""
+
+    def on_stage(self, stage, handed, expected, slack_BT, slack_weights_BT):
+        """A subclass's look at one stage of the reference stack: the methods `stage`, the batch `handed` to it, the
+        batch it `expected` back and the float32 allowance of the comparison (`float32_slack`)."""
 
     def _rows(self, inputs):
         rows = []
@@ -354,7 +360,9 @@ class AdvantageRecorder:
             rewards_B=stack["rewards_B"],
             completion_ids_BT=inputs["completion_ids"],
         )
+        handed = credit
         credit, slack_BT, slack_weights_BT = float32_slack(self.forward_stage, credit, self.hyperparameters)
+        self.on_stage(self.forward_stage, handed, credit, slack_BT, slack_weights_BT)
         ranked_BTS = torch.stack([credit.statistics[name] for name in sorted(credit.statistics)], dim=-1)
         return [
             [

@@ -3,7 +3,11 @@ generated, TRL's importance-sampling ratio against its definition, and vLLM's we
 
 from __future__ import annotations
 
+import hashlib
+from collections import Counter
+
 import torch
+from reference_credit import reference_stack
 from trainer_helpers import AdvantageRecorder
 
 # vLLM stacks some of the checkpoint's projections into one parameter, in this order (its `packed_modules_mapping`).
@@ -14,6 +18,20 @@ def text_length_reward(completions, **kwargs):
     """A reward that varies within groups on vLLM's completions (its detokenizer joins the tiny tokenizer's words
     without spaces, so the main tests' word count is the same for every completion)."""
     return [float(len(c[0]["content"]) % 5) for c in completions]
+
+
+def distinct_in_group_reward(prompts, completions, **kwargs):
+    """The completion's rank among this call's completions of its prompt (0, 1, 2, ...), whatever vLLM sampled.
+
+    On one process TRL scores a whole generation batch in one call, so the rewards of every group differ by
+    construction: every completion gets a non-zero advantage, every group holds completions of both signs, and a
+    training step moves the policy off its reference (no tied group, whose zero advantages train nothing)."""
+    seen = Counter()
+    rewards = []
+    for prompt in prompts:
+        rewards.append(float(seen[repr(prompt)]))
+        seen[repr(prompt)] += 1
+    return rewards
 
 
 def vllm_model(trainer):
@@ -48,14 +66,49 @@ class RealVLLMRecorder(AdvantageRecorder):
       (a list per batch; `[]` means equal);
     * `is_ratios`, `sampling_logps`: with TRL's importance-sampling correction on, its ratios, checked against
       `clamp(exp(old - sampling), max=cap)` with `old` the policy's own log-probs recomputed here, and the rows of
-      vLLM's sampling log-probs.
+      vLLM's sampling log-probs;
+    * `completions`: a digest of every completion vLLM generated, in order (two runs that sampled alike agree);
+
+    and at each stage of the reference stack, for each of its methods, the tokens it moved where it stands
+    (`component_shares()`): those where the stage's reference output without that method lies outside the
+    comparison's allowance around the output with it (`assert_within`'s `atol + atol |want| + slack`), in an
+    advantage or a loss weight. At such a token a trainer whose method did nothing fails the comparison.
     """
 
     def __init__(self, monkeypatch, trainer, atol=1e-5):
         super().__init__(monkeypatch, trainer, atol)
         self.weight_checks, self.is_ratios, self.sampling_logps = [], [], []
+        self.completions = hashlib.sha256()
+        self.component_moved, self.component_valid = Counter(), Counter()
+
+    def on_stage(self, stage, handed, expected, slack_BT, slack_weights_BT):
+        for name in stage:
+            without = reference_stack([other for other in stage if other != name], handed, self.hyperparameters)
+            allowance_BT = self.atol + self.atol * expected.advantages_BT.abs() + slack_BT
+            moved_BT = (without.advantages_BT - expected.advantages_BT).abs() > allowance_BT
+            allowance_BT = self.atol + self.atol * expected.loss_weights_BT.abs() + slack_weights_BT
+            moved_BT |= (without.loss_weights_BT - expected.loss_weights_BT).abs() > allowance_BT
+            self.component_moved[name] += int((moved_BT & handed.mask_BT).sum())
+            self.component_valid[name] += int(handed.mask_BT.sum())
+
+    def component_shares(self) -> dict[str, float]:
+        """Each method of the stack: the share of the valid tokens handed to it that it moved where it stands."""
+        return {name: self.component_moved[name] / max(self.component_valid[name], 1) for name in self.hyperparameters}
+
+    def component_summary(self) -> str:
+        return ", ".join(f"{name} {share:.3f}" for name, share in self.component_shares().items()) or "-"
+
+    def assert_each_component_moved(self):
+        """Every method of the stack moved credit where it stands; GRPO, an empty stack, moved none."""
+        if not self.trainer.args.credit_stack:
+            self.assert_credit_moved()
+            return
+        unmoved = [name for name, share in self.component_shares().items() if share == 0]
+        assert not unmoved, f"{unmoved} moved no credit where they stand in {self.trainer.args.credit_method!r}"
 
     def on_generation(self, batch, rollout_logps_BT, mask_BT):
+        for ids, mask in zip(batch["completion_ids"].tolist(), mask_BT.tolist(), strict=True):
+            self.completions.update(repr([i for i, valid in zip(ids, mask, strict=True) if valid]).encode())
         if self.trainer.args.vllm_mode == "colocate":  # a server's weights live in its own process
             self.weight_checks.append(weights_differing_from_vllm(self.trainer))
         if self.trainer.vllm_importance_sampling_correction:
