@@ -4,11 +4,17 @@ generated, TRL's importance-sampling ratio against its definition, and vLLM's we
 from __future__ import annotations
 
 import hashlib
-from collections import Counter
+from collections import Counter, defaultdict
 
 import torch
 from reference_credit import reference_stack
-from trainer_helpers import AdvantageRecorder
+from trainer_helpers import AdvantageRecorder, moving_settings
+
+# What the job sets on top of `moving_settings`, so that each method of a stack moves a share of the tokens where it
+# stands (not a rare few): TAMPO's probability cut below most of TACO's tail (p < 0.5 exp(-H) under
+# `MOVING_SETTINGS`), else in the official actor's order (`ar_lopti+taco+tampo+clip_cov`) TAMPO drops nearly every
+# token TACO shrank; STAPO's entropy cut at the micro-batch's 90th percentile, so that more of its candidates qualify.
+JOB_SETTINGS = {"tampo": {"tampo_prob_threshold": 0.01}, "stapo": {"stapo_entropy_quantile": 0.9}}
 
 # vLLM stacks some of the checkpoint's projections into one parameter, in this order (its `packed_modules_mapping`).
 STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -20,18 +26,26 @@ def text_length_reward(completions, **kwargs):
     return [float(len(c[0]["content"]) % 5) for c in completions]
 
 
-def distinct_in_group_reward(prompts, completions, **kwargs):
-    """The completion's rank among this call's completions of its prompt (0, 1, 2, ...), whatever vLLM sampled.
+def job_settings(credit_method: str) -> dict:
+    """`moving_settings(credit_method)` with `JOB_SETTINGS` on top."""
+    settings = moving_settings(credit_method)
+    for name in credit_method.split("+"):
+        settings.update(JOB_SETTINGS.get(name, {}))
+    return settings
 
-    On one process TRL scores a whole generation batch in one call, so the rewards of every group differ by
-    construction: every completion gets a non-zero advantage, every group holds completions of both signs, and a
-    training step moves the policy off its reference (no tied group, whose zero advantages train nothing)."""
-    seen = Counter()
-    rewards = []
-    for prompt in prompts:
-        rewards.append(float(seen[repr(prompt)]))
-        seen[repr(prompt)] += 1
-    return rewards
+
+def distinct_in_group_reward(prompts, completion_ids, **kwargs):
+    """The rank of the completion's token ids among the distinct completions of its prompt in this call (0, 1, ...).
+
+    On one process TRL scores a whole generation batch in one call, so two completions of a group get the same reward
+    only when they are the same tokens: unless vLLM sampled one completion for the whole group, the group's rewards
+    differ, every group holds advantages of both signs and the step trains. Equal completions get equal rewards, as a
+    real reward gives them (the recorder matches rows by their tokens)."""
+    distinct = defaultdict(set)
+    for prompt, ids in zip(prompts, completion_ids, strict=True):
+        distinct[repr(prompt)].add(tuple(ids))
+    ranks = {prompt: {ids: rank for rank, ids in enumerate(sorted(group))} for prompt, group in distinct.items()}
+    return [float(ranks[repr(prompt)][tuple(ids)]) for prompt, ids in zip(prompts, completion_ids, strict=True)]
 
 
 def vllm_model(trainer):

@@ -17,11 +17,14 @@ Why a case cannot fail by chance, nor pass with a method that does nothing:
 - Each method of the stack must move credit where it stands: at some token, the stage's reference output without it
   lies outside the comparison's allowance around the output with it (`RealVLLMRecorder.component_shares`), so a
   trainer whose method did nothing there fails the 1e-5 comparison. A stack's components are asserted one by one.
-- What they move does not hang on a lucky sample. Each step holds 2 prompts with 4 completions each, rewarded by
-  their rank within their group (`distinct_in_group_reward`): no group ties, so every completion has a non-zero
-  advantage, every group has both signs, and the first step moves the policy off its reference (TIDE's deviation,
-  the old policy of a second iteration). The settings (`moving_settings`) are those under which each method moves a
-  share of the tokens, not a rare one (the shares are printed, and listed in the closing note of issue 51).
+- What they move does not hang on a lucky sample. Each step holds 4 prompts with 4 completions each, rewarded by
+  the rank of their tokens among their group's distinct completions (`distinct_in_group_reward`): a group's rewards
+  tie only if vLLM sampled one completion 4 times, and a step trains nothing only if that happened in all 4 groups
+  (for the tiny model, whose tokens carry 1-3 nats of entropy, far below any chance a test run meets). So the
+  completions have non-zero advantages of both signs in every group, and the first step moves the policy off its
+  reference (TIDE's deviation, the old policy of a second iteration). The settings (`job_settings`) make each method
+  move a share of the tokens, not a rare one: at least 3 % of them where it stands, in every case (the shares are
+  printed), so that a case where none moves would take dozens of tokens all falling outside the method's condition.
 - Sampling is reproducible: a colocated vLLM samples in the trainer's process from torch's generator, which the
   trainer seeds (`seed=0`), so the same case samples the same completions in every run (the digest printed per
   case); server mode seeds each request (test_server.py).
@@ -34,9 +37,9 @@ import math
 import pytest
 import torch
 from conftest import make_tiny_tokenizer, tiny_config, tiny_prompt_dataset, train_changing_every_parameter
-from trainer_helpers import TRAINING_FORWARD_STATISTICS, moving_settings, path_cases
+from trainer_helpers import TRAINING_FORWARD_STATISTICS, path_cases
 
-from real_vllm.helpers import RealVLLMRecorder, distinct_in_group_reward, weights_differing_from_vllm
+from real_vllm.helpers import RealVLLMRecorder, distinct_in_group_reward, job_settings, weights_differing_from_vllm
 from trl_credit import CreditGRPOTrainer
 
 # (IS correction, num_iterations, steps): the cells every case runs in, and the one only TACO adds.
@@ -60,8 +63,8 @@ def colocated_trainer(method, model_dir, output_dir, importance_sampling, num_it
         vllm_importance_sampling_clip_max=2.0,
         num_iterations=num_iterations,
         max_steps=steps,
-        per_device_train_batch_size=8,  # 2 prompts of 4 completions a step
-        **moving_settings(method),
+        per_device_train_batch_size=16,  # 4 prompts of 4 completions a step
+        **job_settings(method),
     )
     # The tokenizer given, not loaded by TRL from the folder: in this environment the loaded one decoded each token of
     # a completion without the space in front of it, so HICRA's grams matched no whole word and it moved no credit.

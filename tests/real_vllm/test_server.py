@@ -3,11 +3,11 @@ stack trains generating through it, the advantages TRL's loss consumed equal the
 stack moves credit where it stands, and after training the server generates greedily what the trained model does (its
 weights reached the server).
 
-As in test_colocate.py (whose docstring gives the argument), no case can fail by chance: 2 prompts of 4 completions a
+As in test_colocate.py (whose docstring gives the argument), no case can fail by chance: 4 prompts of 4 completions a
 step, rewards that differ within every group, and sampling the server seeds per request (`generation_kwargs={"seed":
 ...}`, vLLM's `SamplingParams.seed`; the `n` completions of a prompt get `seed`, `seed + 1`, ...). Unseeded, the
-server's samples differed between identical runs (its engine's generator serves whichever requests it batches), and a
-group of 4 completions whose rewards tied left TIDE and STAPO with nothing to move (issue 51)."""
+server's samples differed between identical runs, and a group of 4 completions whose rewards tied left TIDE and STAPO
+with nothing to move (issue 51)."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ import pytest
 import requests
 import torch
 from conftest import make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
-from trainer_helpers import moving_settings, path_cases
+from trainer_helpers import path_cases
 
 from real_vllm.cpu_shims import vllm_dist_info
-from real_vllm.helpers import RealVLLMRecorder, distinct_in_group_reward
+from real_vllm.helpers import RealVLLMRecorder, distinct_in_group_reward, job_settings
 from trl_credit import CreditGRPOTrainer
 
 SERVER_START_S = 240
@@ -124,9 +124,9 @@ def test_training_generates_through_the_server(
         vllm_server_timeout=60,
         vllm_importance_sampling_mode="token_truncate",
         max_steps=2,
-        per_device_train_batch_size=8,  # 2 prompts of 4 completions a step
+        per_device_train_batch_size=16,  # 4 prompts of 4 completions a step
         generation_kwargs={"seed": SAMPLING_SEED},
-        **moving_settings(method),
+        **job_settings(method),
     )
     trainer = CreditGRPOTrainer(
         model=vllm_model_dir,
@@ -146,7 +146,7 @@ def test_training_generates_through_the_server(
     trainer.vllm_generation.vllm_client.generate = counting_generate.__get__(trainer.vllm_generation.vllm_client)
     recorder = RealVLLMRecorder(monkeypatch, trainer)
     trainer.train()
-    assert generated == [8, 8]  # each step's 8 completions (2 prompts, 4 generations) come from the server
+    assert generated == [16, 16]  # each step's 16 completions (4 prompts, 4 generations) come from the server
     # One weight push per generation batch, the first before any generation (the server held the previous case's).
     assert len(reload_weights_transport) == 2
     assert recorder.checked_batches == 2
