@@ -78,6 +78,14 @@ OPTIONS = {
 }
 
 
+def sequence_kl(inputs, logps_BT):
+    """`(B, 1)`: each completion's mean of `log pi_sampling - log pi_theta` over its valid tokens (TRL's OPSM reads the
+    sampling log-probs where the batch has them, else the old ones)."""
+    mask_BT = inputs["completion_mask"].double()
+    sampling_BT = inputs.get("sampling_per_token_logps", inputs["old_per_token_logps"]).double()
+    return ((sampling_BT - logps_BT) * mask_BT).sum(-1, keepdim=True) / mask_BT.sum(-1, keepdim=True)
+
+
 def loss_by_hand(option, trainer, inputs, logps_BT, signs_BT):
     """TRL's loss of one micro-batch under `option` (one process, no gradient accumulation, `beta = 0`), from the
     formulas of TRL's docs and papers, reading the advantage's sign from `signs_BT`."""
@@ -100,9 +108,8 @@ def loss_by_hand(option, trainer, inputs, logps_BT, signs_BT):
     else:  # DeepSeek-V3.2's mask on the clipped surrogate: keep where A >= 0 or the sequence's mean KL <= delta
         clipped_BT = ratio_BT.clamp(1 - trainer.epsilon_low, 1 + trainer.epsilon_high)
         per_token_BT = -torch.minimum(ratio_BT * advantages_BT, clipped_BT * advantages_BT)
-        sampling_BT = inputs.get("sampling_per_token_logps", inputs["old_per_token_logps"]).double()
-        mean_kl_B1 = ((sampling_BT - logps_BT) * mask_BT).sum(-1, keepdim=True) / mask_BT.sum(-1, keepdim=True)
-        per_token_BT = per_token_BT * ((signs_BT >= 0) | (mean_kl_B1 <= args.off_policy_mask_threshold))
+        low_kl_B1 = sequence_kl(inputs, logps_BT) <= args.off_policy_mask_threshold
+        per_token_BT = per_token_BT * ((signs_BT >= 0) | low_kl_B1)
     return ((per_token_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1)).mean()
 
 
@@ -144,8 +151,12 @@ def test_trls_loss_reads_each_tokens_sign(tmp_path, monkeypatch, option):
 
     assert len(calls) == 4  # two generation batches, each over two iterations
     mixed = parted = 0
+    masked = set()  # OPSM: whether negative tokens were dropped (KL above the threshold), and kept (below it)
     for inputs, logps_BT, loss in calls:
         advantages_BT, mask_BT = inputs["advantages"].double(), inputs["completion_mask"].bool()
+        if option == "off_policy_mask_threshold":
+            high_kl_B1 = sequence_kl(inputs, logps_BT) > trainer.args.off_policy_mask_threshold
+            masked |= {bool(off) for off in high_kl_B1[((advantages_BT < 0) & mask_BT).any(-1, keepdim=True)]}
         positive_B, negative_B = ((advantages_BT > 0) & mask_BT).any(-1), ((advantages_BT < 0) & mask_BT).any(-1)
         mixed += int((positive_B & negative_B).sum())
         by_token = loss_by_hand(option, trainer, inputs, logps_BT, advantages_BT)
@@ -155,3 +166,5 @@ def test_trls_loss_reads_each_tokens_sign(tmp_path, monkeypatch, option):
         parted += abs(by_sequence - loss).item() > 100 * (1e-6 + 1e-5 * abs(loss).item())  # 100 x the tolerance
     assert mixed > 0, "no completion had token advantages of both signs"
     assert parted > 0, "reading the sequence advantage's sign gave TRL's loss at every step: the run tells nothing"
+    if option == "off_policy_mask_threshold":
+        assert masked == {True, False}, "the threshold decided nothing: every negative token was dropped, or none"
