@@ -121,18 +121,27 @@ def policy_statistics(model, batch, temperature, mask_BT):
 
 def float32_slack(stage, credit, hyperparameters, draws=4):
     """The reference stack on `credit`, and how far its advantages and loss weights move when every statistic moves
-    by float32 rounding (eps32 * max(1, |x|), signs drawn at random, seeded). The trainer's statistics come from
-    TRL's float32 forward, so where a rule is ill-conditioned (OTB's baseline where each member's weight
-    1 - 2p + sum p^2 is near 0, a top-k cut between two near-equal tokens) the trainer and the float64 reference may
-    part by more than the tolerance; the comparison allows that much there, and only there."""
+    by float32 rounding (eps32 * max(1, |x|)): with signs drawn at random (seeded), and with each row's sign the k-th
+    bit of its index, then its opposite, for every bit. The trainer's statistics come from TRL's float32 forward, so
+    where a rule is ill-conditioned (OTB's baseline where each member's weight 1 - 2p + sum p^2 is near 0, a top-k or
+    quantile cut between two near-equal tokens) the trainer and the float64 reference may part by more than the
+    tolerance; the comparison allows that much there, and only there. Tokens of two rows that share a prefix have
+    equal statistics, and float32 may order them either way at a cut: the bit draws move every such pair apart in both
+    orders (random signs miss one order of a given pair with probability 0.57 in 4 draws)."""
     exact = reference_stack(stage, credit, hyperparameters)
     generator = torch.Generator().manual_seed(0)
+    rows = credit.mask_BT.size(0)
+    bits_BK = (torch.arange(rows).unsqueeze(1) >> torch.arange(max(rows - 1, 1).bit_length())) & 1
+    row_signs = [side * (2.0 * bits_BK[:, k : k + 1] - 1) for k in range(bits_BK.size(1)) for side in (1, -1)]
     slack_BT = torch.zeros_like(exact.advantages_BT)
     slack_weights_BT = torch.zeros_like(exact.loss_weights_BT)
-    for _ in range(draws):
+    for row_signs_B1 in [None] * draws + row_signs:
         nudged = {}
         for name, value_BT in credit.statistics.items():
-            signs_BT = torch.randint(0, 2, value_BT.shape, generator=generator).double() * 2 - 1
+            if row_signs_B1 is None:
+                signs_BT = torch.randint(0, 2, value_BT.shape, generator=generator).double() * 2 - 1
+            else:
+                signs_BT = row_signs_B1.double().expand_as(value_BT)
             step_BT = FLOAT32_EPSILON * value_BT.abs().clamp(min=1.0) * credit.mask_BT
             nudged[name] = value_BT + signs_BT * step_BT
         other = reference_stack(stage, dataclasses.replace(credit, statistics=nudged), hyperparameters)

@@ -11,10 +11,18 @@ from reference_credit import reference_stack
 from trainer_helpers import AdvantageRecorder, moving_settings
 
 # What the job sets on top of `moving_settings`, so that each method of a stack moves a share of the tokens where it
-# stands (not a rare few): TAMPO's probability cut below most of TACO's tail (p < 0.5 exp(-H) under
-# `MOVING_SETTINGS`), else in the official actor's order (`ar_lopti+taco+tampo+clip_cov`) TAMPO drops nearly every
-# token TACO shrank; STAPO's entropy cut at the micro-batch's 90th percentile, so that more of its candidates qualify.
-JOB_SETTINGS = {"tampo": {"tampo_prob_threshold": 0.01}, "stapo": {"stapo_entropy_quantile": 0.9}}
+# stands, not a rare few:
+# - TACO's tail at alpha = 1 (p < exp(-H)) and TAMPO's probability cut at 0.05: in the official actor's order
+#   (`ar_lopti+taco+tampo+clip_cov`) TAMPO drops the positive tokens with p <= cut, and under `MOVING_SETTINGS` (0.2
+#   against TACO's p < 0.5 exp(-H)) those were nearly all the tokens TACO had shrunk;
+# - STAPO's entropy cut at the micro-batch's 7/8 quantile: more of its candidates qualify, and a dyadic level makes
+#   the quantile's position `q (n - 1)` exact, so that no token sits at a cut that float32 (the trainer's, as
+#   `torch.quantile`) and float64 (the reference's) round to different sides (at 0.9, `0.9 * 70` is 63 + 1e-14).
+JOB_SETTINGS = {
+    "taco": {"taco_alpha": 1.0},
+    "tampo": {"tampo_prob_threshold": 0.05},
+    "stapo": {"stapo_entropy_quantile": 0.875},
+}
 
 # vLLM stacks some of the checkpoint's projections into one parameter, in this order (its `packed_modules_mapping`).
 STACKED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
