@@ -126,20 +126,29 @@ def policy_statistics(model, batch, temperature, mask_BT):
 
 def float32_slack(stage, credit, hyperparameters, draws=4):
     """The reference stack on `credit`, and how far its advantages and loss weights move when every statistic moves
-    by float32 rounding (signs drawn at random, seeded): eps32 * max(1, |x|) for a statistic with an absolute
-    rounding error (a log-prob carries the rounding of its log-normaliser), eps32 * |x| for one summed from
-    non-negative terms (`ROLLOUT_UNSAMPLED`: OTB's `1 - p` and `sum_{v != y} p_v^2`, exact as p -> 1). The trainer's
-    statistics come from TRL's float32 forward, so where a rule is ill-conditioned (a top-k cut between two
-    near-equal tokens) the trainer and the float64 reference may part by more than the tolerance; the comparison
-    allows that much there, and only there."""
+    by float32 rounding: eps32 * max(1, |x|) for a statistic with an absolute rounding error (a log-prob carries the
+    rounding of its log-normaliser), eps32 * |x| for one summed from non-negative terms (`ROLLOUT_UNSAMPLED`: OTB's
+    `1 - p` and `sum_{v != y} p_v^2`, exact as p -> 1); with signs drawn at random (seeded), and with each row's sign
+    the k-th bit of its index, then its opposite, for every bit. The trainer's statistics come from TRL's float32
+    forward, so where a rule is ill-conditioned (a top-k or quantile cut between two near-equal tokens) the trainer and
+    the float64 reference may part by more than the tolerance; the comparison allows that much there, and only there.
+    Tokens of two rows that share a prefix have equal statistics, and float32 may order them either way at a cut: the
+    bit draws move every such pair apart in both orders (random signs miss one order of a given pair with probability
+    0.57 in 4 draws)."""
     exact = reference_stack(stage, credit, hyperparameters)
     generator = torch.Generator().manual_seed(0)
+    rows = credit.mask_BT.size(0)
+    bits_BK = (torch.arange(rows).unsqueeze(1) >> torch.arange(max(rows - 1, 1).bit_length())) & 1
+    row_signs = [side * (2.0 * bits_BK[:, k : k + 1] - 1) for k in range(bits_BK.size(1)) for side in (1, -1)]
     slack_BT = torch.zeros_like(exact.advantages_BT)
     slack_weights_BT = torch.zeros_like(exact.loss_weights_BT)
-    for _ in range(draws):
+    for row_signs_B1 in [None] * draws + row_signs:
         nudged = {}
         for name, value_BT in credit.statistics.items():
-            signs_BT = torch.randint(0, 2, value_BT.shape, generator=generator).double() * 2 - 1
+            if row_signs_B1 is None:
+                signs_BT = torch.randint(0, 2, value_BT.shape, generator=generator).double() * 2 - 1
+            else:
+                signs_BT = row_signs_B1.double().expand_as(value_BT)
             scale_BT = value_BT.abs() if name in ROLLOUT_UNSAMPLED else value_BT.abs().clamp(min=1.0)
             step_BT = FLOAT32_EPSILON * scale_BT * credit.mask_BT
             nudged[name] = value_BT + signs_BT * step_BT
@@ -294,7 +303,9 @@ class AdvantageRecorder:
         )
         slack_BT, slack_weights_BT = torch.zeros_like(credit.advantages_BT), torch.zeros_like(credit.loss_weights_BT)
         if self.generation_stage:
+            handed = credit
             credit, slack_BT, slack_weights_BT = float32_slack(self.generation_stage, credit, self.hyperparameters)
+            self.on_stage(self.generation_stage, handed, credit, slack_BT, slack_weights_BT)
         self.expected = {}  # TRL buffers the micro-batches of the latest generation batch only
         rows, width = mask_BT.shape
         first = self.first_local_row(rows)
@@ -319,6 +330,10 @@ class AdvantageRecorder:
 
     def on_generation(self, batch, rollout_logps_BT, mask_BT):
         """A subclass's checks of the generation batch (the policy's sampled-token log-probs given, float64)."""
+
+    def on_stage(self, stage, handed, expected, slack_BT, slack_weights_BT):
+        """A subclass's look at one stage of the reference stack: the methods `stage`, the batch `handed` to it, the
+        batch it `expected` back and the float32 allowance of the comparison (`float32_slack`)."""
 
     def _rows(self, inputs):
         rows = []
@@ -363,7 +378,9 @@ class AdvantageRecorder:
             rewards_B=stack["rewards_B"],
             completion_ids_BT=inputs["completion_ids"],
         )
+        handed = credit
         credit, slack_BT, slack_weights_BT = float32_slack(self.forward_stage, credit, self.hyperparameters)
+        self.on_stage(self.forward_stage, handed, credit, slack_BT, slack_weights_BT)
         ranked_BTS = torch.stack([credit.statistics[name] for name in sorted(credit.statistics)], dim=-1)
         return [
             [

@@ -25,9 +25,10 @@ def run(arguments, shims=False):
 
 
 def test_grpo_cli_trains_with_colocated_vllm(tmp_path, vllm_model_dir):
-    """A reward that varies within groups on vLLM's completions, and TACO's tail threshold where tokens fall in the
-    tail (`MOVING_SETTINGS`): the run trains (gradient norm > 0) and TACO moves credit."""
-    recipe = tiny_recipe(tmp_path, vllm_model_dir, max_steps=2, reward_funcs=["real_vllm.helpers:text_length_reward"])
+    """Rewards that differ within every group (2 prompts of 4 completions a step), and TACO's tail threshold where
+    tokens fall in the tail (`MOVING_SETTINGS`): the run trains (gradient norm > 0) and TACO moves credit."""
+    reward = ["real_vllm.helpers:distinct_in_group_reward"]  # no tied group, whatever vLLM samples
+    recipe = tiny_recipe(tmp_path, vllm_model_dir, max_steps=2, per_device_train_batch_size=8, reward_funcs=reward)
     flags = ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_gpu_memory_utilization", "0.1"]
     flags += [f"--{name}={value}" for name, value in moving_settings("taco").items()]
     done = run(["grpo", "--config", str(recipe), "--method", "taco", *flags], shims=True)

@@ -1,6 +1,13 @@
 """Server mode: `trl vllm-serve` on 127.0.0.1, started once and stopped here; every registered method and documented
-stack trains generating through it, the advantages TRL's loss consumed equal the reference rules, and after training
-the server generates greedily what the trained model does (its weights reached the server)."""
+stack trains generating through it, the advantages TRL's loss consumed equal the reference rules, each method of the
+stack moves credit where it stands, and after training the server generates greedily what the trained model does (its
+weights reached the server).
+
+As in test_colocate.py (whose docstring gives the argument), no case can fail by chance: 4 prompts of 4 completions a
+step, rewards that differ within every group, and sampling the server seeds per request (`generation_kwargs={"seed":
+...}`, vLLM's `SamplingParams.seed`; the `n` completions of a prompt get `seed`, `seed + 1`, ...). Unseeded, the
+server's samples differed between identical runs, and a group of 4 completions whose rewards tied left TIDE and STAPO
+with nothing to move (issue 51)."""
 
 from __future__ import annotations
 
@@ -17,13 +24,14 @@ import pytest
 import requests
 import torch
 from conftest import make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
-from trainer_helpers import moving_settings, path_cases
+from trainer_helpers import path_cases
 
 from real_vllm.cpu_shims import vllm_dist_info
-from real_vllm.helpers import RealVLLMRecorder, text_length_reward
+from real_vllm.helpers import RealVLLMRecorder, distinct_in_group_reward, job_settings
 from trl_credit import CreditGRPOTrainer
 
 SERVER_START_S = 240
+SAMPLING_SEED = 1234
 
 
 def free_port() -> int:
@@ -116,11 +124,13 @@ def test_training_generates_through_the_server(
         vllm_server_timeout=60,
         vllm_importance_sampling_mode="token_truncate",
         max_steps=2,
-        **moving_settings(method),
+        per_device_train_batch_size=16,  # 4 prompts of 4 completions a step
+        generation_kwargs={"seed": SAMPLING_SEED},
+        **job_settings(method),
     )
     trainer = CreditGRPOTrainer(
         model=vllm_model_dir,
-        reward_funcs=text_length_reward,
+        reward_funcs=distinct_in_group_reward,
         args=args,
         train_dataset=tiny_prompt_dataset(),
         processing_class=make_tiny_tokenizer(),  # as in test_colocate.py: HICRA's token texts keep their spaces
@@ -136,11 +146,11 @@ def test_training_generates_through_the_server(
     trainer.vllm_generation.vllm_client.generate = counting_generate.__get__(trainer.vllm_generation.vllm_client)
     recorder = RealVLLMRecorder(monkeypatch, trainer)
     trainer.train()
-    assert generated == [4, 4]  # each step's 4 completions (one prompt, 4 generations) come from the server
+    assert generated == [16, 16]  # each step's 16 completions (4 prompts, 4 generations) come from the server
     # One weight push per generation batch, the first before any generation (the server held the previous case's).
     assert len(reload_weights_transport) == 2
     assert recorder.checked_batches == 2
-    recorder.assert_credit_moved()
+    recorder.assert_each_component_moved()
     log = trainer.state.log_history[0]
     assert "credit/extra_forwards" in log and "sampling/importance_sampling_ratio/mean" in log
 
@@ -158,5 +168,6 @@ def test_training_generates_through_the_server(
             assert completion == greedy.tolist()[: len(completion)]
     print(
         f"\n[real vLLM server] {method}: max |consumed - recomputed| = {recorder.max_difference:.2e}, "
-        f"moved share = {recorder.moved_share():.3f}, ill-conditioned tokens = {recorder.ill_conditioned}"
+        f"moved share = {recorder.moved_share():.3f}, moved where it stands = {recorder.component_summary()}, "
+        f"ill-conditioned tokens = {recorder.ill_conditioned}, completions {recorder.completions.hexdigest()[:12]}"
     )

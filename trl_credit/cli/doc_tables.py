@@ -65,6 +65,21 @@ def methods_table() -> str:
     return "\n".join(rows)
 
 
+def sign_readings_table() -> str:
+    """What TRL's sign-reading options read after each registered method: its registration's `keeps_signs`."""
+    rows = [
+        "| method | keeps each token's sign | what `off_policy_mask_threshold`, `vespo` and `sapo` read after it |",
+        "|---|---|---|",
+    ]
+    for method in _registered():
+        if method.keeps_signs:
+            reading = "the signs it was handed (alone: GRPO's `A_i` at every token that adds to the loss, as on GRPO)"
+        else:
+            reading = "each token's own sign, which can differ from the one it was handed: each option acts per token"
+        rows.append(f"| `{method.name}` | {'yes' if method.keeps_signs else 'no'} | {reading} |")
+    return "\n".join(rows)
+
+
 def hyperparameters_table() -> str:
     """Every method's hyperparameters with their defaults and help, as `--flags` of `trl-credit grpo`."""
     rows = ["| method | option | default | meaning |", "|---|---|---|---|"]
@@ -201,6 +216,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "extending_example": extending_example,
     "baseline_citations": baseline_citations,
     "methods_table": methods_table,
+    "sign_readings": sign_readings_table,
     "hyperparameters": hyperparameters_table,
     "metrics": metrics_list,
     "token_statistics": token_statistics_table,

@@ -49,7 +49,12 @@ class ARLoptiArguments:
 
 
 @register_credit_method(
-    "ar_lopti", display_name="AR-Lopti", statistics=(ROLLOUT_LOGPS,), arguments=ARLoptiArguments, paper=AR_LOPTI_PAPER
+    "ar_lopti",
+    display_name="AR-Lopti",
+    statistics=(ROLLOUT_LOGPS,),
+    arguments=ARLoptiArguments,
+    paper=AR_LOPTI_PAPER,
+    keeps_signs=True,
 )
 def ar_lopti(batch: CreditBatch, ar_lopti_alpha: float) -> CreditResult:
     """Scales every advantage by (1 - alpha) + alpha * p under the rollout policy.

@@ -109,6 +109,7 @@ def clip_cov_generator(seed: int, step: int, valid_BT: torch.Tensor) -> torch.Ge
     statistics=(POLICY_LOGPS, ROLLOUT_LOGPS),
     arguments=ClipCovArguments,
     paper=CLIP_COV_PAPER,
+    keeps_signs=True,
 )
 def clip_cov(
     batch: CreditBatch, clip_cov_ratio: float, clip_cov_lb: float, clip_cov_ub: float, clip_cov_seed: int

@@ -94,7 +94,12 @@ def eapo_normalized_entropy(entropy_BT: torch.Tensor, q_lo: float, q_hi: float) 
 
 
 @register_credit_method(
-    "eapo", display_name="EAPO", statistics=(ROLLOUT_ENTROPY,), arguments=EAPOArguments, paper=EAPO_PAPER
+    "eapo",
+    display_name="EAPO",
+    statistics=(ROLLOUT_ENTROPY,),
+    arguments=EAPOArguments,
+    paper=EAPO_PAPER,
+    keeps_signs=True,
 )
 def eapo(batch: CreditBatch, eapo_kappa: float, eapo_kappa_decay_steps: int, eapo_quantiles) -> CreditResult:
     """Moves credit towards high-entropy tokens in successes and low-entropy tokens in failures, mean weight 1

@@ -64,6 +64,7 @@ class EntropyAdvArguments:
     statistics=(POLICY_ENTROPY,),
     arguments=EntropyAdvArguments,
     paper=ENTROPY_ADV_PAPER,
+    keeps_signs=True,
 )
 def entropy_adv(batch: CreditBatch, entropy_adv_alpha: float, entropy_adv_kappa: float) -> CreditResult:
     """Adds a bounded entropy bonus min(alpha * H, |A| / kappa) to every token's advantage.

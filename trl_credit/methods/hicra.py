@@ -111,7 +111,9 @@ def _check_grams(grams) -> bool:
     return len(grams) > 0 and all(isinstance(gram, str) and gram.split() for gram in grams)
 
 
-@register_credit_method("hicra", display_name="HICRA", statistics=(), arguments=HICRAArguments, paper=HICRA_PAPER)
+@register_credit_method(
+    "hicra", display_name="HICRA", statistics=(), arguments=HICRAArguments, paper=HICRA_PAPER, keeps_signs=True
+)
 def hicra(batch: CreditBatch, hicra_alpha: float, hicra_grams: list[str]) -> CreditResult:
     """Amplifies the advantage of planning tokens, those inside strategic grams of the decoded completion:
     A + alpha * |A|.

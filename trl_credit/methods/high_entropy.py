@@ -72,6 +72,7 @@ def high_entropy_count(num_valid: int, top_ratio: float) -> int:
     arguments=HighEntropyArguments,
     paper=HIGH_ENTROPY_PAPER,
     drops_tokens=True,
+    keeps_signs=True,
 )
 def high_entropy(batch: CreditBatch, high_entropy_top_ratio: float) -> CreditResult:
     """Keeps in the loss only the 20 % highest-entropy tokens of each micro-batch.

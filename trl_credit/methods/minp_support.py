@@ -82,6 +82,7 @@ def minp_support_margin(logit_gap_BT: torch.Tensor, min_p: float) -> torch.Tenso
     arguments=MinPSupportArguments,
     paper=TACO_PAPER,
     drops_tokens=True,
+    keeps_signs=True,
 )
 def minp_support(
     batch: CreditBatch,

@@ -36,6 +36,7 @@ def register_credit_method(
     paper: Mapping[str, str] | None = None,
     drops_tokens: bool = False,
     estimates_advantages: bool = False,
+    keeps_signs: bool = False,
 ):
     """Register `function(batch: CreditBatch, **hyperparameters) -> CreditResult | Tensor` as method `name`.
 
@@ -50,13 +51,17 @@ def register_credit_method(
         drops_tokens: whether it may return a `loss_mask_BT`.
         estimates_advantages: it computes token advantages from `batch.rewards_B` and `batch.group_index_B` instead
             of reshaping the incoming ones, so it must come first in a stack.
+        keeps_signs: every token advantage it returns has the sign of the incoming one, or is 0 (it scales by
+            positive factors, zeroes or drops tokens). TRL's loss reads each token advantage's sign
+            (`off_policy_mask_threshold`, `loss_type="vespo"` and `"sapo"`); after such a method it reads the signs it
+            read before it (docs/methods.md, "TRL's sign-reading options").
 
     Registering a second, different function under an existing name is an error.
     """
     _check_registration(name, statistics, arguments)
 
     def decorator(function):
-        registered = (name, function, statistics, arguments, paper, drops_tokens, estimates_advantages)
+        registered = (name, function, statistics, arguments, paper, drops_tokens, estimates_advantages, keeps_signs)
         method = CreditMethod(*registered, display_name or name, **_described(function))
         reserved = sorted(set(method.diagnostics) & set(COMMON_DIAGNOSTICS))
         if reserved:
@@ -95,6 +100,7 @@ class CreditMethod:
     paper: Mapping[str, str] | None
     drops_tokens: bool
     estimates_advantages: bool
+    keeps_signs: bool
     display_name: str
     summary: str = ""
     diagnostics: dict[str, str] = field(default_factory=dict)

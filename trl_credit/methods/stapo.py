@@ -68,6 +68,7 @@ class STAPOArguments:
     arguments=STAPOArguments,
     paper=STAPO_PAPER,
     drops_tokens=True,
+    keeps_signs=True,
 )
 def stapo(
     batch: CreditBatch, stapo_prob_threshold: float, stapo_entropy_quantile: float, stapo_only_positive_advantage: bool

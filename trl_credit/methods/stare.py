@@ -112,6 +112,7 @@ def _positive(value) -> bool:
     statistics=(POLICY_LOGPS, ROLLOUT_MEAN_ENTROPY),
     arguments=STAREArguments,
     paper=STARE_PAPER,
+    keeps_signs=True,
 )
 def stare(
     batch: CreditBatch,

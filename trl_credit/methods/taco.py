@@ -56,7 +56,12 @@ def taco_tail_risk(logps_BT: torch.Tensor, entropy_BT: torch.Tensor, alpha: floa
 
 
 @register_credit_method(
-    "taco", display_name="TACO", statistics=(POLICY_LOGPS, POLICY_ENTROPY), arguments=TACOArguments, paper=TACO_PAPER
+    "taco",
+    display_name="TACO",
+    statistics=(POLICY_LOGPS, POLICY_ENTROPY),
+    arguments=TACOArguments,
+    paper=TACO_PAPER,
+    keeps_signs=True,
 )
 def taco(batch: CreditBatch, taco_alpha: float, taco_lambda: float) -> CreditResult:
     """Shrinks the positive credit of implausible tail tokens (p < alpha * exp(-H)) by a factor in (1 - lambda,

@@ -51,6 +51,7 @@ class TAMPOArguments:
     arguments=TAMPOArguments,
     paper=TACO_PAPER,
     drops_tokens=True,
+    keeps_signs=True,
 )
 def tampo(batch: CreditBatch, tampo_prob_threshold: float, tampo_entropy_threshold: float) -> CreditResult:
     """Drops from the loss positive-advantage tokens with p <= 0.002 and entropy <= 0.5.

@@ -95,7 +95,12 @@ def _tide_statistics(hyperparameters: dict) -> tuple[str, ...]:
 
 
 @register_credit_method(
-    "tide", display_name="TIDE", statistics=_tide_statistics, arguments=TIDEArguments, paper=TIDE_PAPER
+    "tide",
+    display_name="TIDE",
+    statistics=_tide_statistics,
+    arguments=TIDEArguments,
+    paper=TIDE_PAPER,
+    keeps_signs=True,
 )
 def tide(
     batch: CreditBatch, tide_tau: float, tide_kappa: float, tide_distance: str, tide_reference: str
