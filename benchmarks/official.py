@@ -10,6 +10,7 @@ DIR holds the official repositories, cloned by the user (nothing of them is vend
     git clone https://github.com/winstonsmith1897/GTPO DIR/GTPO
     git clone https://github.com/hp-luo/STARE DIR/STARE
     git clone https://github.com/verl-project/verl DIR/verl         # OTB
+    git clone https://github.com/xiaolizh1/KTAE DIR/KTAE
 
 Importing verl needs Ray, omegaconf and more; instead the official functions are taken out of the user's files at run
 time with `ast` (only the named functions and constants, compiled with postponed annotations) and run on plain
@@ -60,6 +61,7 @@ CLONES = {
     "GTPO": "https://github.com/winstonsmith1897/GTPO",
     "STARE": "https://github.com/hp-luo/STARE",
     "verl": "https://github.com/verl-project/verl",
+    "KTAE": "https://github.com/xiaolizh1/KTAE",
 }
 
 
@@ -81,11 +83,13 @@ def _compile(nodes: list, path: Path, namespace: dict) -> dict:
 
 
 def extract(path: Path, names: list[str], namespace: dict) -> dict:
-    """`namespace` with the top-level functions and constants `names` of `path` defined in it (decorators other than
-    `torch.*` dropped: they register the function in verl's tables)."""
+    """`namespace` with the top-level functions, classes and constants `names` of `path` defined in it (decorators
+    other than `torch.*` dropped: they register the function in verl's tables; a function's own imports from verl
+    dropped: the namespace supplies what they name)."""
     found = {}
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.FunctionDef) and node.name in names:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names:
+            node.body = [statement for statement in node.body if not _imports_verl(statement)]
             node.decorator_list = [d for d in node.decorator_list if ast.unparse(d).startswith("torch.")]
             found[node.name] = node
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -97,6 +101,24 @@ def extract(path: Path, names: list[str], namespace: dict) -> dict:
     if missing:
         raise SystemExit(f"{path}: no top-level {missing}; is it the official repository's file?")
     return _compile([found[name] for name in names], path, namespace)
+
+
+def _imports_verl(statement) -> bool:
+    return isinstance(statement, ast.ImportFrom) and (statement.module or "").startswith("verl")
+
+
+def ktae_official(root: Path, base: dict):
+    """KTAE's official advantage function (`compute_ktae_outcome_advantage_and_keytokens` of its `core_algos.py`),
+    `fn(token_level_rewards, responses, eos_mask, index) -> (advantages, returns)`, with the class `ComputeKeyTokens`
+    and the functions of `compute_key_tokens.py` it imports (the namespace, returned as `fn.namespace`, holds them)."""
+    names = ["compute_Cohen", "fisher_exact_test", "calculate_ig", "compute_tf", "ComputeKeyTokens"]
+    namespace = extract(_source(root, "KTAE", "verl/workers/actor/compute_key_tokens.py"), names, dict(base))
+    core = _source(root, "KTAE", "verl/trainer/ppo/core_algos.py")
+    function = extract(core, ["compute_ktae_outcome_advantage_and_keytokens"], namespace)[
+        "compute_ktae_outcome_advantage_and_keytokens"
+    ]
+    function.namespace = namespace
+    return function
 
 
 class _NoPrints(ast.NodeTransformer):

@@ -15,6 +15,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -375,6 +376,71 @@ def entropy_adv_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | 
     return out, None
 
 
+def _fisher_exact_p(a: int, b: int, c: int, d: int) -> Fraction:
+    """The two-sided Fisher exact p-value of `[[a, b], [c, d]]`, as a fraction: the sum of the hypergeometric
+    probabilities, at the table's margins, of every table no more probable than the observed one."""
+    row, column, total = a + b, a + c, a + b + c + d
+
+    def probability(k):
+        return Fraction(math.comb(column, k) * math.comb(total - column, row - k), math.comb(total, row))
+
+    observed = probability(a)
+    support = range(max(0, row + column - total), min(row, column) + 1)
+    return sum((probability(k) for k in support if probability(k) <= observed), Fraction(0))
+
+
+def _bits(*counts: int) -> float:
+    total = sum(counts)
+    return -sum(n / total * math.log2(n / total) for n in counts if n) if total else 0.0
+
+
+def _ktae_value(a, b, correct, wrong, occurrences, lengths, hp) -> float:
+    """The key-token value of one id of one group (official `ComputeKeyTokens.compute_key_tokens`, k1 = 2, b = 0.5):
+    `a`, `b` the correct and wrong completions holding it among `correct` and `wrong`, `occurrences` and `lengths` its
+    occurrences and the valid tokens on either side."""
+    c, d = correct - a, wrong - b
+    p = _fisher_exact_p(a, b, c, d)
+    fisher = 0.0 if p == 1 else math.exp(-2 * float(p))
+    total = correct + wrong
+    gain = _bits(correct, wrong) - (a + b) / total * _bits(a, b) - (c + d) / total * _bits(c, d)
+    direction = math.asin(math.sqrt(a / correct)) - math.asin(math.sqrt(b / wrong))
+    if hp["ktae_term_frequency"]:
+        mean_length, tf = sum(lengths) / 2, []
+        for count, length in zip(occurrences, lengths):
+            frequency = count / length if length else 0.0
+            tf.append(frequency * 3.0 / (frequency + 2.0 * (0.5 + 0.5 * length / mean_length)))
+        direction += tf[0] / (tf[1] + 1e-5) - tf[1] / (tf[0] + 1e-5)
+    alpha, beta = hp["ktae_alpha"], hp["ktae_beta"]
+    score = (alpha * fisher + beta * gain) * direction / (alpha + beta)
+    sigmoid = 1 / (1 + math.exp(-score)) if score >= 0 else math.exp(score) / (1 + math.exp(score))
+    return (sigmoid - 0.5) * 2 * hp["ktae_scale"]
+
+
+def ktae_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
+    """KTAE (xiaolizh1/KTAE `compute_key_tokens.py`, per prompt group as `core_algos.py` calls it): each valid token
+    gains the key-token value of its id in its group; a group without a correct (reward above the threshold) or without
+    a wrong completion gains nothing, nor does the unscored id (the pad id by default). Fisher's p-value is exact."""
+    mask_BT, ids_BT, out = batch.mask_BT, batch.completion_ids_BT, batch.advantages_BT.clone()
+    unscored = hp["ktae_unscored_id"] if hp["ktae_unscored_id"] is not None else batch.pad_token_id
+    tokens = {i: [int(ids_BT[i, t]) for t in _valid_positions(mask_BT, i)] for i in range(mask_BT.size(0))}
+    for group in sorted(set(batch.group_index_B.tolist())):
+        rows = [i for i in tokens if int(batch.group_index_B[i]) == group]
+        correct = [i for i in rows if float(batch.rewards_B[i]) > hp["ktae_correct_threshold"]]
+        wrong = [i for i in rows if i not in correct]
+        if not correct or not wrong:
+            continue
+        lengths = (sum(len(tokens[i]) for i in correct), sum(len(tokens[i]) for i in wrong))
+        for v in {v for i in rows for v in tokens[i]} - {unscored}:
+            a, b = sum(v in tokens[i] for i in correct), sum(v in tokens[i] for i in wrong)
+            occurrences = (sum(tokens[i].count(v) for i in correct), sum(tokens[i].count(v) for i in wrong))
+            value = _ktae_value(a, b, len(correct), len(wrong), occurrences, lengths, hp)
+            for i in rows:
+                for t in _valid_positions(mask_BT, i):
+                    if int(ids_BT[i, t]) == v:
+                        out[i, t] += value
+    return out, None
+
+
 REFERENCE_RULES: dict[str, Rule] = {
     "grpo": grpo_rule,
     "taco": taco_rule,
@@ -391,6 +457,7 @@ REFERENCE_RULES: dict[str, Rule] = {
     "clip_cov": clip_cov_rule,
     "high_entropy": high_entropy_rule,
     "entropy_adv": entropy_adv_rule,
+    "ktae": ktae_rule,
 }
 
 
@@ -494,6 +561,7 @@ MOVING_SETTINGS: dict[str, dict] = {
     "clip_cov": {"clip_cov_ratio": 0.2, "clip_cov_lb": -1.0, "clip_cov_ub": 1.0, "clip_cov_seed": 3},
     "high_entropy": {},
     "entropy_adv": {},
+    "ktae": {},
 }
 
 # Token texts of `random_reference_batch`: words that HICRA's moving grams match, several ids per word.
