@@ -75,7 +75,8 @@ def test_grpo_help_shows_the_stack_options_with_their_help_and_defaults(capsys, 
                 assert f"--{field.name}" in out and "".join(field.metadata["help"].split()) in flat
             else:
                 assert f"--{field.name} " not in out  # only the stack's options
-        assert "".join(f"{registered.name} {registered.summary}".split()) in flat  # the methods list
+        # The methods list: each with its paper's arXiv id beside its name.
+        assert "".join(f"{registered.name} {registered.label}: {registered.summary}".split()) in flat
     assert "(default:0.01)" in flat if "taco" in stack else True
 
 

@@ -217,7 +217,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 def _methods_epilog() -> str:
     from ..methods import CREDIT_METHODS
 
-    lines = [f"  {m.name:<14} {m.summary}" for m in CREDIT_METHODS.values()]
+    lines = [f"  {m.name:<14} {m.label}: {m.summary}" for m in CREDIT_METHODS.values()]
     return "credit methods (`--method NAME --help` shows a method's options):\n" + "\n".join(lines)
 
 

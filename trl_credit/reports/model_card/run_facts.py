@@ -43,7 +43,7 @@ def _summary(method: str | None) -> str:
         return GRPO_SUMMARY
     registered = CREDIT_METHODS[method]
     return (
-        f"{registered.display_name}: {registered.summary}"
+        f"{registered.label}: {registered.summary}"
         if registered.summary
         else f"`{method}`: a registered credit method."
     )
