@@ -10,7 +10,7 @@ DIR holds the official repositories, cloned by the user (nothing of them is vend
     git clone https://github.com/winstonsmith1897/GTPO DIR/GTPO
     git clone https://github.com/hp-luo/STARE DIR/STARE
     git clone https://github.com/verl-project/verl DIR/verl         # OTB
-    git clone https://github.com/xiaolizh1/KTAE DIR/KTAE
+    git clone https://github.com/xiaolizh1/KTAE DIR/KTAE              # KTAE (tests/test_ktae.py reads it too)
 
 Importing verl needs Ray, omegaconf and more; instead the official functions are taken out of the user's files at run
 time with `ast` (only the named functions and constants, compiled with postponed annotations) and run on plain
@@ -55,6 +55,9 @@ QUICK_SIZES = [(16, 256, 4)]
 GTPO_SIZES = [(8, 256, 4)]
 GTPO_VOCAB = 49_152
 QUICK_GTPO_SIZES = [(8, 128, 4)]
+# KTAE's official code loops in Python over each group's token ids (~30 s a call at 256 x 4,096): 3 rounds, one size.
+KTAE_SIZES = [(256, 4096, 16)]
+QUICK_KTAE_SIZES = [(16, 256, 4)]
 CLONES = {
     "TACO": "https://github.com/xiuyilou/TACO",
     "EAPO": "https://github.com/wgcyeo/EAPO",
@@ -217,6 +220,12 @@ def official_functions(root: Path) -> dict:
         ["compute_optimal_token_baseline_advantage"],
         dict(base),
     )
+    ktae_function = ktae_official(root, dict(base))
+
+    def ktae(b):
+        rewards_BT = torch.zeros(b["mask_BT"].shape)
+        rewards_BT[:, 0] = b["rewards_B"]  # the official score is the row's sum
+        return ktae_function(rewards_BT, b["completion_ids_BT"], b["mask_BT"].float(), b["group_index_B"].numpy())
 
     def token_advantages(b):
         return b["advantages_B"].unsqueeze(1) * b["mask_BT"].float()
@@ -305,6 +314,7 @@ def official_functions(root: Path) -> dict:
             b["policy_logps"], token_advantages(b), b["mask_BT"].float(), {"stare": {"enabled": True}}
         ),
         "otb": otb,
+        "ktae": ktae,
     }
 
 
@@ -321,6 +331,7 @@ OFFICIAL_SOURCE = {
     "gtpo (official as is, prints to /dev/null)": "GTPO `build_conflict_mask` per group, as is",
     "stare": "STARE `compute_stare_token_weights`",
     "otb": "verl `compute_optimal_token_baseline_advantage`",
+    "ktae": "KTAE `compute_ktae_outcome_advantage_and_keytokens` (GRPO's advantage and `ComputeKeyTokens` per group)",
 }
 
 
@@ -352,11 +363,22 @@ def pair_calls(official: dict, batch: dict, names: list[str]) -> dict:
 
 
 def jobs(args) -> list[tuple[list[str], tuple[int, int, int], int]]:
-    names = [n for n in OFFICIAL_SOURCE if not n.startswith("gtpo")]
+    names = [n for n in OFFICIAL_SOURCE if not n.startswith(("gtpo", "ktae"))]
     gtpo = ["gtpo", "gtpo (official as is, prints to /dev/null)"]
     sizes = QUICK_SIZES if args.quick else SIZES
     gtpo_sizes = QUICK_GTPO_SIZES if args.quick else GTPO_SIZES
-    return [(names, size, 151_936) for size in sizes] + [(gtpo, size, GTPO_VOCAB) for size in gtpo_sizes]
+    ktae_sizes = QUICK_KTAE_SIZES if args.quick else KTAE_SIZES
+    every = [(names, size, 151_936) for size in sizes] + [(gtpo, size, GTPO_VOCAB) for size in gtpo_sizes]
+    every += [(["ktae"], size, 151_936) for size in ktae_sizes]
+    return [(chosen, size, vocab) for chosen, size, vocab in _only(every, args.methods)]
+
+
+def _only(every, methods):
+    """The jobs' methods among `methods` (all without it), jobs left without one dropped."""
+    for names, size, vocab in every:
+        chosen = [n for n in names if not methods or OFFICIAL_OF.get(n, n) in methods]
+        if chosen:
+            yield chosen, size, vocab
 
 
 def memory_worker(args) -> None:
@@ -380,6 +402,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test; writes nothing")
+    parser.add_argument(
+        "--methods", nargs="+", default=None, help="only these methods (all by default); writes nothing"
+    )
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -394,7 +419,7 @@ def main():
     results = []
     for names, size, vocab in jobs(args):
         pairs = pair_calls(official, batch_for(*size, vocab), names)
-        repeats = args.repeats if "gtpo" not in names else 3
+        repeats = args.repeats if not {"gtpo", "ktae"} & set(names) else 3
         for fns in pairs.values():
             for fn in fns:
                 fn()
@@ -432,7 +457,10 @@ def main():
         str(args.threads),
     ]
     output = subprocess.run(
-        command + (["--quick"] if args.quick else []), env={**os.environ, **MEMORY_ENV}, capture_output=True, text=True
+        command + (["--quick"] if args.quick else []) + (["--methods", *args.methods] if args.methods else []),
+        env={**os.environ, **MEMORY_ENV},
+        capture_output=True,
+        text=True,
     )
     if output.returncode:
         raise RuntimeError(f"memory worker failed:\n{output.stderr[-3000:]}")
@@ -482,7 +510,7 @@ def main():
 script's docstring); {_common.machine_note()}; whole run {elapsed / 60:.1f} min; load average {load_before[0]:.1f} at the
 start, {load_after[0]:.1f} at the end (2 cores shared with other jobs).
 
-Same batches for both (`benchmarks/_method_inputs.py`), one process, {args.repeats} rounds (3 for GTPO),
+Same batches for both (`benchmarks/_method_inputs.py`), one process, {args.repeats} rounds (3 for GTPO and KTAE),
 each calling ours, then the official code and the official code again (the control) in alternating order. The time
 ratio is that of the fastest call of each (the least disturbed on a shared machine); the median of the per-round
 ratios is given beside it. The control's distance from 1.00x is this run's noise floor. Ours is `CreditMethod.on_tensors`
@@ -491,7 +519,7 @@ with `.item()` where it logs them). Extra peak memory: measured once per side in
 
 {table}"""
     print(body)
-    if not (args.no_write or args.quick):
+    if not (args.no_write or args.quick or args.methods):
         _common.write_section("official", "Beside the official code", body)
 
 

@@ -567,6 +567,21 @@ MOVING_SETTINGS: dict[str, dict] = {
     "ktae": {},
 }
 
+# Where the tiny model of the trainer tests (`moving_settings` of tests/trainer_helpers.py) needs other settings than
+# `MOVING_SETTINGS` to move credit: HICRA's grams from its vocabulary (the numbers: two thirds of it), GTPO's entropy
+# threshold above its mean entropy (~3.3 nats), which otherwise filters every completion, TAMPO's above the entropy of
+# some of its tokens, and a min-p support threshold that its flat distributions reach (a token below half the top
+# token's probability).
+TINY_MODEL_MOVING_SETTINGS = {
+    "hicra": {"hicra_grams": [str(n) for n in range(100)]},
+    "gtpo": {"gtpo_entropy_threshold": 10.0},
+    "tampo": {"tampo_entropy_threshold": 4.0},  # TAMPO truncates low-entropy tokens only: below log(139) = 4.9
+    "minp_support": {"minp_support_min_p": 0.5},
+    # The tiny model's rewards are small integers (a length modulo 4 or 5): "correct" above 1.5 splits more groups.
+    "ktae": {"ktae_correct_threshold": 1.5},
+}
+
+
 # Token texts of `random_reference_batch`: words that HICRA's moving grams match, several ids per word.
 WORDS = (" let", " me", " wait", " check", " the", " so", " x", " =", " 1", "2", ",", ".")
 

@@ -61,6 +61,7 @@ def test_compare_and_lab_without_scipy_stop_before_training_and_say_how_to_insta
 @pytest.mark.parametrize("method", ["taco", "stapo", "eapo+taco", "stare", "otb+stare"])
 def test_grpo_help_shows_the_stack_options_with_their_help_and_defaults(capsys, method):
     from trl_credit.methods import CREDIT_METHODS, get_credit_method, parse_credit_methods
+    from trl_credit.methods.names import label as method_label
 
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["grpo", "--method", method, "--help"])
@@ -76,7 +77,7 @@ def test_grpo_help_shows_the_stack_options_with_their_help_and_defaults(capsys, 
             else:
                 assert f"--{field.name} " not in out  # only the stack's options
         # The methods list: each with its paper's arXiv id beside its name.
-        assert "".join(f"{registered.name} {registered.label}: {registered.summary}".split()) in flat
+        assert "".join(f"{registered.name} {method_label(registered)}: {registered.summary}".split()) in flat
     assert "(default:0.01)" in flat if "taco" in stack else True
 
 

@@ -27,6 +27,7 @@ from trl_credit.methods import (
     other_paper,
     register_credit_method,
 )
+from trl_credit.methods.names import label as method_label
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_credit"
 # The public single-method pairs (TACOTrainer, ...) are the exception the design allows, besides the lab's oracle,
@@ -205,7 +206,7 @@ def test_the_other_papers_of_a_registration_are_its_own_and_well_formed(credit_m
         "sb", paper={"title": "Surprise Boost", "id": "2601.00001"}, not_to_be_confused_with=(other,)
     )(_documented("Boosts."))
     assert CREDIT_METHODS["sb"].not_to_be_confused_with == (other,)
-    assert CREDIT_METHODS["sb"].label == "sb (arXiv 2601.00001)"
+    assert method_label(CREDIT_METHODS["sb"]) == "sb (arXiv 2601.00001)"
     with pytest.raises(ValueError) as error:
         get_credit_method("some_boost_lab")
     assert "'some_boost_lab' looks like Lab's SB, \"Some Boost\" (arXiv 2601.00002)" in str(error.value)

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch import ROLLOUT_ENTROPY, CreditBatch, CreditResult
-from .registry import get_credit_method, other_paper, paper, register_credit_method
+from .names import other_paper
+from .registry import get_credit_method, paper, register_credit_method
 from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE, check_fields
 
 GTPO_PAPER = paper(

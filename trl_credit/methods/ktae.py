@@ -108,7 +108,7 @@ class KTAEArguments:
             ktae_alpha=FINITE_NON_NEGATIVE,
             ktae_beta=FINITE_NON_NEGATIVE,
             ktae_scale=FINITE_POSITIVE,
-            ktae_correct_threshold=(lambda value: -float("inf") < value < float("inf"), "finite"),
+            ktae_correct_threshold=(math.isfinite, "finite"),
             ktae_unscored_id=(
                 lambda value: value is None or value >= 0,
                 "None (the tokenizer's pad id) or an id >= 0",
@@ -172,9 +172,17 @@ def ktae_key_values(tables, alpha=1.0, beta=1.0, scale=1.0, term_frequency=True)
     wrong completions holding the id), `n_T`, `n_F` (the group's correct and wrong completions), `o_T`, `o_F` (the
     id's occurrences in them) and `L_T`, `L_F` (their valid tokens). 0 in a group without both kinds."""
     a, b, n_T, n_F = tables["a"], tables["b"], tables["n_T"], tables["n_F"]
-    c, d = n_T - a, n_F - b
-    p, p_is_one = fisher_exact_p(a, b, c, d)
-    fisher = torch.where(p_is_one, 0.0, torch.exp(-2 * p))
+    # The association scores depend on the 2 x 2 table alone: computed once per distinct table (a few hundred), each
+    # table keyed by its four counts as the digits of one integer.
+    counts_N4 = torch.stack([a, b, n_T - a, n_F - b], dim=1).long()
+    base = int(counts_N4.max()) + 1 if counts_N4.numel() else 1
+    if base**4 >= 2**63:
+        raise ValueError(f"KTAE: a prompt group of {base - 1} completions is too large to key its tables in int64")
+    digits = base ** torch.arange(3, -1, -1, device=counts_N4.device)
+    distinct_U, table_N = torch.unique((counts_N4 * digits).sum(dim=1), return_inverse=True)
+    distinct_U4 = (distinct_U.unsqueeze(1) // digits % base).double().unbind(1)
+    p, p_is_one = fisher_exact_p(*distinct_U4)
+    association_U = alpha * torch.where(p_is_one, 0.0, torch.exp(-2 * p)) + beta * information_gain(*distinct_U4)
     cohen_h = torch.asin((a / n_T.clamp(min=1)).sqrt()) - torch.asin((b / n_F.clamp(min=1)).sqrt())
     direction = cohen_h
     if term_frequency:
@@ -182,7 +190,7 @@ def ktae_key_values(tables, alpha=1.0, beta=1.0, scale=1.0, term_frequency=True)
         tf_T = bm25_term_frequency(tables["o_T"], tables["L_T"], mean_length)
         tf_F = bm25_term_frequency(tables["o_F"], tables["L_F"], mean_length)
         direction = direction + tf_T / (tf_F + _TF_EPS) - tf_F / (tf_T + _TF_EPS)
-    score = (alpha * fisher + beta * information_gain(a, b, c, d)) * direction / (alpha + beta)
+    score = association_U[table_N] * direction / (alpha + beta)
     key = scale * torch.tanh(score / 2)  # = scale * (2 sigmoid(score) - 1), without its cancellation near 0
     return torch.where((n_T > 0) & (n_F > 0), key, 0.0)
 
@@ -193,13 +201,15 @@ def _exact_in_float32(name: str, values: torch.Tensor) -> torch.Tensor:
     return values
 
 
-def _local_pairs(ids_BT, valid_BT, groups_B, correct_B) -> torch.Tensor:
+def _local_pairs(ids_BT, valid_BT, groups_B, correct_B) -> tuple[torch.Tensor, torch.Tensor]:
     """This process's distinct (group, id) pairs at valid positions, `(P, 6)` float64: group, id, how many correct and
-    wrong completions hold the id, its occurrences in the correct and in the wrong ones."""
+    wrong completions hold the id, its occurrences in the correct and in the wrong ones; and each valid token's pair
+    (in `valid_BT`'s row-major order)."""
     rows_N = valid_BT.nonzero(as_tuple=True)[0]
     ids_N = _exact_in_float32("token ids", ids_BT[valid_BT])
     width = int(ids_N.max()) + 1 if ids_N.numel() else 1
-    row_ids_M, occurrences_M = torch.unique(rows_N * width + ids_N, return_counts=True)  # each completion's ids
+    # Each completion's distinct ids with their occurrences, then the distinct (group, id) pairs.
+    row_ids_M, row_id_N, occurrences_M = torch.unique(rows_N * width + ids_N, return_inverse=True, return_counts=True)
     rows_M, ids_M = row_ids_M // width, row_ids_M % width
     pairs_P, pair_M = torch.unique(groups_B[rows_M] * width + ids_M, return_inverse=True)
     correct_M = correct_B[rows_M].double()
@@ -207,12 +217,14 @@ def _local_pairs(ids_BT, valid_BT, groups_B, correct_B) -> torch.Tensor:
     counts_P4 = torch.zeros(pairs_P.numel(), 4, dtype=torch.float64, device=ids_N.device).index_add_(
         0, pair_M, torch.cat([holders_M2, holders_M2 * occurrences_M.unsqueeze(1)], dim=1)
     )
-    return torch.cat([torch.stack([pairs_P // width, pairs_P % width], dim=1).double(), counts_P4], dim=1)
+    pairs_P6 = torch.cat([torch.stack([pairs_P // width, pairs_P % width], dim=1).double(), counts_P4], dim=1)
+    return pairs_P6, pair_M[row_id_N]
 
 
-def ktae_tables(ids_BT, valid_BT, group_index_B, correct_B, gather=None) -> tuple[torch.Tensor, int, dict]:
-    """Every distinct (group, id) pair at a valid position of the batch (every process's): their sorted keys
-    `group * width + id`, `width` (one more than the largest id), and the [`ktae_key_values`] `tables` of the pairs.
+def ktae_tables(ids_BT, valid_BT, group_index_B, correct_B, gather=None) -> tuple[dict, torch.Tensor]:
+    """The [`ktae_key_values`] `tables` of every distinct (group, id) pair at a valid position of the batch (every
+    process's), and the pair of each of this process's valid tokens (an index into the tables, `valid_BT`'s
+    row-major order).
 
     `gather` concatenates every process's values (a collective, called twice on every process whatever its mask): a
     group's counts are summed over all its rows, wherever they are. Without it, the rows passed in are the whole batch.
@@ -220,7 +232,7 @@ def ktae_tables(ids_BT, valid_BT, group_index_B, correct_B, gather=None) -> tupl
     gather = gather or (lambda values_N: values_N)
     valid_BT = valid_BT.bool()
     groups_B = _exact_in_float32("prompt group indices", group_index_B.long())
-    local_P6 = _local_pairs(ids_BT.long(), valid_BT, groups_B, correct_B)
+    local_P6, local_pair_N = _local_pairs(ids_BT.long(), valid_BT, groups_B, correct_B)
     rows_B3 = torch.stack([groups_B.double(), correct_B.double(), valid_BT.sum(dim=1).double()], dim=1)
     all_P6 = gather(local_P6.float().flatten()).view(-1, 6).double()
     all_R3 = gather(rows_B3.float().flatten()).view(-1, 3).double()
@@ -235,7 +247,8 @@ def ktae_tables(ids_BT, valid_BT, group_index_B, correct_B, gather=None) -> tupl
     sides_K4 = sides_G4[torch.searchsorted(groups_G, keys_K // width)] if keys_K.numel() else all_R3.new_zeros(0, 4)
     tables = dict(zip(("a", "b", "o_T", "o_F"), counts_K4.unbind(1)))
     tables.update(zip(("n_T", "n_F", "L_T", "L_F"), sides_K4.unbind(1)))
-    return keys_K, width, tables
+    local_keys_P = local_P6[:, 0].long() * width + local_P6[:, 1].long()
+    return tables, torch.searchsorted(keys_K, local_keys_P)[local_pair_N]
 
 
 def _unscored_id(batch: CreditBatch, ktae_unscored_id: int | None) -> int:
@@ -273,14 +286,11 @@ def ktae(
         )
     mask_BT, ids_BT = batch.mask_BT, batch.completion_ids_BT.long()
     correct_B = batch.rewards_B > ktae_correct_threshold
-    keys_K, width, tables = ktae_tables(ids_BT, mask_BT, batch.group_index_B, correct_B, batch.gather)
+    tables, pair_N = ktae_tables(ids_BT, mask_BT, batch.group_index_B, correct_B, batch.gather)
     values_K = ktae_key_values(tables, ktae_alpha, ktae_beta, ktae_scale, ktae_term_frequency)
+    key_BT = torch.zeros(mask_BT.shape, device=mask_BT.device).masked_scatter(mask_BT, values_K[pair_N].float())
     scored_K = (tables["n_T"] > 0) & (tables["n_F"] > 0)
-    # Each valid token's pair; the appended entry stands for none (masked positions, an empty batch).
-    local_keys_BT = batch.group_index_B.long().view(-1, 1) * width + ids_BT.clamp(0, width - 1)
-    slot_BT = torch.where(mask_BT, torch.searchsorted(keys_K, local_keys_BT), keys_K.numel())
-    scored_BT = torch.cat([scored_K, scored_K.new_zeros(1)])[slot_BT]
-    key_BT = torch.cat([values_K, values_K.new_zeros(1)])[slot_BT].float()
+    scored_BT = torch.zeros_like(mask_BT).masked_scatter(mask_BT, scored_K[pair_N])
     key_BT = key_BT.masked_fill(ids_BT == _unscored_id(batch, ktae_unscored_id), 0.0)
     return CreditResult(
         advantages_BT=batch.advantages_BT + key_BT,

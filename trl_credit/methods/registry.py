@@ -5,8 +5,7 @@ A method's display name is its registration's `display_name` (its name when not 
 read once, at registration, from its function's docstring: the first paragraph is its summary, and the sections
 `Metrics:` and `Token statistic:` list its metrics and its token-view statistic as indented `name: meaning` lines (a
 meaning may go on over more deeply indented lines). A registration may name the papers of other methods that go by
-the same name (`not_to_be_confused_with`): an unknown name that looks like one of them is answered with both papers.
-Nothing here imports TRL.
+the same name (`not_to_be_confused_with`, read by `names.py`). Nothing here imports TRL.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
-import re
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +21,7 @@ from typing import Any
 import torch
 
 from .batch import LOSS_FORWARD_STATISTICS, CreditBatch, CreditResult
+from .names import confusions, other_papers
 from .settings import SettingError, resolve_settings, supported_type
 from .stack import StackCredit, StackStep, run_stack
 from .user_modules import import_registering_module
@@ -55,16 +54,17 @@ def register_credit_method(
         estimates_advantages: it computes token advantages from `batch.rewards_B` and `batch.group_index_B` instead
             of reshaping the incoming ones, so it must come first in a stack.
         not_to_be_confused_with: the papers of other methods that go by the same name, each [`other_paper`]: an
-            unknown method name that looks like one of them (`gtpo_bytedance`) is answered with both papers.
+            unknown method name that looks like one of them (`gtpo_bytedance`) is answered with both papers
+            (`names.py`).
 
     Registering a second, different function under an existing name is an error.
     """
-    _check_registration(name, statistics, arguments, not_to_be_confused_with)
+    _check_registration(name, statistics, arguments)
+    others = other_papers(name, not_to_be_confused_with)
 
     def decorator(function):
         registered = (name, function, statistics, arguments, paper, drops_tokens, estimates_advantages)
-        confusions = tuple(dict(other) for other in not_to_be_confused_with)
-        method = CreditMethod(*registered, display_name or name, confusions, **_described(function))
+        method = CreditMethod(*registered, display_name or name, others, **_described(function))
         reserved = sorted(set(method.diagnostics) & set(COMMON_DIAGNOSTICS))
         if reserved:
             raise ValueError(
@@ -85,44 +85,9 @@ def get_credit_method(name: str) -> CreditMethod:
         module_name, name = name.rsplit(":", 1)
         import_registering_module(module_name, CREDIT_METHODS)
     if name not in CREDIT_METHODS:
-        confusions = "".join(f": {_confusion(name, method, other)}" for method, other in _looked_like(name))
-        raise ValueError(
-            f"unknown credit method {name!r}{confusions}; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}"
-        )
+        known = f"; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}"  # after what the name looks like
+        raise ValueError(f"unknown credit method {name!r}{confusions(name, CREDIT_METHODS.values())}{known}")
     return CREDIT_METHODS[name]
-
-
-def other_paper(name: str, title: str, arxiv_id: str, by: str = "") -> dict[str, str]:
-    """A paper whose method goes by `name` as a registered one does, for `not_to_be_confused_with`; `by`: its authors'
-    group, when the method is known by it."""
-    return {"name": name, "title": title, "id": arxiv_id, "by": by}
-
-
-def _looked_like(name: str) -> list[tuple[CreditMethod, Mapping[str, str]]]:
-    """The other papers (of the registrations' `not_to_be_confused_with`) that the unknown method `name` looks like:
-    every word of `name` (split at `_`, `-`) is the shared name, a word of the other paper's title or group, or the
-    initials of consecutive title words (`po`), and there are two words at least (`entropy_aware_po`)."""
-    words = [word for word in re.split(r"[^a-z0-9]+", name.lower()) if word]
-    found = []
-    for method in CREDIT_METHODS.values():
-        for other in method.not_to_be_confused_with:
-            title = re.findall(r"[a-z0-9]+", other["title"].lower())
-            initials = {
-                "".join(w[0] for w in title[i:j]) for i in range(len(title)) for j in range(i + 2, len(title) + 1)
-            }
-            known = {method.name, other["name"].lower(), *title, *re.findall(r"[a-z0-9]+", other["by"].lower())}
-            if len(words) >= 2 and all(word in known | initials for word in words):
-                found.append((method, other))
-    return found
-
-
-def _confusion(name: str, method: CreditMethod, other: Mapping[str, str]) -> str:
-    by = f"{other['by']}'s " if other["by"] else ""
-    ours = f'"{method.paper["title"]}" (arXiv {method.paper["id"]})' if method.paper else method.display_name
-    return (
-        f'{name!r} looks like {by}{other["name"]}, "{other["title"]}" (arXiv {other["id"]}), which is not registered; '
-        f"the registered {method.name!r} is {ours}"
-    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,11 +108,6 @@ class CreditMethod:
     summary: str = ""
     diagnostics: dict[str, str] = field(default_factory=dict)
     token_statistic: tuple[str, str] | None = None
-
-    @property
-    def label(self) -> str:
-        """Its display name and its paper's arXiv id, `"KTAE (arXiv 2505.16826)"`: the name, told from others'."""
-        return f"{self.display_name} (arXiv {self.paper['id']})" if self.paper else self.display_name
 
     @property
     def argument_names(self) -> tuple[str, ...]:
@@ -225,18 +185,13 @@ def _described(function) -> dict[str, Any]:
     }
 
 
-def _check_registration(name: str, statistics, arguments: type | None, others) -> None:
+def _check_registration(name: str, statistics, arguments: type | None) -> None:
     if not name.isidentifier():
         raise ValueError(f"credit method names must be Python identifiers (they prefix metrics), got {name!r}")
     if not callable(statistics) and not all(isinstance(s, str) and s.isidentifier() for s in statistics):
         raise ValueError(f"credit method {name!r}: statistics must be names, got {statistics!r}")
     if arguments is not None:
         _check_arguments(name, arguments)
-    for other in others:
-        if sorted(other) != ["by", "id", "name", "title"]:
-            raise ValueError(
-                f"credit method {name!r}: not_to_be_confused_with holds other_paper(...) records, got {other!r}"
-            )
 
 
 def _check_arguments(name: str, arguments: type) -> None:
