@@ -184,6 +184,27 @@ EDGE_CLASSES = {
 }
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"ktae_correct_threshold": 0.5},
+        {"ktae_term_frequency": False},
+        {"ktae_alpha": 0.0, "ktae_beta": 2.0},
+        {"ktae_alpha": 3.0, "ktae_beta": 0.0, "ktae_scale": 0.5},
+    ],
+)
+def test_every_setting_equals_the_reference(settings):
+    b = make_batch(8)
+    b["rewards_B"] = torch.linspace(-1.0, 1.0, b["rewards_B"].numel())[torch.randperm(b["rewards_B"].numel())]
+    want = reference(b, **settings)
+    torch.testing.assert_close(ours(b, **settings).double(), want, atol=1e-5, rtol=0)
+    moved = (want - official_grpo_advantages(b["group_B"], b["rewards_B"]).unsqueeze(1).double()).abs() > 1e-3
+    assert (moved & b["mask_BT"]).any()
+    if settings:
+        assert float((want - reference(b)).abs().max()) > 1e-3  # the setting changes the credit
+
+
 @needs_official
 @pytest.mark.parametrize("seed", range(4))
 def test_random_groups_match_the_official_code(official, seed):
@@ -269,20 +290,3 @@ def test_the_pad_id_or_the_chosen_id_gets_no_key_token_value():
     assert (chosen[b["ids_BT"] == 101] == 0).all() and (chosen[b["ids_BT"] == QWEN_PAD] != 0).any()
     with pytest.raises(ValueError, match="'ktae' needs a pad token id"):
         ours_result(b, pad_token_id=None)
-
-
-@pytest.mark.parametrize(
-    "settings",
-    [
-        {"ktae_correct_threshold": 0.5},
-        {"ktae_term_frequency": False},
-        {"ktae_alpha": 0.0, "ktae_beta": 2.0},
-        {"ktae_alpha": 3.0, "ktae_beta": 0.0, "ktae_scale": 0.5},
-    ],
-)
-def test_other_settings_equal_the_reference(settings):
-    b = make_batch(8)
-    b["rewards_B"] = torch.linspace(-1.0, 1.0, b["rewards_B"].numel())[torch.randperm(b["rewards_B"].numel())]
-    want = reference(b, **settings)
-    torch.testing.assert_close(ours(b, **settings).double(), want, atol=1e-5, rtol=0)
-    assert float((want - reference(b)).abs().max()) > 1e-3  # the setting changes the credit
