@@ -29,8 +29,9 @@ Departures from the official code, each where it is wrong or cannot run:
   and fails on a vocabulary without that id.
 - The p-value is exact: the hypergeometric terms from log-factorials in float64, a term counted when it is at most
   the observed one's (1 + 1e-7), R's and SciPy's tolerance for ties, and p = 1 exactly when every term is. The
-  official float32 sum decides `p != 1` by rounding: of the 1,472 tables with p = 1 at G <= 16, it gives exactly 1 for
-  223 (F = 0) and F ~ exp(-2) = 0.135 for the others; and 18 tables with tied terms lose half their p-value.
+  official float32 sum decides `p != 1` by rounding: of the 1,472 tables with p = 1 at G <= 16, each computed alone,
+  it gives exactly 1 (F = 0) for 230, the 120 whose support is one point among them, and F ~ exp(-2) = 0.135 for the
+  others; and 18 tables with tied terms lose half their p-value (docs/methods.md).
 - A side with no valid token (L_T = 0) has term frequency 0, where the official code divides 0 by 0.
 - Groups may span processes: the counts of a group are summed over every process (the official code sees a whole
   group in one process).
