@@ -21,7 +21,8 @@ import torch
 from conftest import on_threads_as_processes
 from reference_credit import REFERENCE_RULES, ReferenceBatch, _fisher_exact_p, resolved_hyperparameters
 
-from trl_credit.methods.ktae import fisher_exact_p, ktae_advantages
+from trl_credit.methods import CREDIT_METHODS, SettingError
+from trl_credit.methods.ktae import fisher_exact_p, ktae_advantages, ktae_key_values
 
 OFFICIAL_ROOT = Path(os.environ.get("TRL_CREDIT_OFFICIAL_ROOT", "official"))
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -290,3 +291,27 @@ def test_the_pad_id_or_the_chosen_id_gets_no_key_token_value():
     assert (chosen[b["ids_BT"] == 101] == 0).all() and (chosen[b["ids_BT"] == QWEN_PAD] != 0).any()
     with pytest.raises(ValueError, match="'ktae' needs a pad token id"):
         ours_result(b, pad_token_id=None)
+
+
+def test_alpha_and_beta_may_not_both_be_zero():
+    method = CREDIT_METHODS["ktae"]
+    assert method.hyperparameters({"ktae_alpha": 0.0, "ktae_beta": 1e-9})["ktae_beta"] == 1e-9
+    with pytest.raises(SettingError) as error:
+        method.hyperparameters({"ktae_alpha": 0.0, "ktae_beta": 0.0})
+    assert (error.value.name, error.value.mentions) == ("ktae_beta", ("ktae_alpha",))
+    assert str(error.value) == "ktae_beta must be > 0 when ktae_alpha is 0, got 0.0"
+
+
+def test_inputs_it_cannot_read_are_clear_errors():
+    b = make_batch(1)
+    with pytest.raises(ValueError, match="'ktae' reads the completion ids, the prompt groups and the rewards"):
+        ktae_advantages(torch.zeros(b["rewards_B"].numel()), b["mask_BT"], pad_token_id=QWEN_PAD)
+    for key, value in (("ids_BT", 2**24), ("group_B", 2**24)):
+        with pytest.raises(ValueError, match=rf"KTAE: .* must be in \[0, {2**24}\), got 0 to {2**24}"):
+            ours({**b, key: torch.where(b[key] == b[key].max(), value, 0 * b[key])})
+    ours({**b, "ids_BT": b["ids_BT"].clamp(max=2**24 - 1)})  # the largest id that travels exactly
+    huge = {name: torch.tensor([1.0]) for name in ("a", "b", "o_T", "o_F", "L_T", "L_F")}
+    assert (55_107 + 1) ** 4 < 2**63 <= (55_108 + 1) ** 4
+    with pytest.raises(ValueError, match="KTAE: 55108 completions of one kind in a prompt group; at most 55107"):
+        ktae_key_values({**huge, "n_T": torch.tensor([55109.0]), "n_F": torch.tensor([1.0])})  # c = 55108
+    assert ktae_key_values({**huge, "n_T": torch.tensor([55108.0]), "n_F": torch.tensor([1.0])}).isfinite().all()

@@ -67,6 +67,8 @@ _TF_EPS = 1e-5
 _TIE_RTOL = 1e-7
 # Token ids and counts travel through the float32 gather: exact below 2**24.
 _MAX_EXACT = 2**24
+# The largest count of a 2 x 2 table keyed as four digits of one int64: (_MAX_COUNT + 1)**4 < 2**63.
+_MAX_COUNT = 55_107
 
 
 @dataclass
@@ -164,7 +166,7 @@ def bm25_term_frequency(occurrences, length, mean_length) -> torch.Tensor:
     """BM25's saturated term frequency of an id with `occurrences` among `length` tokens, `mean_length` the mean
     length of the two sides (official `compute_tf`); 0 where `length` is 0."""
     frequency = occurrences / length.clamp(min=1)
-    saturation = BM25_K1 * (1 - BM25_B + BM25_B * length / mean_length.clamp(min=1e-30))
+    saturation = BM25_K1 * (1 - BM25_B + BM25_B * length / mean_length)  # a pair's group has a valid token: > 0
     return frequency * (BM25_K1 + 1) / (frequency + saturation)
 
 
@@ -177,8 +179,10 @@ def ktae_key_values(tables, alpha=1.0, beta=1.0, scale=1.0, term_frequency=True)
     # table keyed by its four counts as the digits of one integer.
     counts_N4 = torch.stack([a, b, n_T - a, n_F - b], dim=1).long()
     base = int(counts_N4.max()) + 1 if counts_N4.numel() else 1
-    if base**4 >= 2**63:
-        raise ValueError(f"KTAE: a prompt group of {base - 1} completions is too large to key its tables in int64")
+    if base - 1 > _MAX_COUNT:
+        raise ValueError(
+            f"KTAE: {base - 1} completions of one kind in a prompt group; at most {_MAX_COUNT} (int64 keys)"
+        )
     digits = base ** torch.arange(3, -1, -1, device=counts_N4.device)
     distinct_U, table_N = torch.unique((counts_N4 * digits).sum(dim=1), return_inverse=True)
     distinct_U4 = (distinct_U.unsqueeze(1) // digits % base).double().unbind(1)
