@@ -506,7 +506,8 @@ def main():
         ],
         rows,
     )
-    body = f"""`python benchmarks/official.py --official_root DIR{" --quick" if args.quick else ""}` (DIR: the clones named in the
+    only = f" --methods {' '.join(args.methods)}" if args.methods else ""
+    body = f"""`python benchmarks/official.py --official_root DIR{" --quick" if args.quick else ""}{only}` (DIR: the clones named in the
 script's docstring); {_common.machine_note()}; whole run {elapsed / 60:.1f} min; load average {load_before[0]:.1f} at the
 start, {load_after[0]:.1f} at the end (2 cores shared with other jobs).
 
