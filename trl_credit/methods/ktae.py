@@ -134,8 +134,9 @@ def fisher_exact_p(a, b, c, d) -> tuple[torch.Tensor, torch.Tensor]:
     low_N1 = (holders_N1 + correct_N1 - total_N1).clamp(min=0)
     high_N1 = torch.minimum(holders_N1, correct_N1)
     width = int((high_N1 - low_N1).max()) + 1 if a.numel() else 1
-    inside_NK = low_N1 + torch.arange(width, dtype=a.dtype, device=a.device) <= high_N1
-    k_NK = torch.minimum(low_N1 + torch.arange(width, dtype=a.dtype, device=a.device), high_N1)
+    k_NK = low_N1 + torch.arange(width, device=a.device)  # the support, padded to the widest one
+    inside_NK = k_NK <= high_N1
+    k_NK = torch.minimum(k_NK, high_N1)
 
     def log_term(k):  # log P(k) = log [C(correct, k) C(total - correct, holders - k) / C(total, holders)]
         log_ways = _log_choose(correct_N1, k) + _log_choose(total_N1 - correct_N1, holders_N1 - k)
