@@ -270,7 +270,7 @@ def test_the_fisher_p_value_is_exact_on_every_table_of_small_groups():
     assert p_is_one.tolist() == [value == 1 for value in exact] and sum(value == 1 for value in exact) == 1472
     small = [n for n, table in enumerate(tables) if sum(table) <= 8]
     scipy_p = torch.tensor([fisher_exact([tables[n][:2], tables[n][2:]])[1] for n in small], dtype=torch.float64)
-    torch.testing.assert_close(p[small], scipy_p.clamp(max=1.0), atol=1e-12, rtol=0)
+    torch.testing.assert_close(p[small], scipy_p, atol=1e-12, rtol=0)
 
 
 def test_correct_completions_without_valid_tokens_have_no_term_frequency():
@@ -320,5 +320,6 @@ def test_inputs_it_cannot_read_are_clear_errors():
     huge = {name: torch.tensor([1.0]) for name in ("a", "b", "o_T", "o_F", "L_T", "L_F")}
     assert (55_107 + 1) ** 4 < 2**63 <= (55_108 + 1) ** 4
     with pytest.raises(ValueError, match="KTAE: 55108 completions of one kind in a prompt group; at most 55107"):
-        ktae_key_values({**huge, "n_T": torch.tensor([55109.0]), "n_F": torch.tensor([1.0])})  # c = 55108
-    assert ktae_key_values({**huge, "n_T": torch.tensor([55108.0]), "n_F": torch.tensor([1.0])}).isfinite().all()
+        ktae_key_values({**huge, "n_T": torch.tensor([55109.0]), "n_F": torch.tensor([1.0])}, 1.0, 1.0, 1.0, True)
+    largest = {**huge, "n_T": torch.tensor([55108.0]), "n_F": torch.tensor([1.0])}  # c = 55107
+    assert ktae_key_values(largest, 1.0, 1.0, 1.0, True).isfinite().all()

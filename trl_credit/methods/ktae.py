@@ -145,7 +145,7 @@ def fisher_exact_p(a, b, c, d) -> tuple[torch.Tensor, torch.Tensor]:
     log_terms_NK = log_term(k_NK)
     counted_NK = inside_NK & (log_terms_NK <= log_term(a.unsqueeze(1)) + math.log1p(_TIE_RTOL))
     p = torch.where(counted_NK, log_terms_NK.exp(), 0.0).sum(dim=1)
-    return p.clamp(max=1.0), (counted_NK == inside_NK).all(dim=1)
+    return p, (counted_NK == inside_NK).all(dim=1)
 
 
 def _entropy_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -171,7 +171,7 @@ def bm25_term_frequency(occurrences, length, mean_length) -> torch.Tensor:
     return frequency * (BM25_K1 + 1) / (frequency + saturation)
 
 
-def ktae_key_values(tables, alpha=1.0, beta=1.0, scale=1.0, term_frequency=True) -> torch.Tensor:
+def ktae_key_values(tables, alpha: float, beta: float, scale: float, term_frequency: bool) -> torch.Tensor:
     """The key-token value `k` of each (group, id) pair, from `tables`: float64 `(N,)` tensors `a`, `b` (correct and
     wrong completions holding the id), `n_T`, `n_F` (the group's correct and wrong completions), `o_T`, `o_F` (the
     id's occurrences in them) and `L_T`, `L_F` (their valid tokens). 0 in a group without both kinds."""
