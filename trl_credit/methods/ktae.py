@@ -197,8 +197,9 @@ def ktae_key_values(tables, alpha: float, beta: float, scale: float, term_freque
         tf_F = bm25_term_frequency(tables["o_F"], tables["L_F"], mean_length)
         direction = direction + tf_T / (tf_F + _TF_EPS) - tf_F / (tf_T + _TF_EPS)
     score = association_U[table_N] * direction / (alpha + beta)
-    key = scale * torch.tanh(score / 2)  # = scale * (2 sigmoid(score) - 1), without its cancellation near 0
-    return torch.where((n_T > 0) & (n_F > 0), key, 0.0)
+    # = scale * (2 sigmoid(score) - 1), without its cancellation near 0. A group without a correct or without a wrong
+    # completion has one-point supports (p = 1, F = 0) and no information gain: k = 0 there.
+    return scale * torch.tanh(score / 2)
 
 
 def _exact_in_float32(name: str, values: torch.Tensor) -> torch.Tensor:
