@@ -10,6 +10,7 @@ DIR holds the official repositories, cloned by the user (nothing of them is vend
     git clone https://github.com/winstonsmith1897/GTPO DIR/GTPO
     git clone https://github.com/hp-luo/STARE DIR/STARE
     git clone https://github.com/verl-project/verl DIR/verl         # OTB
+    git clone https://github.com/xiaolizh1/KTAE DIR/KTAE              # KTAE (tests/test_ktae.py reads it too)
 
 Importing verl needs Ray, omegaconf and more; instead the official functions are taken out of the user's files at run
 time with `ast` (only the named functions and constants, compiled with postponed annotations) and run on plain
@@ -54,12 +55,16 @@ QUICK_SIZES = [(16, 256, 4)]
 GTPO_SIZES = [(8, 256, 4)]
 GTPO_VOCAB = 49_152
 QUICK_GTPO_SIZES = [(8, 128, 4)]
+# KTAE's official code loops in Python over each group's token ids (~30 s a call at 256 x 4,096): 3 rounds, one size.
+KTAE_SIZES = [(256, 4096, 16)]
+QUICK_KTAE_SIZES = [(16, 256, 4)]
 CLONES = {
     "TACO": "https://github.com/xiuyilou/TACO",
     "EAPO": "https://github.com/wgcyeo/EAPO",
     "GTPO": "https://github.com/winstonsmith1897/GTPO",
     "STARE": "https://github.com/hp-luo/STARE",
     "verl": "https://github.com/verl-project/verl",
+    "KTAE": "https://github.com/xiaolizh1/KTAE",
 }
 
 
@@ -81,11 +86,13 @@ def _compile(nodes: list, path: Path, namespace: dict) -> dict:
 
 
 def extract(path: Path, names: list[str], namespace: dict) -> dict:
-    """`namespace` with the top-level functions and constants `names` of `path` defined in it (decorators other than
-    `torch.*` dropped: they register the function in verl's tables)."""
+    """`namespace` with the top-level functions, classes and constants `names` of `path` defined in it (decorators
+    other than `torch.*` dropped: they register the function in verl's tables; a function's own imports from verl
+    dropped: the namespace supplies what they name)."""
     found = {}
     for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.FunctionDef) and node.name in names:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in names:
+            node.body = [statement for statement in node.body if not _imports_verl(statement)]
             node.decorator_list = [d for d in node.decorator_list if ast.unparse(d).startswith("torch.")]
             found[node.name] = node
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -97,6 +104,24 @@ def extract(path: Path, names: list[str], namespace: dict) -> dict:
     if missing:
         raise SystemExit(f"{path}: no top-level {missing}; is it the official repository's file?")
     return _compile([found[name] for name in names], path, namespace)
+
+
+def _imports_verl(statement) -> bool:
+    return isinstance(statement, ast.ImportFrom) and (statement.module or "").startswith("verl")
+
+
+def ktae_official(root: Path, base: dict):
+    """KTAE's official advantage function (`compute_ktae_outcome_advantage_and_keytokens` of its `core_algos.py`),
+    `fn(token_level_rewards, responses, eos_mask, index) -> (advantages, returns)`, with the class `ComputeKeyTokens`
+    and the functions of `compute_key_tokens.py` it imports (the namespace, returned as `fn.namespace`, holds them)."""
+    names = ["compute_Cohen", "fisher_exact_test", "calculate_ig", "compute_tf", "ComputeKeyTokens"]
+    namespace = extract(_source(root, "KTAE", "verl/workers/actor/compute_key_tokens.py"), names, dict(base))
+    core = _source(root, "KTAE", "verl/trainer/ppo/core_algos.py")
+    function = extract(core, ["compute_ktae_outcome_advantage_and_keytokens"], namespace)[
+        "compute_ktae_outcome_advantage_and_keytokens"
+    ]
+    function.namespace = namespace
+    return function
 
 
 class _NoPrints(ast.NodeTransformer):
@@ -195,6 +220,12 @@ def official_functions(root: Path) -> dict:
         ["compute_optimal_token_baseline_advantage"],
         dict(base),
     )
+    ktae_function = ktae_official(root, dict(base))
+
+    def ktae(b):
+        rewards_BT = torch.zeros(b["mask_BT"].shape)
+        rewards_BT[:, 0] = b["rewards_B"]  # the official score is the row's sum
+        return ktae_function(rewards_BT, b["completion_ids_BT"], b["mask_BT"].float(), b["group_index_B"].numpy())
 
     def token_advantages(b):
         return b["advantages_B"].unsqueeze(1) * b["mask_BT"].float()
@@ -283,6 +314,7 @@ def official_functions(root: Path) -> dict:
             b["policy_logps"], token_advantages(b), b["mask_BT"].float(), {"stare": {"enabled": True}}
         ),
         "otb": otb,
+        "ktae": ktae,
     }
 
 
@@ -299,6 +331,7 @@ OFFICIAL_SOURCE = {
     "gtpo (official as is, prints to /dev/null)": "GTPO `build_conflict_mask` per group, as is",
     "stare": "STARE `compute_stare_token_weights`",
     "otb": "verl `compute_optimal_token_baseline_advantage`",
+    "ktae": "KTAE `compute_ktae_outcome_advantage_and_keytokens` (GRPO's advantage and `ComputeKeyTokens` per group)",
 }
 
 
@@ -332,11 +365,22 @@ def pair_calls(official: dict, batch: dict, names: list[str]) -> dict:
 
 
 def jobs(args) -> list[tuple[list[str], tuple[int, int, int], int]]:
-    names = [n for n in OFFICIAL_SOURCE if not n.startswith("gtpo")]
+    names = [n for n in OFFICIAL_SOURCE if not n.startswith(("gtpo", "ktae"))]
     gtpo = ["gtpo", "gtpo (official as is, prints to /dev/null)"]
     sizes = QUICK_SIZES if args.quick else SIZES
     gtpo_sizes = QUICK_GTPO_SIZES if args.quick else GTPO_SIZES
-    return [(names, size, 151_936) for size in sizes] + [(gtpo, size, GTPO_VOCAB) for size in gtpo_sizes]
+    ktae_sizes = QUICK_KTAE_SIZES if args.quick else KTAE_SIZES
+    every = [(names, size, 151_936) for size in sizes] + [(gtpo, size, GTPO_VOCAB) for size in gtpo_sizes]
+    every += [(["ktae"], size, 151_936) for size in ktae_sizes]
+    return [(chosen, size, vocab) for chosen, size, vocab in _only(every, args.methods)]
+
+
+def _only(every, methods):
+    """The jobs' methods among `methods` (all without it), jobs left without one dropped."""
+    for names, size, vocab in every:
+        chosen = [n for n in names if not methods or OFFICIAL_OF.get(n, n) in methods]
+        if chosen:
+            yield chosen, size, vocab
 
 
 def memory_worker(args) -> None:
@@ -360,6 +404,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test; writes nothing")
+    parser.add_argument(
+        "--methods", nargs="+", default=None, help="only these methods (all by default); writes nothing"
+    )
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--memory-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -374,7 +421,7 @@ def main():
     results = []
     for names, size, vocab in jobs(args):
         pairs = pair_calls(official, batch_for(*size, vocab), names)
-        repeats = args.repeats if "gtpo" not in names else 3
+        repeats = args.repeats if not {"gtpo", "ktae"} & set(names) else 3
         for fns in pairs.values():
             for fn in fns:
                 fn()
@@ -412,7 +459,10 @@ def main():
         str(args.threads),
     ]
     output = subprocess.run(
-        command + (["--quick"] if args.quick else []), env={**os.environ, **MEMORY_ENV}, capture_output=True, text=True
+        command + (["--quick"] if args.quick else []) + (["--methods", *args.methods] if args.methods else []),
+        env={**os.environ, **MEMORY_ENV},
+        capture_output=True,
+        text=True,
     )
     if output.returncode:
         raise RuntimeError(f"memory worker failed:\n{output.stderr[-3000:]}")
@@ -458,11 +508,12 @@ def main():
         ],
         rows,
     )
-    body = f"""`python benchmarks/official.py --official_root DIR{" --quick" if args.quick else ""}` (DIR: the clones named in the
+    only = f" --methods {' '.join(args.methods)}" if args.methods else ""
+    body = f"""`python benchmarks/official.py --official_root DIR{" --quick" if args.quick else ""}{only}` (DIR: the clones named in the
 script's docstring); {_common.machine_note()}; whole run {elapsed / 60:.1f} min; load average {load_before[0]:.1f} at the
 start, {load_after[0]:.1f} at the end (2 cores shared with other jobs).
 
-Same batches for both (`benchmarks/_method_inputs.py`), one process, {args.repeats} rounds (3 for GTPO),
+Same batches for both (`benchmarks/_method_inputs.py`), one process, {args.repeats} rounds (3 for GTPO and KTAE),
 each calling ours, then the official code and the official code again (the control) in alternating order. The time
 ratio is that of the fastest call of each (the least disturbed on a shared machine); the median of the per-round
 ratios is given beside it. The control's distance from 1.00x is this run's noise floor. Ours is `CreditMethod.on_tensors`
@@ -471,7 +522,7 @@ with `.item()` where it logs them). Extra peak memory: measured once per side in
 
 {table}"""
     print(body)
-    if not (args.no_write or args.quick):
+    if not (args.no_write or args.quick or args.methods):
         _common.write_section("official", "Beside the official code", body)
 
 

@@ -6,6 +6,9 @@
 read only for the names of the methods and their hyperparameters' defaults. `reference_stack` applies the spec's
 stacking rule, `credit_moved_share` and `assert_credit_moved` say whether a comparison can notice a wrong method, and
 `MOVING_SETTINGS` holds, per method, settings under which it moves credit on `random_reference_batch`'s inputs.
+Besides its advantages: `TOKEN_STATISTICS` and `METRICS` give, per method, its token statistic and its metrics by the
+definitions its docstring states, and `RANGES` the allowed values of each bounded hyperparameter. A new method's
+references all live here.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import torch
@@ -383,6 +387,71 @@ def entropy_adv_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | 
     return out, None
 
 
+def _fisher_exact_p(a: int, b: int, c: int, d: int) -> Fraction:
+    """The two-sided Fisher exact p-value of `[[a, b], [c, d]]`, as a fraction: the sum of the hypergeometric
+    probabilities, at the table's margins, of every table no more probable than the observed one."""
+    row, column, total = a + b, a + c, a + b + c + d
+
+    def probability(k):
+        return Fraction(math.comb(column, k) * math.comb(total - column, row - k), math.comb(total, row))
+
+    observed = probability(a)
+    support = range(max(0, row + column - total), min(row, column) + 1)
+    return sum((probability(k) for k in support if probability(k) <= observed), Fraction(0))
+
+
+def _bits(*counts: int) -> float:
+    total = sum(counts)
+    return -sum(n / total * math.log2(n / total) for n in counts if n) if total else 0.0
+
+
+def _ktae_value(a, b, correct, wrong, occurrences, lengths, hp) -> float:
+    """The key-token value of one id of one group (official `ComputeKeyTokens.compute_key_tokens`, k1 = 2, b = 0.5):
+    `a`, `b` the correct and wrong completions holding it among `correct` and `wrong`, `occurrences` and `lengths` its
+    occurrences and the valid tokens on either side."""
+    c, d = correct - a, wrong - b
+    p = _fisher_exact_p(a, b, c, d)
+    fisher = 0.0 if p == 1 else math.exp(-2 * float(p))
+    total = correct + wrong
+    gain = _bits(correct, wrong) - (a + b) / total * _bits(a, b) - (c + d) / total * _bits(c, d)
+    direction = math.asin(math.sqrt(a / correct)) - math.asin(math.sqrt(b / wrong))
+    if hp["ktae_term_frequency"]:
+        mean_length, tf = sum(lengths) / 2, []
+        for count, length in zip(occurrences, lengths):
+            frequency = count / length if length else 0.0
+            tf.append(frequency * 3.0 / (frequency + 2.0 * (0.5 + 0.5 * length / mean_length)))
+        direction += tf[0] / (tf[1] + 1e-5) - tf[1] / (tf[0] + 1e-5)
+    alpha, beta = hp["ktae_alpha"], hp["ktae_beta"]
+    score = (alpha * fisher + beta * gain) * direction / (alpha + beta)
+    sigmoid = 1 / (1 + math.exp(-score)) if score >= 0 else math.exp(score) / (1 + math.exp(score))
+    return (sigmoid - 0.5) * 2 * hp["ktae_scale"]
+
+
+def ktae_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
+    """KTAE (xiaolizh1/KTAE `compute_key_tokens.py`, per prompt group as `core_algos.py` calls it): each valid token
+    gains the key-token value of its id in its group; a group without a correct (reward above the threshold) or without
+    a wrong completion gains nothing, nor does the unscored id (the pad id by default). Fisher's p-value is exact."""
+    mask_BT, ids_BT, out = batch.mask_BT, batch.completion_ids_BT, batch.advantages_BT.clone()
+    unscored = hp["ktae_unscored_id"] if hp["ktae_unscored_id"] is not None else batch.pad_token_id
+    tokens = {i: [int(ids_BT[i, t]) for t in _valid_positions(mask_BT, i)] for i in range(mask_BT.size(0))}
+    for group in sorted(set(batch.group_index_B.tolist())):
+        rows = [i for i in tokens if int(batch.group_index_B[i]) == group]
+        correct = [i for i in rows if float(batch.rewards_B[i]) > hp["ktae_correct_threshold"]]
+        wrong = [i for i in rows if i not in correct]
+        if not correct or not wrong:
+            continue
+        lengths = (sum(len(tokens[i]) for i in correct), sum(len(tokens[i]) for i in wrong))
+        for v in {v for i in rows for v in tokens[i]} - {unscored}:
+            a, b = sum(v in tokens[i] for i in correct), sum(v in tokens[i] for i in wrong)
+            occurrences = (sum(tokens[i].count(v) for i in correct), sum(tokens[i].count(v) for i in wrong))
+            value = _ktae_value(a, b, len(correct), len(wrong), occurrences, lengths, hp)
+            for i in rows:
+                for t in _valid_positions(mask_BT, i):
+                    if int(ids_BT[i, t]) == v:
+                        out[i, t] += value
+    return out, None
+
+
 REFERENCE_RULES: dict[str, Rule] = {
     "grpo": grpo_rule,
     "taco": taco_rule,
@@ -399,6 +468,7 @@ REFERENCE_RULES: dict[str, Rule] = {
     "clip_cov": clip_cov_rule,
     "high_entropy": high_entropy_rule,
     "entropy_adv": entropy_adv_rule,
+    "ktae": ktae_rule,
 }
 
 
@@ -502,7 +572,23 @@ MOVING_SETTINGS: dict[str, dict] = {
     "clip_cov": {"clip_cov_ratio": 0.2, "clip_cov_lb": -1.0, "clip_cov_ub": 1.0, "clip_cov_seed": 3},
     "high_entropy": {},
     "entropy_adv": {},
+    "ktae": {},
 }
+
+# Where the tiny model of the trainer tests (`moving_settings` of tests/trainer_helpers.py) needs other settings than
+# `MOVING_SETTINGS` to move credit: HICRA's grams from its vocabulary (the numbers: two thirds of it), GTPO's entropy
+# threshold above its mean entropy (~3.3 nats), which otherwise filters every completion, TAMPO's above the entropy of
+# some of its tokens, and a min-p support threshold that its flat distributions reach (a token below half the top
+# token's probability).
+TINY_MODEL_MOVING_SETTINGS = {
+    "hicra": {"hicra_grams": [str(n) for n in range(100)]},
+    "gtpo": {"gtpo_entropy_threshold": 10.0},
+    "tampo": {"tampo_entropy_threshold": 4.0},  # TAMPO truncates low-entropy tokens only: below log(139) = 4.9
+    "minp_support": {"minp_support_min_p": 0.5},
+    # The tiny model's rewards are small integers (a length modulo 4 or 5): "correct" above 1.5 splits more groups.
+    "ktae": {"ktae_correct_threshold": 1.5},
+}
+
 
 # Token texts of `random_reference_batch`: words that HICRA's moving grams match, several ids per word.
 WORDS = (" let", " me", " wait", " check", " the", " so", " x", " =", " 1", "2", ",", ".")
@@ -592,3 +678,347 @@ def random_reference_batch(seed: int = 0, groups: int = 2, size: int = 4, tokens
         pad_token_id=pad_id,
         token_texts=word_texts,
     )
+
+
+# ------------------------------------------------------------------------------------------- besides the advantages
+# What each method returns besides its advantages, by the definitions its docstring gives (its "Token statistic:" and
+# "Metrics:"), worked from the batch's statistics and the reference rules: `TOKEN_STATISTICS` and `METRICS`.
+
+
+def restarted(batch: ReferenceBatch, advantages_B: torch.Tensor) -> ReferenceBatch:
+    """`batch` started again from the sequence advantages `advantages_B` (every other field kept)."""
+    return ReferenceBatch.start(
+        advantages_B,
+        batch.mask_BT,
+        statistics=batch.statistics,
+        vocab_size=batch.vocab_size,
+        group_index_B=batch.group_index_B,
+        rewards_B=batch.rewards_B,
+        completion_ids_BT=batch.completion_ids_BT,
+        pad_token_id=batch.pad_token_id,
+        token_texts=batch.token_texts,
+    )
+
+
+def _eapo_normalized_entropy(b, hp):
+    entropy_BT = b["rollout_entropy"]
+    valid = entropy_BT[b.mask_BT].tolist()
+    low, high = (_quantile(valid, q) for q in hp["eapo_quantiles"])
+    return ((entropy_BT - low) / (high - low)).clamp(0.0, 1.0)
+
+
+def _clip_cov_covariance(b, hp):
+    weights_BT = b.loss_weights_BT
+    logps_BT = b["policy_logps"]
+    mean_a = (b.advantages_BT * weights_BT).sum() / weights_BT.sum()
+    mean_logp = (logps_BT * weights_BT).sum() / weights_BT.sum()
+    return (b.advantages_BT - mean_a) * (logps_BT - mean_logp)
+
+
+def _gtpo_conflict_factor(b, hp):
+    """d: GTPO's loop without normalisation, entropy filter or shaping, over `A_i` (1 where `A_i = 0`)."""
+    pad_id = hp["gtpo_pad_id"] if hp["gtpo_pad_id"] is not None else b.pad_token_id
+    unshaped_BT = gtpo_loop(
+        b.sequence_advantages_B,
+        b.completion_ids_BT,
+        b.mask_BT,
+        b["rollout_entropy"],
+        b.group_index_B.tolist(),
+        pad_id,
+        weight=hp["gtpo_conflict_weight"],
+        threshold=math.inf,
+        scale=0.0,
+        normalize=False,
+    )
+    a_B = b.sequence_advantages_B.view(-1, 1)
+    return torch.where(a_B != 0, unshaped_BT / torch.where(a_B != 0, a_B, 1.0), 1.0)
+
+
+def _otb_baseline(b, hp):
+    advantages_BT, _ = REFERENCE_RULES["otb"](b, hp)
+    return b.rewards_B.view(-1, 1) - advantages_BT
+
+
+def _hicra_planning(b, hp):
+    """1 where a unit advantage grows under HICRA's rule."""
+    grown_BT, _ = REFERENCE_RULES["hicra"](restarted(b, torch.ones_like(b.sequence_advantages_B)), hp)
+    return (grown_BT > 1.0).double()
+
+
+# method: its token statistic at the valid positions of a batch, by the definition its docstring gives.
+TOKEN_STATISTICS = {
+    "ar_lopti": lambda b, hp: b["rollout_logps"].exp(),
+    "clip_cov": _clip_cov_covariance,
+    "eapo": _eapo_normalized_entropy,
+    "entropy_adv": lambda b, hp: torch.minimum(
+        hp["entropy_adv_alpha"] * b["policy_entropy"], b.advantages_BT.abs() / hp["entropy_adv_kappa"]
+    ),
+    "gtpo": _gtpo_conflict_factor,
+    "hicra": _hicra_planning,
+    "high_entropy": lambda b, hp: b["policy_entropy"],
+    "minp_support": lambda b, hp: b["policy_logit_gap"] - math.log(hp["minp_support_min_p"]),
+    "otb": _otb_baseline,
+    "stapo": lambda b, hp: b["policy_entropy"],
+    "stare": lambda b, hp: -b["policy_logps"],
+    "taco": lambda b, hp: -b["policy_logps"] - b["policy_entropy"] + math.log(hp["taco_alpha"]),
+    "tampo": lambda b, hp: b["policy_entropy"],
+    "tide": lambda b, hp: b["reference_deviation"],
+    "ktae": lambda b, hp: REFERENCE_RULES["ktae"](b, hp)[0] - b.advantages_BT,
+}
+
+
+def _share(selected_BT, among_BT) -> float:
+    return float((selected_BT & among_BT).sum()) / float(among_BT.sum())
+
+
+def _mean(values_BT, mask_BT) -> float:
+    return float(values_BT[mask_BT].mean())
+
+
+def _reference(name, b, hp):
+    """The reference rule's advantages and loss weights (the incoming weights where it drops nothing)."""
+    advantages_BT, loss_mask_BT = REFERENCE_RULES[name](b, hp)
+    return advantages_BT, b.loss_weights_BT if loss_mask_BT is None else loss_mask_BT
+
+
+def _positive(b):
+    return b.mask_BT & (b.advantages_BT > 0)
+
+
+def _dropped_metrics(name, b, hp):
+    _, weights_BT = _reference(name, b, hp)
+    dropped_BT = b.mask_BT & (weights_BT == 0)
+    return {
+        "dropped_fraction": _share(dropped_BT, b.mask_BT),
+        "dropped_fraction_pos": _share(dropped_BT, _positive(b)),
+    }
+
+
+def _stapo_metrics(b, hp):
+    source = _positive(b) if hp["stapo_only_positive_advantage"] else b.mask_BT
+    threshold = _quantile(b["policy_entropy"][source].tolist(), hp["stapo_entropy_quantile"])
+    return {**_dropped_metrics("stapo", b, hp), "entropy_threshold": threshold}
+
+
+def _clip_cov_metrics(b, hp):
+    """verl draws max(int(ratio x the loss weights' sum), 1) of the candidates (all of them if fewer) and zeroes them."""
+    ratio_BT = (b["policy_logps"] - b["rollout_logps"]).exp()
+    low, high = b.clip_range
+    clipped_BT = -b.advantages_BT * ratio_BT.clamp(1 - low, 1 + high) > -b.advantages_BT * ratio_BT
+    covariance_BT = _clip_cov_covariance(b, hp)
+    candidates_BT = b.mask_BT & ~clipped_BT & (covariance_BT > hp["clip_cov_lb"]) & (covariance_BT < hp["clip_cov_ub"])
+    drawn = min(max(int(hp["clip_cov_ratio"] * float(b.loss_weights_BT.sum())), 1), int(candidates_BT.sum()))
+    return {
+        "detached_fraction": drawn / float(b.mask_BT.sum()),
+        "candidate_fraction": _share(candidates_BT, b.mask_BT),
+    }
+
+
+def _entropy_adv_metrics(b, hp):
+    bonus_BT = hp["entropy_adv_alpha"] * b["policy_entropy"]
+    bound_BT = b.advantages_BT.abs() / hp["entropy_adv_kappa"]
+    return {
+        "mean_bonus": _mean(torch.minimum(bonus_BT, bound_BT), b.mask_BT),
+        "bounded_fraction": _share(bound_BT < bonus_BT, b.mask_BT),
+    }
+
+
+def _gtpo_metrics(b, hp):
+    d_BT = _gtpo_conflict_factor(b, hp)
+    a_B = b.sequence_advantages_B.view(-1, 1)
+    positive_BT, negative_BT = (a_B > 0).expand_as(d_BT), (a_B < 0).expand_as(d_BT)
+    # d is W (W^2 where both runs meet) on a positive conflict and 0 on a negative one: W = 2 here, never 1.
+    assert hp["gtpo_conflict_weight"] != 1.0
+    conflict_BT = (positive_BT & (d_BT != 1)) | (negative_BT & (d_BT == 0))
+    row_entropy_B = torch.stack(
+        [b["rollout_entropy"][i][b.mask_BT[i]].mean() for i in range(b.mask_BT.size(0))]
+    ).nan_to_num(0.0)
+    row_entropy_BT = row_entropy_B.view(-1, 1).expand_as(d_BT)
+    return {
+        "conflict_fraction": _share(conflict_BT, b.mask_BT),
+        "skipped_fraction": _share(conflict_BT & ~positive_BT, b.mask_BT),
+        "amplified_fraction": _share(conflict_BT & positive_BT, b.mask_BT),
+        "filtered_fraction": _share(row_entropy_BT > hp["gtpo_entropy_threshold"], b.mask_BT),
+        "mean_entropy": _mean(row_entropy_BT, b.mask_BT),
+    }
+
+
+def _hicra_metrics(b, hp):
+    planning_BT = _hicra_planning(b, hp).bool()
+    rows = [i for i in range(b.mask_BT.size(0)) if b.mask_BT[i].any()]
+    return {
+        "planning_fraction": _share(planning_BT, b.mask_BT),
+        "planning_fraction_pos": _share(planning_BT, _positive(b)),
+        "completions_with_planning": sum(bool((planning_BT[i] & b.mask_BT[i]).any()) for i in rows) / len(rows),
+    }
+
+
+def _high_entropy_metrics(b, hp):
+    _, weights_BT = _reference("high_entropy", b, hp)
+    return {"entropy_threshold": float(b["policy_entropy"][b.mask_BT & (weights_BT > 0)].min())}
+
+
+def _minp_metrics(b, hp):
+    _, weights_BT = _reference("minp_support", b, hp)
+    margin_BT = b["policy_logit_gap"] - math.log(hp["minp_support_min_p"])
+    return {
+        "support_weight": _mean(weights_BT, b.mask_BT),
+        "in_support_fraction_pos": _share(margin_BT >= 0, _positive(b)),
+        "margin_mean_pos": _mean(margin_BT, _positive(b)),
+    }
+
+
+def _otb_metrics(b, hp):
+    w_BT = (b["rollout_unsampled_mass"] ** 2 + b["rollout_unsampled_sum_sq_probs"]) * b.mask_BT
+    lengths = b.mask_BT.sum(dim=1).tolist()
+    zero_tail_BT = torch.zeros_like(b.mask_BT)
+    for group in b.group_index_B.unique().tolist():
+        rows = [i for i in range(len(lengths)) if b.group_index_B[i] == group]
+        ranked = sorted(lengths[i] for i in rows)
+        if len(rows) > 1 and hp["otb_handle_zero_tail"] and ranked[-1] > ranked[-2]:
+            longest = next(i for i in rows if lengths[i] == ranked[-1])
+            zero_tail_BT[longest, ranked[-2] :] = True
+    return {
+        "mean_baseline": _mean(_otb_baseline(b, hp), b.mask_BT),
+        "mean_path_variance": _mean(w_BT.cumsum(dim=1), b.mask_BT),
+        "zero_tail_fraction": _share(zero_tail_BT, b.mask_BT),
+    }
+
+
+def _stare_metrics(b, hp):
+    advantages_BT, _ = _reference("stare", b, hp)
+    batch_entropy = float(b["rollout_mean_entropy"][b.mask_BT][0])
+    gate_on = batch_entropy < hp["stare_target_entropy"]
+    surprisal_BT = -b["policy_logps"]
+
+    def highest(sign_BT):
+        """The ceil(ratio x count) highest surprisals among `sign_BT` (STARE's top-p of each sign)."""
+        values = sorted(surprisal_BT[sign_BT].tolist(), reverse=True)
+        count = math.ceil(hp["stare_top_p_ratio"] * len(values))
+        return sign_BT & (surprisal_BT >= values[count - 1]) if count else torch.zeros_like(sign_BT)
+
+    l_plus_BT = highest(_positive(b))
+    l_minus_BT = (
+        highest(b.mask_BT & (b.advantages_BT < 0)) if hp["stare_variant"] == "C2" else torch.zeros_like(l_plus_BT)
+    )
+    reweighted_BT = (advantages_BT != b.advantages_BT) & b.mask_BT
+    return {
+        "gate_on": float(gate_on),
+        "batch_entropy": batch_entropy,
+        "target_entropy": hp["stare_target_entropy"],
+        "reweighted_fraction": _share(reweighted_BT, b.mask_BT),
+        "positive_selected_fraction": _share(l_plus_BT, b.mask_BT),
+        "negative_selected_fraction": _share(l_minus_BT, b.mask_BT),
+    }
+
+
+def _taco_metrics(b, hp):
+    risk_BT = TOKEN_STATISTICS["taco"](b, hp)
+    return {
+        "tail_fraction": _share(risk_BT > 0, b.mask_BT),
+        "tail_fraction_pos": _share(risk_BT > 0, _positive(b)),
+        "mean_tail_risk": _mean(risk_BT, b.mask_BT),
+        "pos_adv_fraction": _share(_positive(b), b.mask_BT),
+    }
+
+
+def _tide_metrics(b, hp):
+    deviation_BT = b["reference_deviation"]
+    gate_BT = (b["rollout_entropy"] / math.log(b.vocab_size)).clamp(0, 1)
+    return {
+        "mean_deviation": _mean(deviation_BT, b.mask_BT),
+        "mean_gate": _mean(gate_BT, b.mask_BT),
+        "mean_score": _mean(deviation_BT * gate_BT ** hp["tide_kappa"], b.mask_BT),
+    }
+
+
+def _ktae_metrics(b, hp):
+    key_BT = TOKEN_STATISTICS["ktae"](b, hp)
+    scored_BT = torch.zeros_like(b.mask_BT)
+    for group in b.group_index_B.unique():
+        rows = b.group_index_B == group
+        correct = b.rewards_B[rows] > hp["ktae_correct_threshold"]
+        scored_BT[rows] = bool(correct.any() and not correct.all())
+    return {
+        "mean_key_value": _mean(key_BT, b.mask_BT),
+        "mean_abs_key_value": _mean(key_BT.abs(), b.mask_BT),
+        "scored_fraction": _share(scored_BT, b.mask_BT),
+    }
+
+
+# method: the value of each metric it logs, by the definition its docstring gives.
+METRICS = {
+    "ar_lopti": lambda b, hp: {"prob_mean": _mean(b["rollout_logps"].exp(), b.mask_BT)},
+    "clip_cov": _clip_cov_metrics,
+    "eapo": lambda b, hp: {
+        "q_lo": _quantile(b["rollout_entropy"][b.mask_BT].tolist(), hp["eapo_quantiles"][0]),
+        "q_hi": _quantile(b["rollout_entropy"][b.mask_BT].tolist(), hp["eapo_quantiles"][1]),
+        "kappa": hp["eapo_kappa"],  # step 0: no decay yet
+    },
+    "entropy_adv": _entropy_adv_metrics,
+    "gtpo": _gtpo_metrics,
+    "hicra": _hicra_metrics,
+    "high_entropy": _high_entropy_metrics,
+    "minp_support": _minp_metrics,
+    "otb": _otb_metrics,
+    "stapo": _stapo_metrics,
+    "stare": _stare_metrics,
+    "taco": _taco_metrics,
+    "tampo": lambda b, hp: _dropped_metrics("tampo", b, hp),
+    "tide": _tide_metrics,
+    "ktae": _ktae_metrics,
+}
+
+
+# ------------------------------------------------------------------------------------------- hyperparameter ranges
+
+INF, NAN = math.inf, math.nan
+
+# Each bounded hyperparameter, field: (the allowed values in the words of its error, values accepted, values refused). The ranges are the ones the
+# fields' help and docs/methods.md state; the edges sit on both sides of each bound.
+RANGES = {
+    "ar_lopti_alpha": ("in [0, 1]", [0.0, 1.0], [-0.01, 1.01, NAN]),
+    "clip_cov_ratio": ("in (0, 1]", [1e-6, 1.0], [0.0, 1.01, NAN]),
+    "clip_cov_lb": ("finite", [-1e9, 4.0], [-INF, NAN]),
+    "clip_cov_ub": ("finite", [1e9, 1.5], [INF, NAN]),
+    "eapo_kappa": ("finite and >= 0", [0.0, 18.0], [-0.1, INF, NAN]),
+    "eapo_kappa_decay_steps": (">= 0", [0, 5], [-1]),
+    "eapo_quantiles": (
+        "two values lo, hi with 0 <= lo < hi <= 1",
+        [[0.0, 1.0], [0.2, 0.3]],
+        [[0.5, 0.5], [0.1, 1.01], [-0.1, 0.5], [0.1], [0.1, 0.5, 0.9]],
+    ),
+    "entropy_adv_alpha": ("finite and >= 0", [0.0, 3.0], [-0.1, INF]),
+    "entropy_adv_kappa": ("finite and > 1", [1.0001, 50.0], [1.0, 0.5, INF]),
+    "gtpo_conflict_weight": ("finite and > 0", [1e-3, 2.0], [0.0, -1.0, INF]),
+    "gtpo_entropy_threshold": (">= 0 (inf filters no completion)", [0.0, INF], [-0.1]),
+    "gtpo_entropy_scale": ("finite and >= 0", [0.0, 0.5], [-0.1, INF]),
+    "gtpo_pad_id": ("None (the tokenizer's pad id) or an id >= 0", [None, 0, 7], [-1]),
+    "hicra_alpha": ("in [0, 1)", [0.0, 0.99], [1.0, -0.1]),
+    "hicra_grams": ("a non-empty list of non-blank phrases", [["a b"]], [[], ["  "]]),
+    "ktae_alpha": ("finite and >= 0", [0.0, 4.0], [-0.1, INF, NAN]),
+    "ktae_beta": ("finite and >= 0", [0.0, 4.0], [-0.1, INF, NAN]),
+    "ktae_scale": ("finite and > 0", [1e-3, 2.0], [0.0, -1.0, INF]),
+    "ktae_correct_threshold": ("finite", [-1e9, 0.5], [-INF, INF, NAN]),
+    "ktae_unscored_id": ("None (the tokenizer's pad id) or an id >= 0", [None, 0, 151643], [-1]),
+    "high_entropy_top_ratio": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
+    "minp_support_min_p": ("in (0, 1)", [1e-6, 0.999], [0.0, 1.0]),
+    "minp_support_tau": ("finite and > 0", [1e-3], [0.0, INF]),
+    "minp_support_min_weight": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
+    "stapo_prob_threshold": ("in (0, 1)", [1e-6, 0.999], [0.0, 1.0]),
+    "stapo_entropy_quantile": ("in (0, 1)", [1e-6, 0.999], [0.0, 1.0]),
+    "stare_top_p_ratio": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
+    "stare_reweight_w": ("finite and > 0", [1e-3], [0.0, INF]),
+    "stare_reweight_m": ("finite and > 0", [1e-3], [0.0, INF]),
+    "stare_target_entropy": (">= 0 (inf: always on)", [0.0, INF], [-0.1]),
+    "taco_alpha": ("in (0, 1]", [1e-6, 1.0], [0.0, 1.01]),
+    "taco_lambda": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
+    "tampo_prob_threshold": ("in (0, 1]", [1e-6, 1.0], [0.0, 1.01]),
+    "tampo_entropy_threshold": ("finite and >= 0", [0.0], [-0.1, INF]),
+    "tide_tau": ("finite and > 0", [1e-3], [0.0, INF]),
+    "tide_kappa": ("finite and >= 0", [0.0], [-0.1, INF]),
+    "tide_distance": ("one of ('squared_hellinger', 'hellinger')", ["squared_hellinger", "hellinger"], ["kl"]),
+    "tide_reference": ("one of ('ref', 'old')", ["ref", "old"], ["base"]),
+}
+# Fields any value of their type fits (flags and Literal choices apart, which their type refuses): a seed.
+UNBOUNDED = {"clip_cov_seed"}

@@ -64,6 +64,7 @@ def test_compare_and_lab_without_scipy_stop_before_training_and_say_how_to_insta
 @pytest.mark.parametrize("method", ["taco", "stapo", "eapo+taco", "stare", "otb+stare"])
 def test_grpo_help_shows_the_stack_options_with_their_help_and_defaults(capsys, method):
     from trl_credit.methods import CREDIT_METHODS, get_credit_method, parse_credit_methods
+    from trl_credit.methods.names import label as method_label
 
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["grpo", "--method", method, "--help"])
@@ -78,7 +79,8 @@ def test_grpo_help_shows_the_stack_options_with_their_help_and_defaults(capsys, 
                 assert f"--{field.name}" in out and "".join(field.metadata["help"].split()) in flat
             else:
                 assert f"--{field.name} " not in out  # only the stack's options
-        assert "".join(f"{registered.name} {registered.summary}".split()) in flat  # the methods list
+        # The methods list: each with its paper's arXiv id beside its name.
+        assert "".join(f"{registered.name} {method_label(registered)}: {registered.summary}".split()) in flat
     assert "(default:0.01)" in flat if "taco" in stack else True
 
 

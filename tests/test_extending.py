@@ -286,7 +286,7 @@ assert "Surprise boost" in tables and "surprise_boost_max" in tables and "2601.0
 from trl_credit.reports.model_card.card import generate_credit_model_card
 card = str(generate_credit_model_card(base_model=None, model_name="m", hub_model_id="u/m", dataset_name=None,
     method="surprise_boost", hyperparameters={"surprise_boost_max": 3.0}, trainer_name="GRPO"))
-assert "Surprise boost: Up to" in card and "rarest sampled tokens" in card and "surprise_boost_max" in card, card
+assert "Surprise boost (arXiv 2601.00001): Up to" in card and "rarest sampled tokens" in card and "surprise_boost_max" in card, card
 from trl_credit.trainer.token_credit_records import method_statistic_name
 assert method_statistic_name("surprise_boost") == "surprise"
 print("every surface has surprise_boost")

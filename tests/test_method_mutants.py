@@ -9,6 +9,7 @@ import typing
 import pytest
 import torch
 from conftest import PACKAGE_METHODS
+from reference_credit import RANGES, UNBOUNDED
 from reference_formulas import eapo_loop, tide_loop
 
 from trl_credit.methods import CREDIT_METHODS, apply_credit_method
@@ -17,52 +18,6 @@ from trl_credit.methods.eapo import eapo_advantages, eapo_normalized_entropy, qu
 from trl_credit.methods.settings import SettingError
 from trl_credit.methods.taco import taco_tail_risk
 from trl_credit.methods.tide import tide_advantages, tide_scores
-
-INF, NAN = math.inf, math.nan
-
-# field: (the allowed values in the words of its error, values accepted, values refused). The ranges are the ones the
-# fields' help and docs/methods.md state; the edges sit on both sides of each bound.
-RANGES = {
-    "ar_lopti_alpha": ("in [0, 1]", [0.0, 1.0], [-0.01, 1.01, NAN]),
-    "clip_cov_ratio": ("in (0, 1]", [1e-6, 1.0], [0.0, 1.01, NAN]),
-    "clip_cov_lb": ("finite", [-1e9, 4.0], [-INF, NAN]),
-    "clip_cov_ub": ("finite", [1e9, 1.5], [INF, NAN]),
-    "eapo_kappa": ("finite and >= 0", [0.0, 18.0], [-0.1, INF, NAN]),
-    "eapo_kappa_decay_steps": (">= 0", [0, 5], [-1]),
-    "eapo_quantiles": (
-        "two values lo, hi with 0 <= lo < hi <= 1",
-        [[0.0, 1.0], [0.2, 0.3]],
-        [[0.5, 0.5], [0.1, 1.01], [-0.1, 0.5], [0.1], [0.1, 0.5, 0.9]],
-    ),
-    "entropy_adv_alpha": ("finite and >= 0", [0.0, 3.0], [-0.1, INF]),
-    "entropy_adv_kappa": ("finite and > 1", [1.0001, 50.0], [1.0, 0.5, INF]),
-    "gtpo_conflict_weight": ("finite and > 0", [1e-3, 2.0], [0.0, -1.0, INF]),
-    "gtpo_entropy_threshold": (">= 0 (inf filters no completion)", [0.0, INF], [-0.1]),
-    "gtpo_entropy_scale": ("finite and >= 0", [0.0, 0.5], [-0.1, INF]),
-    "gtpo_pad_id": ("None (the tokenizer's pad id) or an id >= 0", [None, 0, 7], [-1]),
-    "hicra_alpha": ("in [0, 1)", [0.0, 0.99], [1.0, -0.1]),
-    "hicra_grams": ("a non-empty list of non-blank phrases", [["a b"]], [[], ["  "]]),
-    "high_entropy_top_ratio": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
-    "minp_support_min_p": ("in (0, 1)", [1e-6, 0.999], [0.0, 1.0]),
-    "minp_support_tau": ("finite and > 0", [1e-3], [0.0, INF]),
-    "minp_support_min_weight": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
-    "stapo_prob_threshold": ("in (0, 1)", [1e-6, 0.999], [0.0, 1.0]),
-    "stapo_entropy_quantile": ("in (0, 1)", [1e-6, 0.999], [0.0, 1.0]),
-    "stare_top_p_ratio": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
-    "stare_reweight_w": ("finite and > 0", [1e-3], [0.0, INF]),
-    "stare_reweight_m": ("finite and > 0", [1e-3], [0.0, INF]),
-    "stare_target_entropy": (">= 0 (inf: always on)", [0.0, INF], [-0.1]),
-    "taco_alpha": ("in (0, 1]", [1e-6, 1.0], [0.0, 1.01]),
-    "taco_lambda": ("in [0, 1]", [0.0, 1.0], [-0.1, 1.01]),
-    "tampo_prob_threshold": ("in (0, 1]", [1e-6, 1.0], [0.0, 1.01]),
-    "tampo_entropy_threshold": ("finite and >= 0", [0.0], [-0.1, INF]),
-    "tide_tau": ("finite and > 0", [1e-3], [0.0, INF]),
-    "tide_kappa": ("finite and >= 0", [0.0], [-0.1, INF]),
-    "tide_distance": ("one of ('squared_hellinger', 'hellinger')", ["squared_hellinger", "hellinger"], ["kl"]),
-    "tide_reference": ("one of ('ref', 'old')", ["ref", "old"], ["base"]),
-}
-# Fields any value of their type fits (flags and Literal choices apart, which their type refuses): a seed.
-UNBOUNDED = {"clip_cov_seed"}
 
 
 def _owner(field_name: str):

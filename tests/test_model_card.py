@@ -12,6 +12,7 @@ from conftest import length_reward, make_tiny_model, tiny_config, tiny_prompt_da
 from fake_runs import write_fake_trainer_state
 from huggingface_hub import ModelCard, ModelCardData
 
+from trl_credit.methods.names import label as method_label
 from trl_credit.reports import model_card
 from trl_credit.reports.plots import save_training_plots
 
@@ -444,9 +445,9 @@ def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_
     methods_text = text.split("### Credit method: EAPO + TACO")[1].split("\n### ")[0]
     methods = [step.method for step in trainer.args.credit_stack]
     for method, following in zip(methods, [*methods[1:], None]):
-        section = methods_text.split(f"\n{method.display_name}: ")[1]
+        section = methods_text.split(f"\n{method_label(method)}: ")[1]  # its name with its arXiv id
         if following is not None:
-            section = section.split(f"\n{following.display_name}: ")[0]
+            section = section.split(f"\n{method_label(following)}: ")[0]
         expected = trainer.args.method_hyperparameters(method)
         shown = _rows(section)
         assert shown.keys() == expected.keys() and all(_same(shown[k], v) for k, v in expected.items()), method.name

@@ -24,8 +24,11 @@ from trl_credit.methods import (
     ROLLOUT_UNSAMPLED_MASS,
     ROLLOUT_UNSAMPLED_SUM_SQ_PROBS,
     STATISTICS,
+    get_credit_method,
+    other_paper,
     register_credit_method,
 )
+from trl_credit.methods.names import label as method_label
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_credit"
 # The public single-method pairs (TACOTrainer, ...) are the exception the design allows, besides the lab's oracle,
@@ -169,6 +172,48 @@ def test_what_a_method_shows_is_its_display_name_and_its_docstring(credit_method
     register_credit_method("bare")(_documented(None))
     bare = CREDIT_METHODS["bare"]
     assert (bare.display_name, bare.summary, bare.diagnostics, bare.token_statistic) == ("bare", "", {}, None)
+
+
+@pytest.mark.parametrize(
+    "name,other,registered",
+    [
+        ("gtpo_bytedance", 'ByteDance\'s GTPO, "Group Token Policy Optimization" (arXiv 2508.04349)', "gtpo"),
+        ("group_token_po", 'ByteDance\'s GTPO, "Group Token Policy Optimization" (arXiv 2508.04349)', "gtpo"),
+        ("entropy_aware_po", 'EAPO, "Entropy-Aware Policy Optimization" (arXiv 2604.11056)', "eapo"),
+        ("eapo_entropy_aware", 'EAPO, "Entropy-Aware Policy Optimization" (arXiv 2604.11056)', "eapo"),
+    ],
+)
+def test_an_unknown_name_like_another_papers_method_names_both_papers(name, other, registered):
+    method = CREDIT_METHODS[registered]
+    with pytest.raises(ValueError) as error:
+        get_credit_method(name)
+    message = str(error.value)
+    assert message.startswith(
+        f"unknown credit method {name!r}: {name!r} looks like {other}, which is not registered; "
+    )
+    assert f'the registered {registered!r} is "{method.paper["title"]}" (arXiv {method.paper["id"]})' in message
+    assert message.endswith(f"; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}")
+
+
+@pytest.mark.parametrize("name", ["gtpo_v2", "tacoo", "po", "entropy"])
+def test_an_unknown_name_like_no_other_paper_names_none(name):
+    with pytest.raises(ValueError) as error:
+        get_credit_method(name)
+    assert str(error.value) == f"unknown credit method {name!r}; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}"
+
+
+def test_the_other_papers_of_a_registration_are_its_own_and_well_formed(credit_method_registry):
+    other = other_paper("SB", "Some Boost", "2601.00002", by="Lab")
+    register_credit_method(
+        "sb", paper={"title": "Surprise Boost", "id": "2601.00001"}, not_to_be_confused_with=(other,)
+    )(_documented("Boosts."))
+    assert CREDIT_METHODS["sb"].not_to_be_confused_with == (other,)
+    assert method_label(CREDIT_METHODS["sb"]) == "sb (arXiv 2601.00001)"
+    with pytest.raises(ValueError) as error:
+        get_credit_method("some_boost_lab")
+    assert "'some_boost_lab' looks like Lab's SB, \"Some Boost\" (arXiv 2601.00002)" in str(error.value)
+    with pytest.raises(ValueError, match="not_to_be_confused_with holds other_paper"):
+        register_credit_method("sb2", not_to_be_confused_with=({"name": "SB", "title": "Some Boost"},))
 
 
 def test_a_registration_made_by_a_test(credit_method_registry):

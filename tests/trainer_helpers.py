@@ -20,6 +20,7 @@ import torch
 from conftest import PACKAGE_METHODS, naive_logprobs, sampled
 from reference_credit import (
     MOVING_SETTINGS,
+    TINY_MODEL_MOVING_SETTINGS,
     ReferenceBatch,
     assert_credit_moved,
     credit_moved_share,
@@ -36,18 +37,6 @@ TRAINING_FORWARD_STATISTICS = ("policy_logps", "policy_entropy", "policy_logit_g
 FLOAT32_EPSILON = torch.finfo(torch.float32).eps
 # The stacks README.md and docs/ name, and the official actor's variants (read from the pages).
 DOCUMENTED_STACKS = tuple(documented_stacks())
-
-
-# Where the tiny model needs other settings than `MOVING_SETTINGS` to move credit: HICRA's grams from its vocabulary
-# (the numbers: two thirds of it), GTPO's entropy threshold above its mean entropy (~3.3 nats), which otherwise filters
-# every completion, TAMPO's above the entropy of some of its tokens, and a min-p support threshold that its flat
-# distributions reach (a token below half the top token's probability).
-TINY_MODEL_MOVING_SETTINGS = {
-    "hicra": {"hicra_grams": [str(n) for n in range(100)]},
-    "gtpo": {"gtpo_entropy_threshold": 10.0},
-    "tampo": {"tampo_entropy_threshold": 4.0},  # TAMPO truncates low-entropy tokens only: below log(139) = 4.9
-    "minp_support": {"minp_support_min_p": 0.5},
-}
 
 
 def moving_settings(credit_method: str) -> dict:

@@ -80,6 +80,21 @@ def sign_readings_table() -> str:
     return "\n".join(rows)
 
 
+def name_collisions() -> str:
+    """One row per other paper whose method goes by a registered method's name (the registration's
+    `not_to_be_confused_with`)."""
+    rows = ["| name | registered here | not to be confused with |", "|---|---|---|"]
+    for method in _registered():
+        for other in method.not_to_be_confused_with:
+            by = f"{other['by']}'s " if other["by"] else ""
+            link = f"[{other['id']}](https://huggingface.co/papers/{other['id']})"
+            rows.append(
+                f"| `{method.name}` | {method.display_name}, {_cell(method.paper['title'])} ({_paper_link(method)}) | "
+                f"{by}{other['name']}, {_cell(other['title'])} ({link}) |"
+            )
+    return "\n".join(rows)
+
+
 def hyperparameters_table() -> str:
     """Every method's hyperparameters with their defaults and help, as `--flags` of `trl-credit grpo`."""
     rows = ["| method | option | default | meaning |", "|---|---|---|---|"]
@@ -217,6 +232,7 @@ GENERATORS: dict[str, Callable[[], str]] = {
     "baseline_citations": baseline_citations,
     "methods_table": methods_table,
     "sign_readings": sign_readings_table,
+    "name_collisions": name_collisions,
     "hyperparameters": hyperparameters_table,
     "metrics": metrics_list,
     "token_statistics": token_statistics_table,

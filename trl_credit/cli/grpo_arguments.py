@@ -220,8 +220,9 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 def _methods_epilog() -> str:
     from ..methods import CREDIT_METHODS
+    from ..methods.names import label
 
-    lines = [f"  {m.name:<14} {m.summary}" for m in CREDIT_METHODS.values()]
+    lines = [f"  {m.name:<14} {label(m)}: {m.summary}" for m in CREDIT_METHODS.values()]
     return "credit methods (`--method NAME --help` shows a method's options):\n" + "\n".join(lines)
 
 

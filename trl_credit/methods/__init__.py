@@ -26,6 +26,7 @@ from .batch import (
     CreditBatch,
     CreditResult,
 )
+from .names import other_paper
 from .registry import (
     COMMON_DIAGNOSTICS,
     CREDIT_METHODS,
@@ -41,7 +42,7 @@ from .settings import SettingError, check_fields, in_range
 from .stack import StackCredit, StackStep, run_stack
 
 # The modules of this folder that are not methods: what every method is registered, checked and run with.
-_MACHINERY = ("batch", "registry", "settings", "stack", "user_modules")
+_MACHINERY = ("batch", "names", "registry", "settings", "stack", "user_modules")
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in _MACHINERY:
         importlib.import_module(f"{__name__}.{_module.name}")
@@ -78,6 +79,7 @@ __all__ = [
     "check_fields",
     "get_credit_method",
     "in_range",
+    "other_paper",
     "parse_credit_methods",
     "register_credit_method",
     "run_stack",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch import ROLLOUT_ENTROPY, CreditBatch, CreditResult
+from .names import other_paper
 from .registry import get_credit_method, paper, register_credit_method
 from .settings import FINITE_NON_NEGATIVE, check_fields
 
@@ -100,6 +101,7 @@ def eapo_normalized_entropy(entropy_BT: torch.Tensor, q_lo: float, q_hi: float) 
     arguments=EAPOArguments,
     paper=EAPO_PAPER,
     keeps_signs=True,
+    not_to_be_confused_with=(other_paper("EAPO", "Entropy-Aware Policy Optimization", "2604.11056"),),
 )
 def eapo(batch: CreditBatch, eapo_kappa: float, eapo_kappa_decay_steps: int, eapo_quantiles) -> CreditResult:
     """Moves credit towards high-entropy tokens in successes and low-entropy tokens in failures, mean weight 1

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch import ROLLOUT_ENTROPY, CreditBatch, CreditResult
+from .names import other_paper
 from .registry import get_credit_method, paper, register_credit_method
 from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE, check_fields
 
@@ -219,7 +220,14 @@ def _pad_id(batch: CreditBatch, gtpo_pad_id: int | None) -> int:
 
 
 @register_credit_method(
-    "gtpo", display_name="GTPO", statistics=(ROLLOUT_ENTROPY,), arguments=GTPOArguments, paper=GTPO_PAPER
+    "gtpo",
+    display_name="GTPO",
+    statistics=(ROLLOUT_ENTROPY,),
+    arguments=GTPOArguments,
+    paper=GTPO_PAPER,
+    # "GTPO and GRPO-S: Token and Sequence-Level Reward Shaping with Policy Entropy", whose GTPO third-party code
+    # implements under that name.
+    not_to_be_confused_with=(other_paper("GTPO", "Group Token Policy Optimization", "2508.04349", by="ByteDance"),),
 )
 def gtpo(
     batch: CreditBatch,

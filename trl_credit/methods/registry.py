@@ -4,7 +4,8 @@ and [`get_credit_method`] that reads it; then the checks a registration passes, 
 A method's display name is its registration's `display_name` (its name when not given). The rest of what it shows is
 read once, at registration, from its function's docstring: the first paragraph is its summary, and the sections
 `Metrics:` and `Token statistic:` list its metrics and its token-view statistic as indented `name: meaning` lines (a
-meaning may go on over more deeply indented lines). Nothing here imports TRL.
+meaning may go on over more deeply indented lines). A registration may name the papers of other methods that go by
+the same name (`not_to_be_confused_with`, read by `names.py`). Nothing here imports TRL.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 
 from .batch import LOSS_FORWARD_STATISTICS, CreditBatch, CreditResult
+from .names import confusions, other_papers
 from .settings import SettingError, resolve_settings, supported_type
 from .stack import StackCredit, StackStep, run_stack
 from .user_modules import import_registering_module
@@ -37,6 +39,7 @@ def register_credit_method(
     drops_tokens: bool = False,
     estimates_advantages: bool = False,
     keeps_signs: bool = False,
+    not_to_be_confused_with: tuple[Mapping[str, str], ...] = (),
 ):
     """Register `function(batch: CreditBatch, **hyperparameters) -> CreditResult | Tensor` as method `name`.
 
@@ -55,14 +58,18 @@ def register_credit_method(
             positive factors, zeroes or drops tokens). TRL's loss reads each token advantage's sign
             (`off_policy_mask_threshold`, `loss_type="vespo"` and `"sapo"`); after such a method it reads the signs it
             read before it (docs/methods.md, "TRL's sign-reading options").
+        not_to_be_confused_with: the papers of other methods that go by the same name, each [`other_paper`]: an
+            unknown method name that looks like one of them (`gtpo_bytedance`) is answered with both papers
+            (`names.py`).
 
     Registering a second, different function under an existing name is an error.
     """
     _check_registration(name, statistics, arguments)
+    others = other_papers(name, not_to_be_confused_with)
 
     def decorator(function):
         registered = (name, function, statistics, arguments, paper, drops_tokens, estimates_advantages, keeps_signs)
-        method = CreditMethod(*registered, display_name or name, **_described(function))
+        method = CreditMethod(*registered, display_name or name, others, **_described(function))
         reserved = sorted(set(method.diagnostics) & set(COMMON_DIAGNOSTICS))
         if reserved:
             raise ValueError(
@@ -83,7 +90,8 @@ def get_credit_method(name: str) -> CreditMethod:
         module_name, name = name.rsplit(":", 1)
         import_registering_module(module_name, CREDIT_METHODS)
     if name not in CREDIT_METHODS:
-        raise ValueError(f"unknown credit method {name!r}; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}")
+        known = f"; registered: grpo, {', '.join(sorted(CREDIT_METHODS))}"  # after what the name looks like
+        raise ValueError(f"unknown credit method {name!r}{confusions(name, CREDIT_METHODS.values())}{known}")
     return CREDIT_METHODS[name]
 
 
@@ -102,6 +110,7 @@ class CreditMethod:
     estimates_advantages: bool
     keeps_signs: bool
     display_name: str
+    not_to_be_confused_with: tuple[Mapping[str, str], ...] = ()
     summary: str = ""
     diagnostics: dict[str, str] = field(default_factory=dict)
     token_statistic: tuple[str, str] | None = None

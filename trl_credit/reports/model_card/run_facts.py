@@ -38,12 +38,13 @@ def display_name(method: str | None) -> str:
 
 def _summary(method: str | None) -> str:
     from ...methods import CREDIT_METHODS
+    from ...methods.names import label
 
     if method is None:
         return GRPO_SUMMARY
     registered = CREDIT_METHODS[method]
     return (
-        f"{registered.display_name}: {registered.summary}"
+        f"{label(registered)}: {registered.summary}"
         if registered.summary
         else f"`{method}`: a registered credit method."
     )
