@@ -21,6 +21,7 @@ count the same bytes.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from contextlib import contextmanager
 
@@ -44,7 +45,8 @@ class PaperScaleMode(TorchDispatchMode):
         self.live = 0
         self.peak = 0
         self.answered_reads = 0
-        self._storages: dict[int, weakref.ref] = {}
+        self._by_id: dict[int, weakref.ref] = {}  # storage id -> weak reference, to count each storage once
+        self._alive: set[weakref.ref] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -84,17 +86,21 @@ class PaperScaleMode(TorchDispatchMode):
             if not isinstance(tensor, torch.Tensor):
                 continue
             storage = tensor.untyped_storage()
-            key = id(storage)
-            if key in self._storages and self._storages[key]() is storage:
+            known = self._by_id.get(id(storage))
+            if known is not None and known() is storage:
                 continue
             size = storage.nbytes()
             self.live += size
             self.peak = max(self.peak, self.live)
-            self._storages[key] = weakref.ref(storage, lambda _, key=key, size=size: self._free(key, size))
+            reference = weakref.ref(storage, functools.partial(self._free, id(storage), size))
+            self._by_id[id(storage)] = reference
+            self._alive.add(reference)  # a weak reference fires its callback only while it is itself alive
 
-    def _free(self, key: int, size: int) -> None:
+    def _free(self, key: int, size: int, reference: weakref.ref) -> None:
         self.live -= size
-        self._storages.pop(key, None)
+        self._alive.discard(reference)
+        if self._by_id.get(key) is reference:  # the id may already name a newer storage
+            del self._by_id[key]
 
 
 def _positions(indices):

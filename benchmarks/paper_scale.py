@@ -3,6 +3,7 @@ package's code on torch's fake tensors (no weights, no GPU): Qwen2.5-32B and Qwe
 the shipped recipes' batch shapes, ZeRO-3 over 8 and 32 GPUs.
 
     python benchmarks/paper_scale.py              # the section "paper_scale" and docs/images/paper_scale.png
+    python benchmarks/paper_scale.py --shapes all # every shipped recipe's batch shape, not only the 32B recipe's
     python benchmarks/paper_scale.py --tiny       # seconds: a tiny model, nothing written (tests/test_benchmarks.py)
     python benchmarks/paper_scale.py --validate   # the fake estimate against the same code on real tensors
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import sys
 import time
@@ -223,10 +225,13 @@ def generation_batch(rows: int, group: int, vocab: int, completion_tokens: int, 
 def scoring_forward(trainer, batch, fake_mode, real_limit):
     """TRL's old-log-prob forward of `batch` inside the trainer's `_recorded_rollout` (no record for GRPO):
     `(measurement, old_per_token_logps, the records)`."""
+    import torch
+
     from trl_credit.trainer.batch_layout import sequence_inputs
 
     input_ids, attention_mask, _ = sequence_inputs(batch)
-    with measured(fake_mode, real_limit) as cost, trainer._recorded_rollout() as records:
+    # no_grad: TRL computes `old_per_token_logps` under it
+    with torch.no_grad(), measured(fake_mode, real_limit) as cost, trainer._recorded_rollout() as records:
         logps_BT, _, _ = trainer._get_per_token_logps_and_entropies(
             trainer.model,
             input_ids,
@@ -246,7 +251,9 @@ def sources_costs(spec, shape, stacks, fake_mode, completion_tokens, prompt_toke
     trainer_type = trainer_class()
     policy = build_model(spec, None if real else fake_mode)
     add_fused_lm_head(policy, outputs=("log_probs", "entropy"))  # as `GRPOTrainer.__init__` adds it (temperature 1)
-    reference = build_model(spec, None if real else fake_mode) if any(plan(name, shape).deviation for name in stacks) else None
+    reference = (
+        build_model(spec, None if real else fake_mode) if any(plan(name, shape).deviation for name in stacks) else None
+    )
     if reference is not None:
         partition_like_zero3(reference.get_output_embeddings().weight, ds_id=1)
     per_device, group, accumulation = shape
@@ -380,7 +387,9 @@ def measure(models: dict, shapes: dict, worlds, completion_tokens: int, prompt_t
                     )
                     print(f"{shape} x {world}: methods {time.perf_counter() - start:.0f} s", flush=True)
                 for name in sorted(CREDIT_METHODS):
-                    cost = added_cost(name, sources[name], sources["grpo"], method_runs[shape, world][name], world, shape[2])
+                    cost = added_cost(
+                        name, sources[name], sources["grpo"], method_runs[shape, world][name], world, shape[2]
+                    )
                     rows.append({"model": model_name, "shape": shape, "world": world, "method": name, **cost})
                 grpo = sources["grpo"]["scoring"]
                 rows.append({"model": model_name, "shape": shape, "world": world, "method": "grpo", "grpo": grpo})
@@ -479,6 +488,8 @@ def section(rows: list[dict], shapes: dict, elapsed: float, load_before: float, 
     command = "python benchmarks/paper_scale.py" + (" --tiny" if args.tiny else "")
     if set(args.models) != set(MODELS) and not args.tiny:
         command += " --models " + " ".join(args.models)
+    if args.shapes != "paper" and not args.tiny:
+        command += f" --shapes {args.shapes}"
     tables = []
     for shape, recipes in shapes.items():
         per_device, group, accumulation = shape
@@ -529,6 +540,26 @@ VALIDATION_MODEL = (
 VALIDATION_SHAPE, VALIDATION_TOKENS, VALIDATION_PROMPT = (2, 2, 2), 1024, 64
 
 
+def resident_set_table() -> str:
+    """The counter against the resident set, from a child process with the benchmark's allocator settings."""
+    import subprocess
+
+    from _method_inputs import MEMORY_ENV
+
+    env = {**os.environ, **MEMORY_ENV}
+    output = subprocess.run(
+        [sys.executable, __file__, "--resident-set-worker"], env=env, capture_output=True, text=True, check=True
+    )
+    rows = json.loads(output.stdout.strip().splitlines()[-1])
+    body = [
+        [label, _gib(counted), _gib(resident), f"{counted / resident - 1:+.1%}" if resident else "-"]
+        for label, counted, resident in rows
+    ]
+    return _common.markdown_table(
+        ["call (real tensors)", "counted peak", "resident-set peak", "counted / resident - 1"], body
+    )
+
+
 def validate() -> str:
     """The same stacks measured on fake and on real weights and tensors (the same counting mode), phase by phase."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -563,8 +594,72 @@ def validate() -> str:
                     fake.answered_reads,
                 ]
             )
-    header = ["stack", "phase", "peak bytes fake / real", "held bytes fake / real", "FLOPs fake / real", "answered reads"]
+    header = [
+        "stack",
+        "phase",
+        "peak bytes fake / real",
+        "held bytes fake / real",
+        "FLOPs fake / real",
+        "answered reads",
+    ]
     return _common.markdown_table(header, body), worst
+
+
+def statistics_call(name: str, fake_mode):
+    """The generation-batch statistics call of `name`'s stack on real weights at the validation size, ready to run."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    policy = build_model(VALIDATION_MODEL)
+    add_fused_lm_head(policy, outputs=("log_probs", "entropy"))
+    reference = build_model(VALIDATION_MODEL) if plan(name, VALIDATION_SHAPE).deviation else None
+    if reference is not None:
+        partition_like_zero3(reference.get_output_embeddings().weight, ds_id=1)
+    trainer = trainer_class()(credit_config(name, VALIDATION_SHAPE), policy, reference)
+    per_device, group, accumulation = VALIDATION_SHAPE
+    batch = generation_batch(
+        per_device * accumulation, group, VALIDATION_MODEL[1]["vocab_size"], VALIDATION_TOKENS, VALIDATION_PROMPT
+    )
+    _, logps_BT, (generation, record) = scoring_forward(trainer, batch, fake_mode, None)
+    batch = {**batch, "old_per_token_logps": logps_BT}
+    names = trainer.stage_plan.generation_statistics
+    return lambda: trainer._generation_batch_statistics(batch, names, generation, record)
+
+
+def resident_set_check() -> list[list]:
+    """Run in a process whose large allocations go back to the kernel when freed (`_method_inputs.MEMORY_ENV`): the
+    counted peak of real calls against the resident-set high-water mark they reach (`extra_peak_bytes`)."""
+    import torch
+    from _method_inputs import extra_peak_bytes
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    calls = {f"{name} generation statistics": statistics_call(name, fake_mode) for name in ("tide", "otb", "eapo")}
+    rows = []
+    for label, fn in calls.items():
+        with measured(fake_mode, real_limit=None) as counted:
+            fn()
+        rows.append([label, counted.peak, extra_peak_bytes(fn)])
+    for name, cost in method_costs((16, 4, 4), 2, 151_936, 2048, fake_mode).items():
+        del cost
+        rows.append([f"{name} method call", *_method_pair(name, fake_mode, torch)])
+    return rows
+
+
+def _method_pair(name, fake_mode, torch):
+    from _method_inputs import extra_peak_bytes
+
+    from trl_credit.methods import CREDIT_METHODS
+
+    method = CREDIT_METHODS[name]
+    rows = 16 if method.reads_training_forward(method.hyperparameters()) else 64
+    advantages_B, mask_BT, named = method_batch(rows, 2048, 4)
+    incoming = None if method.estimates_advantages else advantages_B
+    gather = lambda values: torch.cat([values] * 2)  # noqa: E731
+    call = functools.partial(method.on_tensors, incoming, mask_BT, gather=gather, **arguments_for(method, named))
+    call()
+    with measured(fake_mode, real_limit=None) as counted:
+        call()
+    return counted.peak, extra_peak_bytes(call)
 
 
 def main():
@@ -572,21 +667,34 @@ def main():
     parser.add_argument("--tiny", action="store_true", help="a tiny model and batch, in seconds; writes nothing")
     parser.add_argument("--validate", action="store_true", help="fake against real at a small size; writes nothing")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument(
+        "--shapes",
+        choices=["paper", "all"],
+        default="paper",
+        help="paper: the batch shape of the 32B recipe; all: every shipped recipe's (about 3x the time)",
+    )
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--resident-set-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)
+    if args.resident_set_worker:
+        print(json.dumps(resident_set_check()))
+        return
     if args.validate:
         table, worst = validate()
         print(table)
-        print(f"largest relative difference fake vs real: {worst:.2%}")
+        print(f"largest relative difference fake vs real (same counter): {worst:.2%}")
+        print(resident_set_table())
         return
     start, load_before = time.perf_counter(), os.getloadavg()
     if args.tiny:
         shapes, models, worlds, tokens, prompt = {(2, 2, 2): ["tiny"]}, {"tiny": TINY_MODEL}, (2,), 64, 16
     else:
         shapes, models = recipe_shapes(), {name: MODELS[name] for name in args.models}
+        if args.shapes == "paper":
+            shapes = {paper_shape(shapes): shapes[paper_shape(shapes)]}
         worlds, tokens, prompt = WORLD_SIZES, COMPLETION_TOKENS, PROMPT_TOKENS
     rows = measure(models, shapes, worlds, tokens, prompt)
     elapsed, load_after = time.perf_counter() - start, os.getloadavg()
