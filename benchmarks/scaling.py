@@ -1,4 +1,4 @@
-"""How each method's cost grows with completion length, group size and vocabulary, and what a 32B run would spend.
+"""How each method's cost grows with completion length, group size and vocabulary.
 
     python benchmarks/scaling.py --parts reshaping   # ~3 min on 2 shared CPU cores (the "Scaling" section)
 
@@ -10,7 +10,7 @@ Measured here (one process, 1 torch thread):
 * the streamed TIDE statistics for N tokens x V vocabulary rows x H hidden: a least-squares fit
   `t = a N V H + b N V` (matmul part + per-logit elementwise part) over a grid of (N, V, H), and its residuals.
 
-The 32B projection then uses those fitted per-token costs and FLOP counts; the arithmetic is printed with it.
+What a 32B run spends is measured by `benchmarks/paper_scale.py`, not projected here.
 
 Every registered method (`--parts methods`, its own section and `docs/images/scaling_methods.png`), driven by
 `trl_credit.methods.CREDIT_METHODS`: each method's own call (`CreditMethod.on_tensors`, as the trainer runs it, input
@@ -452,7 +452,7 @@ def main():
         nargs="+",
         default=["reshaping", "methods", "streams"],
         choices=["reshaping", "methods", "streams"],
-        help="reshaping: TACO/EAPO/TIDE reshaping, the TIDE-kernel fit and the 32B projection (section 'scaling'); "
+        help="reshaping: TACO/EAPO/TIDE reshaping and the TIDE-kernel fit (section 'scaling'); "
         "methods: every registered method (section 'scaling_methods'); streams: with methods, the LM-head kernels",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes for a smoke test; writes nothing")
@@ -520,40 +520,6 @@ def reshaping_section(args):
         ["N", "V", "H", "streamed time", "ns per token x vocab row", "fit residual"], head_rows
     )
 
-    # 32B projection (Qwen2.5-32B / Qwen3-32B class: 64 layers, H = 5120, ~32.5e9 parameters, V = 151,936).
-    params, hidden, vocab = 32.5e9, 5120, 151_936
-    per_token_head_cpu = a * vocab * hidden + b * vocab  # seconds per token on this CPU (one thread)
-    head_flops = 2 * 2 * hidden * vocab  # two LM heads (policy, reference), 2 FLOPs per multiply-add
-    fwd_flops = 2 * params  # one no-grad forward per token
-    train_flops = 6 * params  # forward + backward of the training step
-    gen_flops = 2 * params  # sampling the token (KV-cached decode)
-    step_flops = train_flops + gen_flops
-    tide_extra = fwd_flops + head_flops  # the reference's hidden-state forward + the two heads
-    eapo_extra = fwd_flops  # one rollout-entropy forward where neither TRL's scoring forward nor `generate` serves
-    mem_stream = 3 * 1024 * 16384 * 4
-    tokens_per_forward = 8 * 4096  # e.g. per_device_train_batch_size 8 x 4096 completion tokens
-    mem_naive = 4 * tokens_per_forward * vocab * 4
-    projection = f"""Per completion token, FLOPs (2 per multiply-add; N_params = {params:.3g}, H = {hidden}, V = {vocab:,}):
-
-* training step of GRPO itself: generation 2 N_params + forward/backward 6 N_params = {step_flops / 1e9:.0f} GFLOP;
-* TACO: 0 extra FLOPs of model compute (statistics come from the training forward); reshaping ~{reshaping[-1]["ratios"]["taco"] * reshaping[-1]["floor_ns"]:.0f} ns
-  per token on this CPU (table above) -- for 1M tokens per step, ~{reshaping[-1]["ratios"]["taco"] * reshaping[-1]["floor_ns"]:.1f} ms;
-* EAPO: no extra forward where TRL runs its old-log-prob forward (vLLM importance sampling, off-policy steps: the
-  entropies its fused LM head computed there) or samples with one `generate` call (one LM-head stream over the
-  hidden states `generate` computed, 2 H V); otherwise one no-grad forward, 2 N_params = {eapo_extra / 1e9:.0f} GFLOP = {eapo_extra / step_flops:.0%} of
-  the step's FLOPs;
-* TIDE: the reference's hidden-state forward 2 N_params = {fwd_flops / 1e9:.0f} GFLOP (the policy's hidden states come from
-  TRL's old-log-prob forward or from `generate`; with neither, one more forward), plus the two LM heads
-  2 x 2 H V = {head_flops / 1e9:.2f} GFLOP: {tide_extra / 1e9:.0f} GFLOP = {tide_extra / step_flops:.0%} of the step's FLOPs. The streamed statistics
-  themselves are {head_flops / tide_extra:.1%} of TIDE's extra FLOPs; on this CPU the fit gives
-  a H V + b V = {a * 1e12:.2f} ps x {hidden} x {vocab:,} + {b * 1e9:.2f} ns x {vocab:,} = {per_token_head_cpu * 1e3:.1f} ms per token (one core), of
-  which the per-logit elementwise part b V is {b * vocab / per_token_head_cpu:.0%}: at 32B scale the kernel is matmul-bound.
-
-FLOP shares overstate wall time where generation is memory-bound (it usually dominates GRPO's wall clock: the
-TIDE paper reports about +3.6 % time for TIDE at 32B). Memory at V = {vocab:,}, {tokens_per_forward:,} tokens per forward
-batch: streamed 3 x 1024 x 16384 x 4 B = {mem_stream / 2**20:.0f} MiB plus 6 floats per token ({6 * 4 * tokens_per_forward / 2**20:.1f} MiB), whatever V;
-the naive path would hold ~4 x N x V x 4 B = {mem_naive / 2**30:.0f} GiB."""
-
     body = f"""`python benchmarks/scaling.py`; {_common.machine_note()}; whole run {elapsed / 60:.1f} min.
 
 ### Reshaping vs completion length T and batch B (= prompts x group size G)
@@ -575,9 +541,11 @@ Streamed kernel, chunks 1024 x 16384, random heads; median of {args.head_repeats
 
 {head_table}
 
-### Projection: a 32B model with a 151k vocabulary
+### At the papers' scale
 
-{projection}"""
+What each method adds per GPU with a 32B model, 16,384-token completions and ZeRO-3 is measured by
+`benchmarks/paper_scale.py` (section "Paper scale"), which runs the package's code on fake tensors; it replaced the
+FLOP and memory arithmetic that stood here."""
     print(body)
     if not args.no_write:
         _common.write_section("scaling", "Scaling", body)

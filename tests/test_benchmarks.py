@@ -148,3 +148,71 @@ def test_guard_benchmark_times_the_trainers_guard_hooks(monkeypatch):
     next(model.parameters()).grad[0] = float("nan")
     with pytest.raises(NonFiniteTrainingError, match="the gradient norm is not finite"):
         guard_hooks()
+
+
+@pytest.fixture
+def paper_scale(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import _fake_scale
+    import paper_scale
+
+    return _fake_scale, paper_scale
+
+
+def test_paper_scale_counts_what_an_operation_allocates_on_real_and_fake_tensors(paper_scale):
+    """A new tensor counts its bytes until it is freed, a view nothing; a fake tensor the same bytes as a real one."""
+    _fake_scale, _ = paper_scale
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    for limit in (None, 1 << 20):  # all real; anything above 1 MiB fake
+        with _fake_scale.measured(fake_mode, real_limit=limit) as cost:
+            kept = torch.ones(1024, 1024)  # 4 MiB
+            view = kept.t()
+            freed = kept * 2  # 4 MiB more, then freed
+            del freed
+        assert isinstance(kept, FakeTensor) == (limit is not None) and view.shape == (1024, 1024)
+        assert (cost.peak, cost.held) == (8 << 20, 4 << 20)
+
+
+def test_paper_scale_measures_the_same_on_fake_and_on_real_tensors(paper_scale):
+    """TIDE's statistics (reference forward, both LM heads gathered and streamed) and the logit-gap stream, run by the
+    package's own code on a tiny model: the fake run counts the same bytes and FLOPs as the real one."""
+    _, paper_scale = paper_scale
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    runs = [
+        paper_scale.sources_costs(
+            paper_scale.TINY_MODEL,
+            (2, 2, 2),
+            ["grpo", "tide", "minp_support"],
+            FakeTensorMode(allow_non_fake_inputs=True),
+            64,
+            16,
+            real=real,
+        )
+        for real in (False, True)
+    ]
+    fake, real = runs
+    assert fake["tide"]["statistics"].flops > 0 and fake["minp_support"]["logit_gap"].peak > 0
+    for name in fake:
+        for phase, cost in fake[name].items():
+            other = real[name][phase]
+            if phase == "reference_bytes":
+                assert cost == other > 0
+                continue
+            assert (cost.peak, cost.held, cost.flops) == (other.peak, other.held, other.flops), (name, phase)
+
+
+def test_paper_scale_tiny_run_covers_every_registered_method(tmp_path):
+    output = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "paper_scale.py"), "--tiny"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout
+    table = output.split("added TFLOP |")[1].split("\n\n")[0]  # the table of added costs
+    rows = {line.split("|")[1].strip(" `"): line for line in table.splitlines() if line.startswith("| `")}
+    assert set(rows) == set(CREDIT_METHODS)
+    assert "(generation statistics)" in rows["tide"] and "(logit-gap stream)" in rows["minp_support"]
