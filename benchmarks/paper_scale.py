@@ -177,8 +177,6 @@ def trainer_class():
     from accelerate import Accelerator
     from trl import GRPOTrainer
 
-    from trl_credit.methods import STATISTICS
-    from trl_credit.trainer.config import plan_stages
     from trl_credit.trainer.reference import DeviationReference
     from trl_credit.trainer.statistics_sources import StatisticsSources
 
@@ -197,7 +195,7 @@ def trainer_class():
             self.args, self.model, self.temperature = args, policy, args.temperature
             self.accelerator = Accelerator(cpu=True)
             self.forward_counts = Counter()
-            self.stage_plan = plan_stages(args, STATISTICS, "CreditGRPOTrainer")
+            self.stage_plan = args.stage_plan
             # The frozen reference as TRL's own reference model (prepared by TRL like the copy `beta = 0` makes, under
             # ZeRO-3 both are `prepare_deepspeed`'s partitioned model): accelerate cannot move fake weights.
             self.ref_model = reference
@@ -273,10 +271,7 @@ def sources_costs(spec, shape, stacks, fake_mode, completion_tokens, prompt_toke
 
 
 def plan(name, shape):
-    from trl_credit.methods import STATISTICS
-    from trl_credit.trainer.config import plan_stages
-
-    return plan_stages(credit_config(name, shape), STATISTICS, "CreditGRPOTrainer")
+    return credit_config(name, shape).stage_plan
 
 
 def stage_costs(trainer, batch, fake_mode, real_limit) -> dict:

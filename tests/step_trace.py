@@ -9,6 +9,8 @@ down to the function; its hops are the calls along it.
 from __future__ import annotations
 
 import sys
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,6 +97,30 @@ def trace_training_step(trainer, target: str) -> StepTrace:
     finally:
         del trainer.training_step
     return trace
+
+
+def count_calls(run: Callable[[], object], outside: Callable[[tuple[str, str]], bool]) -> Counter:
+    """Run `run()` under `sys.setprofile`: how often each package function was called, by `(file, qualname)`, leaving
+    out the calls made while a frame for which `outside(key)` holds is on the stack (that frame's own call too)."""
+    calls = Counter()
+
+    def profile(frame, event, arg):
+        key = _frame_key(frame)
+        if event != "call" or key[0].startswith("/") or key[1].endswith(_COMPREHENSIONS):
+            return
+        caller = frame
+        while caller is not None:
+            if outside(_frame_key(caller)):
+                return
+            caller = caller.f_back
+        calls[key] += 1
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return calls
 
 
 if __name__ == "__main__":  # the numbers for a report: `python tests/step_trace.py`

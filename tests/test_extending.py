@@ -18,6 +18,7 @@ from trl_credit.methods import (
     ROLLOUT_ENTROPY,
     apply_credit_method,
     get_credit_method,
+    resolve_stack,
 )
 from trl_credit.methods.stack import run_stack
 from trl_credit.reports.model_card import write_model_card
@@ -30,7 +31,7 @@ def test_a_stack_applies_in_order_each_method_seeing_the_previous_advantages():
     batch = CreditBatch.from_sequence_advantages(
         adv, mask, statistics={ROLLOUT_ENTROPY: entropy, POLICY_LOGPS: logps, POLICY_ENTROPY: entropy}
     )
-    steps = [get_credit_method(name).step(get_credit_method(name).hyperparameters()) for name in ("eapo", "taco")]
+    steps = resolve_stack([get_credit_method(name) for name in ("eapo", "taco")], {})
     stacked = run_stack(steps, batch).batch
     # By hand: EAPO's loop, then TACO's weight (its loop's output over A) on the rows with A > 0.
     eapo_BT = eapo_loop(adv, entropy, mask, math.log(4), (0.1, 0.9))

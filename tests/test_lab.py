@@ -207,18 +207,18 @@ def test_oracle_credit_falls_exactly_on_the_decisive_positions():
                     expected = floor * advantages_B[i].item()
                 assert out_BT[i, t].item() == pytest.approx(expected)
     # Through the registry, as the trainer calls it, and its refusal where no ground truth is supplied.
-    from trl_credit.methods import get_credit_method
+    from trl_credit.methods import get_credit_method, resolve_stack
     from trl_credit.methods.stack import run_stack
 
     method = get_credit_method("oracle")
     batch = CreditBatch.from_sequence_advantages(
         advantages_B, mask_BT, statistics={TASK_DECISIVE: decisive_BT.float()}
     )
-    step = method.step(method.hyperparameters())
-    credit = run_stack([step], batch)
+    steps = resolve_stack([method], {})
+    credit = run_stack(steps, batch)
     assert torch.equal(credit.batch.advantages_BT, oracle_advantages(advantages_B, decisive_BT, mask_BT))
     with pytest.raises(ValueError, match="'oracle' reads statistic 'task_decisive', which the batch does not have"):
-        run_stack([step], CreditBatch.from_sequence_advantages(advantages_B, mask_BT))
+        run_stack(steps, CreditBatch.from_sequence_advantages(advantages_B, mask_BT))
     with pytest.raises(ValueError, match="oracle_floor must be in \\[0, 1\\]"):
         method.hyperparameters({"oracle_floor": 1.5})
 

@@ -27,6 +27,7 @@ from trl_credit.methods import (
     get_credit_method,
     other_paper,
     register_credit_method,
+    resolve_stack,
 )
 from trl_credit.methods.names import label as method_label
 
@@ -251,7 +252,7 @@ def test_a_credit_batch_whose_mask_is_not_bool_is_refused():
     batch = CreditBatch.from_sequence_advantages(torch.ones(2), mask, statistics=statistics)
     taco = get_credit_method("taco")
     with pytest.raises(ValueError, match=r"^credit method 'taco': mask_BT must be a \(B, T\) bool tensor"):
-        run_stack([taco.step(taco.hyperparameters())], dataclasses.replace(batch, mask_BT=mask.float()))
+        run_stack(resolve_stack([taco], {}), dataclasses.replace(batch, mask_BT=mask.float()))
 
 
 def test_a_loss_mask_outside_zero_one_is_refused_naming_its_method():
@@ -282,7 +283,7 @@ def test_the_stack_runner_names_the_method_and_what_is_wrong():
     mask = torch.ones(2, 3, dtype=torch.bool)
     statistics = {POLICY_LOGPS: torch.zeros(2, 3), POLICY_ENTROPY: torch.zeros(2, 3)}
     taco = get_credit_method("taco")
-    steps = [taco.step(taco.hyperparameters())]
+    steps = resolve_stack([taco], {})
     bare = CreditBatch.from_sequence_advantages(torch.ones(2), mask)
     with pytest.raises(
         ValueError, match=r"^credit method 'taco' reads statistic 'policy_logps', which the batch does not have$"
@@ -304,7 +305,7 @@ def test_the_stack_runner_names_the_method_and_what_is_wrong():
 
     method = CREDIT_METHODS[name]
     with pytest.raises(ValueError, match=rf"^credit method '{name}': the returned advantages_BT has NaN or inf"):
-        run_stack([method.step(method.hyperparameters())], batch)
+        run_stack(resolve_stack([method], {}), batch)
 
 
 def test_every_statistic_range_holds_zero():
@@ -325,7 +326,7 @@ def test_loss_weights_handed_to_a_stack_outside_zero_one_are_refused_naming_them
     taco = get_credit_method("taco")
     heavy = dataclasses.replace(batch, loss_weights_BT=torch.full((2, 3), 1.5))
     with pytest.raises(ValueError, match=r"^credit method 'taco': loss_weights_BT must lie in \[0, 1\]"):
-        run_stack([taco.step(taco.hyperparameters())], heavy)
+        run_stack(resolve_stack([taco], {}), heavy)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,9 @@ import ast
 
 import pytest
 import trl
-from step_trace import PACKAGE, trace_training_step
+from step_trace import PACKAGE, count_calls, trace_training_step
 
+from trl_credit.methods import _MACHINERY
 from trl_credit.trainer.trl_compat import needs_torch_fused_head
 
 MAX_HOPS = 5
@@ -36,6 +37,34 @@ def test_a_taco_step_inside_trls_loss_is_five_hops_and_at_most_12_package_functi
         seam.discard(("trainer/trl_compat.py", "_torch_fused_head"))
     files = {module for module, _ in seam}
     assert len(seam) <= MAX_SEAM_FUNCTIONS and len(files) <= MAX_SEAM_FILES, sorted(seam)
+
+
+# The config and the registry machinery: where `credit_method` and `credit_kwargs` become the steps that train.
+CONFIG_FLOW_FILES = {"trainer/config.py", "trainer/pairs.py", *(f"methods/{name}.py" for name in _MACHINERY)}
+MAX_CONFIG_FLOW_FUNCTIONS = 12
+
+
+def _a_methods_own_code(key: tuple[str, str]) -> bool:
+    """A method's own file (its arguments' checks): the method author's room, not the config flow."""
+    folder, _, name = key[0].partition("/")
+    return folder == "methods" and name.removesuffix(".py") not in (*_MACHINERY, "__init__")
+
+
+def test_the_config_flow_is_at_most_12_functions_and_resolves_the_stack_once(make_trainer):
+    """From `credit_method` and `credit_kwargs` to the steps that train, on a real config and trainer: every function
+    of the config and the registry machinery that building them calls (but a method's checks of its own arguments,
+    and the config's `__getattr__`, which answers TRL's attribute probes), and how often the stack is resolved:
+    parsed from its name (`parse_credit_methods`) and its steps built (`resolve_stack`)."""
+    built = []
+    calls = count_calls(lambda: built.append(make_trainer("eapo+taco", taco_alpha=0.1)), outside=_a_methods_own_code)
+    flow = sorted(key for key in calls if key[0] in CONFIG_FLOW_FILES and key[1] != "CreditGRPOConfig.__getattr__")
+    print(f"\nconfig flow: {len(flow)} functions in {len({module for module, _ in flow})} files: {flow}")
+    assert len(flow) <= MAX_CONFIG_FLOW_FUNCTIONS, flow
+    assert calls[("methods/registry.py", "parse_credit_methods")] == 1
+    assert calls[("methods/registry.py", "resolve_stack")] == 1
+    (trainer,) = built
+    assert trainer.stage_plan is trainer.args.stage_plan  # the trainer trains the steps the config resolved
+    assert [step.hyperparameters.get("taco_alpha") for step in trainer.stage_plan.steps] == [None, 0.1]
 
 
 def _functions_over_the_limit(module: str) -> list[tuple[str, int]]:

@@ -85,10 +85,10 @@ def check_trainable(method: str, training_args) -> None:
     """Refuse a method whose statistics the trainer does not compute (one registered for another trainer, as the
     lab's `oracle`): its trainer would refuse it only once the model has loaded."""
     from ..trainer import trainer_pair
-    from ..trainer.pairs import missing_statistics
+    from ..trainer.config import unsupplied_statistics
 
     trainer_class = trainer_pair(method)[1]
-    for name, missing in missing_statistics(trainer_class, training_args).items():
+    for name, missing in unsupplied_statistics(training_args.credit_stack, trainer_class.supplied_statistics).items():
         raise UsageError(
             f"--method {method}: {name} reads {', '.join(missing)}, which {trainer_class.__name__} (the trainer of "
             "trl-credit grpo) does not compute; it trains only with the trainer that registered it"

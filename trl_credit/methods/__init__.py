@@ -36,7 +36,7 @@ from .registry import (
     get_credit_method,
     parse_credit_methods,
     register_credit_method,
-    stack_hyperparameters,
+    resolve_stack,
 )
 from .settings import SettingError, check_fields, in_range
 from .stack import StackCredit, StackStep, run_stack
@@ -83,5 +83,5 @@ __all__ = [
     "parse_credit_methods",
     "register_credit_method",
     "run_stack",
-    "stack_hyperparameters",
+    "resolve_stack",
 ]

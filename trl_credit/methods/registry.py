@@ -14,7 +14,7 @@ import dataclasses
 import difflib
 import inspect
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +69,8 @@ def register_credit_method(
 
     def decorator(function):
         registered = (name, function, statistics, arguments, paper, drops_tokens, estimates_advantages, keeps_signs)
-        method = CreditMethod(*registered, display_name or name, others, **_described(function))
+        names = tuple(f.name for f in dataclasses.fields(arguments)) if arguments else ()
+        method = CreditMethod(*registered, display_name or name, others, names, **_described(function))
         reserved = sorted(set(method.diagnostics) & set(COMMON_DIAGNOSTICS))
         if reserved:
             raise ValueError(
@@ -111,13 +112,10 @@ class CreditMethod:
     keeps_signs: bool
     display_name: str
     not_to_be_confused_with: tuple[Mapping[str, str], ...] = ()
+    argument_names: tuple[str, ...] = ()  # the fields of `arguments`, in order
     summary: str = ""
     diagnostics: dict[str, str] = field(default_factory=dict)
     token_statistic: tuple[str, str] | None = None
-
-    @property
-    def argument_names(self) -> tuple[str, ...]:
-        return tuple(f.name for f in self.argument_fields())
 
     def argument_fields(self) -> tuple[dataclasses.Field, ...]:
         return dataclasses.fields(self.arguments) if self.arguments else ()
@@ -136,10 +134,6 @@ class CreditMethod:
     def reads_training_forward(self, hyperparameters: Mapping[str, Any]) -> bool:
         """Whether the method runs in the training forward (it reads the current policy) or at generation."""
         return any(name in LOSS_FORWARD_STATISTICS for name in self.statistics_for(hyperparameters))
-
-    def step(self, hyperparameters: Mapping[str, Any]) -> StackStep:
-        """This method in a stack, with its resolved `hyperparameters` and the statistics they make it read."""
-        return StackStep(self, dict(hyperparameters), self.statistics_for(hyperparameters))
 
     def on_tensors(self, advantages_B: torch.Tensor | None, mask_BT: torch.Tensor, **named) -> CreditResult:
         """The method on one process's plain tensors, as the trainer runs it: its whole [`CreditResult`].
@@ -238,7 +232,7 @@ def parse_credit_methods(spec: str | list[str] | tuple[str, ...]) -> tuple[str, 
     return names
 
 
-def _not_owned(name: str, stack: list[CreditMethod]) -> str:
+def _not_owned(name: str, stack: Sequence[CreditMethod]) -> str:
     """Why hyperparameter `name` does not belong to `stack`: whose it is, or the close matches."""
     stack_spec = "+".join(m.name for m in stack) or "grpo"
     owner = next((m.name for m in CREDIT_METHODS.values() if name in m.argument_names), None)
@@ -250,13 +244,20 @@ def _not_owned(name: str, stack: list[CreditMethod]) -> str:
     return f"is not a hyperparameter of {stack_spec!r}; {known}"
 
 
-def stack_hyperparameters(stack: list[CreditMethod], values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each method's hyperparameters, `{method: {name: value}}`, from `values` keyed by hyperparameter name; every
-    name must belong to a method of the stack."""
+def resolve_stack(stack: Sequence[CreditMethod], values: Mapping[str, Any]) -> tuple[StackStep, ...]:
+    """The steps of `stack` as it trains: each method with its hyperparameters (`values`, keyed by hyperparameter
+    name, converted to the declared types; the rest their defaults) and the statistics they make it read. Every name
+    must belong to a method of the stack; [`SettingError`] names the first unknown or bad one."""
     for name in values:
         if not any(name in m.argument_names for m in stack):
             raise SettingError(name, _not_owned(name, stack))
-    return {m.name: m.hyperparameters({k: v for k, v in values.items() if k in m.argument_names}) for m in stack}
+    steps = []
+    for method in stack:
+        hyperparameters = resolve_settings(
+            method.arguments, {k: v for k, v in values.items() if k in method.argument_names}
+        )
+        steps.append(StackStep(method, hyperparameters, method.statistics_for(hyperparameters)))
+    return tuple(steps)
 
 
 def apply_credit_method(name: str, advantages_B: torch.Tensor | None, mask_BT: torch.Tensor, **named) -> CreditResult:
@@ -294,13 +295,12 @@ def _tensor_stack(
     owned = {name for method in stack for name in method.argument_names}  # a tensor given for one is refused there
     statistics = {k: v for k, v in named.items() if isinstance(v, torch.Tensor) and k not in BATCH_FIELDS | owned}
     values = {k: v for k, v in named.items() if k not in BATCH_FIELDS and k not in statistics}
-    hyperparameters = stack_hyperparameters(stack, values)
     if fields.get("rewards_B") is not None:
         fields["rewards_B"] = fields["rewards_B"].float()
     batch = CreditBatch.from_sequence_advantages(advantages_B, mask_BT, statistics=statistics, **fields)
     if named.get("advantages_BT") is not None:
         batch = dataclasses.replace(batch, advantages_BT=named["advantages_BT"])
-    return run_stack([method.step(hyperparameters[method.name]) for method in stack], batch)
+    return run_stack(resolve_stack(stack, values), batch)
 
 
 def paper(title: str, arxiv_id: str, key: str, authors: str, year: int = 2026) -> dict[str, str]:

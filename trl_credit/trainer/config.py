@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from ..methods import (
     SettingError,
     get_credit_method,
     parse_credit_methods,
-    stack_hyperparameters,
+    resolve_stack,
 )
 from ..methods.stack import StackStep
 from .batch_layout import statistic_key
@@ -140,7 +141,9 @@ class CreditGRPOConfig(GRPOConfig):
         for name in SAMPLING_FLOATS:  # YAML's `temperature: 1` is an int; transformers' sampling wants the float
             if is_integer(getattr(self, name)):
                 setattr(self, name, float(getattr(self, name)))
-        self.validate_trl_fields()
+        # TRL's fields that no library checks before the model has loaded, or that transformers silently reinterprets;
+        # the owners' checks (`check_with_owners`) run after TRL's `__post_init__`.
+        check_trl_fields(self)
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
             self.activation_checkpointing = True  # TRL's default
         if None not in (self.activation_checkpointing, self.gradient_checkpointing) and (
@@ -179,14 +182,18 @@ class CreditGRPOConfig(GRPOConfig):
             )
 
     @property
+    def stage_plan(self) -> StagePlan:
+        """Where each method of the stack runs (a [`StagePlan`], holding the stack's steps), planned when the credit
+        fields were validated."""
+        if "_stage_plan" not in self.__dict__:  # unpickled: the pickle leaves the plan out (`__getstate__`)
+            self.validate_credit_fields()
+        return self.__dict__["_stage_plan"]
+
+    @property
     def credit_stack(self) -> tuple[StackStep, ...]:
         """The stack as it trains, in the order it applies (empty for plain GRPO): each method with its
-        hyperparameters as `credit_kwargs` holds them (resolved when the config was built) and the statistics they
-        make it read."""
-        return tuple(method.step(self.method_hyperparameters(method)) for method in self._stack_methods())
-
-    def _stack_methods(self) -> tuple[CreditMethod, ...]:
-        return tuple(get_credit_method(name) for name in parse_credit_methods(self.credit_method))
+        hyperparameters as `credit_kwargs` holds them and the statistics they make it read."""
+        return self.stage_plan.steps
 
     def method_hyperparameters(self, method: CreditMethod) -> dict[str, Any]:
         """`method`'s hyperparameters as they train: its entries of `credit_kwargs`, which holds every hyperparameter
@@ -197,27 +204,35 @@ class CreditGRPOConfig(GRPOConfig):
     def validate_credit_fields(self) -> None:
         """Resolve and check every credit setting; raise `ValueError` naming the first bad one.
 
-        Afterwards `credit_kwargs` holds every hyperparameter of the stack, converted to its declared type, defaults
-        included (so `to_dict()` records what trains), or None when the stack has none.
+        The stack is resolved into its steps and planned (`stage_plan`) once, and again only when `credit_method` or
+        `credit_kwargs` changed since. Afterwards `credit_kwargs` holds every hyperparameter of the stack, converted
+        to its declared type, defaults included (so `to_dict()` records what trains), or None when it has none.
         """
-        try:
-            stack = self._stack_methods()
-        except ValueError as error:
-            raise ValueError(f"credit_method: {error}") from None
-        trl_fields = {f.name for f in dataclasses.fields(CreditGRPOConfig)}
-        for method in stack:
-            taken = sorted(set(method.argument_names) & trl_fields)
-            if taken:
-                raise ValueError(
-                    f"credit method {method.name!r} declares {taken}, which {CreditGRPOConfig.__name__} (TRL's "
-                    "GRPOConfig) also declares: rename the method's hyperparameters"
-                )
-        resolved = stack_hyperparameters(list(stack), self.credit_kwargs or {})
-        self.credit_kwargs = {name: value for m in stack for name, value in resolved[m.name].items()} or None
-        check_stack_order(self.credit_method, stack, resolved)
+        plan = self.__dict__.get("_stage_plan")
+        if plan is None or (plan.credit_method, plan.credit_kwargs) != (self.credit_method, self.credit_kwargs):
+            try:
+                stack = [get_credit_method(name) for name in parse_credit_methods(self.credit_method)]
+            except ValueError as error:
+                raise ValueError(f"credit_method: {error}") from None
+            trl_fields = {f.name for f in dataclasses.fields(CreditGRPOConfig)}
+            for method in stack:
+                taken = sorted(set(method.argument_names) & trl_fields)
+                if taken:
+                    raise ValueError(
+                        f"credit method {method.name!r} declares {taken}, which {CreditGRPOConfig.__name__} (TRL's "
+                        "GRPOConfig) also declares: rename the method's hyperparameters"
+                    )
+            plan = plan_stages(self.credit_method, resolve_stack(stack, self.credit_kwargs or {}))
+            self._stage_plan = plan
+            self.credit_kwargs = copy.deepcopy(plan.credit_kwargs)  # the plan keeps what it was made from
         for name in ("statistics_token_chunk_size", "statistics_vocab_chunk_size", "token_credit_samples"):
             if not (is_integer(getattr(self, name)) and getattr(self, name) >= 1):  # Python skips the parser's types
                 raise SettingError(name, f"must be an integer >= 1, got {getattr(self, name)!r}")
+
+    def __getstate__(self) -> dict:
+        # The plan holds the methods' functions (one registered in a script need not pickle): training_args.bin
+        # leaves it out, and the config plans again on first use.
+        return {name: value for name, value in self.__dict__.items() if name != "_stage_plan"}
 
     def __getattr__(self, name: str):
         # Reached only for a missing attribute: name where a method's hyperparameter lives.
@@ -227,12 +242,6 @@ class CreditGRPOConfig(GRPOConfig):
                 f"credit_kwargs (config.credit_kwargs[{name!r}])"
             )
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def validate_trl_fields(self) -> None:
-        """Refuse values of TRL's own fields that no library checks before the model has loaded, or that transformers
-        silently reinterprets (`field_domains.check_trl_fields`); the owners' checks (`check_with_owners`) run after
-        TRL's `__post_init__`. `SettingError` names the field."""
-        check_trl_fields(self)
 
     def credit_hyperparameters(self) -> dict:
         """The method stack and every method's hyperparameters, e.g. for model cards and run names."""
@@ -255,31 +264,15 @@ def parse_credit_kwargs(value: Any) -> dict[str, Any] | None:
     return value
 
 
-def check_stack_order(spec: str, stack: tuple[CreditMethod, ...], hyperparameters: dict[str, dict]) -> None:
-    """An advantage estimator comes first, and methods that read the generation batch before those that read the
-    training forward; `ValueError` naming the stack otherwise."""
-    late_estimators = [m.name for m in stack[1:] if m.estimates_advantages]
-    if late_estimators:
-        raise ValueError(
-            f"credit_method {spec!r}: {', '.join(late_estimators)} computes the token advantages from the rewards, "
-            "replacing what came before it: it must come first in the stack"
-        )
-    in_forward = [m.reads_training_forward(hyperparameters[m.name]) for m in stack]
-    if in_forward != sorted(in_forward):
-        stages = ", ".join(
-            f"{m.name}: {'training forward' if f else 'generation batch'}" for m, f in zip(stack, in_forward)
-        )
-        raise ValueError(
-            f"credit_method {spec!r}: methods that read the generation batch must come before methods that read the "
-            f"training forward ({stages})"
-        )
-
-
 @dataclass(frozen=True)
 class StagePlan:
-    """Where each method of a stack runs and what the trainer gathers for it, decided once when a trainer is built.
+    """Where each method of a stack runs and what a trainer gathers for it, decided once when the config's credit
+    fields are validated (`CreditGRPOConfig.stage_plan`); the trainer trains it as it is.
 
     Args:
+        credit_method: the stack as the config names it.
+        credit_kwargs: every hyperparameter of the stack, resolved (None when it has none).
+        steps: the stack's methods in the order they apply, each with its hyperparameters and the statistics it reads.
         generation: the methods that read only the generation batch, run once per generation batch.
         training_forward: the methods that read the current policy, run in the forward of each loss.
         generation_statistics: the statistics the trainer computes when a batch is generated.
@@ -290,6 +283,9 @@ class StagePlan:
         drops_tokens_in_forward: whether a method of the training forward may return a loss mask.
     """
 
+    credit_method: str
+    credit_kwargs: dict[str, Any] | None
+    steps: tuple[StackStep, ...]
     generation: tuple[StackStep, ...]
     training_forward: tuple[StackStep, ...]
     generation_statistics: tuple[str, ...]
@@ -299,25 +295,36 @@ class StagePlan:
     drops_tokens_in_forward: bool
 
 
-def plan_stages(args: CreditGRPOConfig, supplied_statistics: tuple[str, ...], trainer_name: str) -> StagePlan:
-    """The stages of `args.credit_stack` for a trainer that supplies `supplied_statistics`; `ValueError` naming a
-    statistic it does not supply, or a second deviation reference."""
-    stack = args.credit_stack
-    requested = [name for step in stack for name in step.statistics]
-    for step in stack:
-        missing = [name for name in step.statistics if name not in supplied_statistics]
-        if missing:
-            raise ValueError(
-                f"credit method {step.method.name!r} reads {missing}, which {trainer_name} does not compute "
-                f"(it supplies {list(supplied_statistics)})"
-            )
+def plan_stages(spec: str, steps: tuple[StackStep, ...]) -> StagePlan:
+    """The stages of the stack `spec` resolved into `steps`; `ValueError` naming the stack when an advantage estimator
+    is not first, a method that reads the generation batch follows one that reads the training forward, or the stack
+    needs two deviation references."""
+    late_estimators = [step.method.name for step in steps[1:] if step.method.estimates_advantages]
+    if late_estimators:
+        raise ValueError(
+            f"credit_method {spec!r}: {', '.join(late_estimators)} computes the token advantages from the rewards, "
+            "replacing what came before it: it must come first in the stack"
+        )
+    in_forward = [any(name in LOSS_FORWARD_STATISTICS for name in step.statistics) for step in steps]
+    if in_forward != sorted(in_forward):
+        stages = ", ".join(
+            f"{step.method.name}: {'training forward' if f else 'generation batch'}"
+            for step, f in zip(steps, in_forward)
+        )
+        raise ValueError(
+            f"credit_method {spec!r}: methods that read the generation batch must come before methods that read the "
+            f"training forward ({stages})"
+        )
+    requested = [name for step in steps for name in step.statistics]
     deviations = sorted({name for name in requested if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)})
     if len(deviations) > 1:
-        raise ValueError(f"credit_method {args.credit_method!r} needs two deviation references: {deviations}")
-    in_forward = [step.method.reads_training_forward(step.hyperparameters) for step in stack]
-    training_forward = tuple(step for step, forward in zip(stack, in_forward) if forward)
+        raise ValueError(f"credit_method {spec!r} needs two deviation references: {deviations}")
+    training_forward = tuple(step for step, forward in zip(steps, in_forward) if forward)
     return StagePlan(
-        generation=tuple(step for step, forward in zip(stack, in_forward) if not forward),
+        credit_method=spec,
+        credit_kwargs={name: value for step in steps for name, value in step.hyperparameters.items()} or None,
+        steps=steps,
+        generation=tuple(step for step, forward in zip(steps, in_forward) if not forward),
         training_forward=training_forward,
         generation_statistics=tuple(name for name in GENERATION_STATISTICS if name in requested),
         batch_statistics={name: statistic_key(name) for name in requested if name not in LOSS_FORWARD_STATISTICS},
@@ -325,3 +332,10 @@ def plan_stages(args: CreditGRPOConfig, supplied_statistics: tuple[str, ...], tr
         records_hidden=POLICY_LOGIT_GAP in requested,
         drops_tokens_in_forward=any(step.method.drops_tokens for step in training_forward),
     )
+
+
+def unsupplied_statistics(steps: tuple[StackStep, ...], supplied: tuple[str, ...]) -> dict[str, list[str]]:
+    """`{method: the statistics it reads that are not among supplied}` for the `steps` a trainer that computes
+    `supplied` cannot train: what its `__init__` refuses, asked before the model loads."""
+    missing = {step.method.name: [name for name in step.statistics if name not in supplied] for step in steps}
+    return {name: statistics for name, statistics in missing.items() if statistics}

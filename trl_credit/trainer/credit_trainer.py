@@ -32,7 +32,7 @@ from ..methods import (
 )
 from ..methods.stack import StackCredit, StackStep, run_stack
 from .batch_layout import GROUP_INDEX, REWARDS, SEQUENCE_ADVANTAGES, groups_and_rewards, statistic_key
-from .config import CreditGRPOConfig, plan_stages
+from .config import CreditGRPOConfig, unsupplied_statistics
 from .construction import check_trainer_inputs, deepspeed_cpu_guess_hidden
 from .diagnostics import (
     EXTRA_FORWARDS,
@@ -132,7 +132,12 @@ class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
             args = self.config_class(output_dir=f"{model_name.split('/')[-1]}-{self._name}")
         self._check_args(args)
         check_trainer_inputs(args, reward_funcs, pos_args, kwargs)  # before TRL loads the model
-        self.stage_plan = plan_stages(args, self.supplied_statistics, type(self).__name__)
+        self.stage_plan = args.stage_plan
+        for name, missing in unsupplied_statistics(self.stage_plan.steps, self.supplied_statistics).items():
+            raise ValueError(
+                f"credit method {name!r} reads {missing}, which {type(self).__name__} does not compute (it supplies "
+                f"{list(self.supplied_statistics)})"
+            )
         if self.stage_plan.drops_tokens_in_forward and args.loss_type in NORMALISER_AT_GENERATION:
             dropping = [step.method.name for step in self.stage_plan.training_forward if step.method.drops_tokens]
             warnings.warn(
@@ -141,10 +146,8 @@ class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
                 "when the batch is generated. Use loss_type='bnpo' to reproduce the official per-micro-batch token mean.",
                 stacklevel=2,
             )
-        for attribute, value in trl_card_attributes(
-            [step.method for step in args.credit_stack]
-        ).items():  # what TRL's card says
-            setattr(self, attribute, value)
+        for attribute, value in trl_card_attributes([step.method for step in self.stage_plan.steps]).items():
+            setattr(self, attribute, value)  # what TRL's card says
         with deepspeed_cpu_guess_hidden(args):
             initial_copy = copy_initial_model(
                 model, args, kwargs.get("peft_config"), self.stage_plan.generation_statistics
@@ -181,7 +184,8 @@ class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
                 "or set HF_TOKEN instead",
                 stacklevel=3,
             )
-        args.validate_credit_fields()  # again: attributes may have been set since the config was built
+        args.validate_credit_fields()  # again: attributes may have been set since the config was built (the stack is
+        # planned again only if its fields changed)
 
     # ------------------------------------------------------------------------------------- generation batch
 

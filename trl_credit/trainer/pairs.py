@@ -15,7 +15,7 @@ import types
 from dataclasses import field
 
 from ..methods import get_credit_method
-from .config import CreditGRPOConfig, parse_credit_kwargs
+from .config import CreditGRPOConfig, parse_credit_kwargs, unsupplied_statistics
 from .credit_trainer import CreditGRPOTrainer
 
 # The clip-higher bound of DAPO's recipe, which TACO, EAPO and TIDE all train with.
@@ -98,25 +98,13 @@ def trainer_pair(credit_method: str) -> tuple[type[CreditGRPOConfig], type[Credi
     return _PAIRS.get(credit_method, (CreditGRPOConfig, CreditGRPOTrainer))
 
 
-def missing_statistics(trainer_class: type[CreditGRPOTrainer], args: CreditGRPOConfig) -> dict[str, list[str]]:
-    """`{method: statistics it reads that trainer_class does not compute}` for the methods of `args`' stack that
-    `trainer_class` cannot train (as its `__init__` would find, after the model has loaded)."""
-    missing = {}
-    for step in args.credit_stack:
-        unsupplied = [name for name in step.statistics if name not in trainer_class.supplied_statistics]
-        if unsupplied:
-            missing[step.method.name] = unsupplied
-    return missing
-
-
 def trainable_methods() -> list[str]:
     """The registered methods that `trl-credit grpo` trains (with their default hyperparameters): those whose
     statistics their trainer computes. A method registered for another trainer (the lab's `oracle`) is not one."""
-    from ..methods import CREDIT_METHODS
+    from ..methods import CREDIT_METHODS, resolve_stack
 
-    trainable = []
-    for name, method in CREDIT_METHODS.items():
-        supplied = trainer_pair(name)[1].supplied_statistics
-        if all(stat in supplied for stat in method.statistics_for(method.hyperparameters({}))):
-            trainable.append(name)
-    return trainable
+    return [
+        name
+        for name, method in CREDIT_METHODS.items()
+        if not unsupplied_statistics(resolve_stack([method], {}), trainer_pair(name)[1].supplied_statistics)
+    ]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...methods import DEFAULT_COMPARISON, get_credit_method, parse_credit_methods
-from ...methods.registry import stack_hyperparameters
+from ...methods.registry import resolve_stack
 from ...trainer.config import parse_credit_kwargs
 from .oracle import CEILING
 from .tasks import COMPLETION_LENGTH, TASKS, get_task
@@ -139,5 +139,5 @@ def method_credit_kwargs(method: str, credit_kwargs: dict[str, Any] | None) -> d
     """The entries of `credit_kwargs` that `method` (a name or a `+` stack) owns, coerced and checked by it."""
     stack = [get_credit_method(name) for name in parse_credit_methods(method)]
     owned = {k: v for k, v in (credit_kwargs or {}).items() if any(k in m.argument_names for m in stack)}
-    stack_hyperparameters(stack, owned)  # a bad value fails here, before any run trains
+    resolve_stack(stack, owned)  # a bad value fails here, before any run trains
     return owned
