@@ -54,24 +54,21 @@ def timed_parts(model, optimizer, input_ids):
 
     from trl_credit.trainer.run_safety import NonFiniteGuard
 
-    # What the guard reads of its trainer: the model, the accelerator, the settings, the step's rewards (none here).
+    # What the guard is given: the accelerator; at each hook, the settings and the model (no rewards here).
     training = SimpleNamespace(output_dir="unused", **dict.fromkeys(("learning_rate", "weight_decay"), 0.0))
-    trainer = SimpleNamespace(
-        model=model, accelerator=Accelerator(cpu=True), args=training, _last_rewards_per_func=None
-    )
-    guard = NonFiniteGuard(trainer)
+    guard = NonFiniteGuard(Accelerator(cpu=True))
     state = SimpleNamespace(global_step=0)
 
     def step():
         optimizer.zero_grad(set_to_none=False)
         loss = model(input_ids=input_ids, labels=input_ids).loss
         loss.backward()
-        guard.saw_loss(loss)  # as `training_step` hands it over
+        guard.saw_loss(loss)  # as the trainer's `_compute_loss` hands it over
         optimizer.step()
 
     def guard_hooks():
-        guard.on_pre_optimizer_step(training, state, None)
-        guard.on_optimizer_step(training, state, None)
+        guard.on_pre_optimizer_step(training, state, None, model=model)
+        guard.on_optimizer_step(training, state, None, model=model)
 
     return step, guard_hooks
 

@@ -207,7 +207,7 @@ def test_the_gathers_sums_and_flags_of_two_processes():
     def run(rank, accelerator):
         sources = StatisticsSources()
         sources.accelerator = accelerator
-        guard = NonFiniteGuard(SimpleNamespace(accelerator=accelerator))
+        guard = NonFiniteGuard(accelerator)
         return (
             gather_all(accelerator, torch.arange(3.0) + 10 if rank == 0 else torch.zeros(0)),
             unscored_answers(

@@ -2,7 +2,7 @@
 `trl_credit.trainer.run_folder`), from Python and from `trl-credit grpo`, `compare` and `lab`.
 
 Each non-finite case is made by what a user could do (a NaN weight decay, a reward function returning inf) or, for the
-loss itself, by a trainer subclass whose loss turns NaN at step 2; the checks read what is on disk afterwards. A lock
+loss itself, by a trainer whose TRL loss turns NaN at step 2; the checks read what is on disk afterwards. A lock
 held by another process is held by a real one, spawned by the test.
 """
 
@@ -21,6 +21,7 @@ import torch
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset, tiny_recipe
 from fake_runs import folder_files
 from safetensors.torch import load_file
+from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOTrainer
 from trl_credit.cli import main as cli_main
@@ -52,12 +53,15 @@ def _all_finite(model) -> bool:
     return all(torch.isfinite(p).all() for p in model.parameters())
 
 
-class NaNLossAtStep2(CreditGRPOTrainer):
-    """The loss of step 2 (every micro-batch of it) is NaN, as a diverging model's would be."""
-
+class _NaNTRLLossAtStep2(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         loss = super()._compute_loss(model, inputs)
         return loss * math.nan if self.state.global_step == 1 else loss
+
+
+class NaNLossAtStep2(CreditGRPOTrainer, _NaNTRLLossAtStep2):
+    """TRL's loss of step 2 (every micro-batch of it) is NaN, as a diverging model's would be: the credit trainer's
+    `_compute_loss` receives it from TRL's (its base `_NaNTRLLossAtStep2` stands between them)."""
 
 
 class NaNGradientAtStep2(CreditGRPOTrainer):

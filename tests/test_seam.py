@@ -67,6 +67,27 @@ def test_the_config_flow_is_at_most_12_functions_and_resolves_the_stack_once(mak
     assert [step.hyperparameters.get("taco_alpha") for step in trainer.stage_plan.steps] == [None, 0.1]
 
 
+def test_the_trainers_state_is_one_class_over_trls_and_its_docstring_lists_every_trl_method_it_overrides():
+    """No mixin between the credit trainer and TRL's (run safety and the run record are callbacks and calls from the
+    methods it overrides), nothing overrides `training_step` (TRL's tests patch it with `wraps=`), and each TRL method
+    the trainer overrides is in its docstring's list, which says why."""
+    from trl import GRPOTrainer
+
+    from trl_credit import CreditGRPOTrainer
+    from trl_credit.trainer.statistics_sources import StatisticsSources
+
+    assert CreditGRPOTrainer.__bases__ == (StatisticsSources, GRPOTrainer)
+    ours = CreditGRPOTrainer.__mro__[: CreditGRPOTrainer.__mro__.index(GRPOTrainer)]
+    assert not any("training_step" in vars(cls) for cls in ours)
+    overridden = sorted(
+        {name for cls in ours for name in vars(cls) if callable(getattr(GRPOTrainer, name, None))}
+        - {"__init_subclass__"}
+    )
+    assert len(overridden) >= 8  # the reader: a trainer that overrides nothing would pass the next line vacuously
+    listed = [name for name in overridden if f"`{name}`" in CreditGRPOTrainer.__doc__]
+    assert listed == overridden
+
+
 def _functions_over_the_limit(module: str) -> list[tuple[str, int]]:
     tree = ast.parse((PACKAGE / module).read_text())
     return [

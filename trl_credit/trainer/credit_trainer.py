@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 import torch
+from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
@@ -31,7 +32,7 @@ from ..methods import (
     get_credit_method,
 )
 from ..methods.stack import StackCredit, StackStep, run_stack
-from .batch_layout import GROUP_INDEX, REWARDS, SEQUENCE_ADVANTAGES, groups_and_rewards, statistic_key
+from .batch_layout import GROUP_INDEX, REWARDS, SEQUENCE_ADVANTAGES, groups_and_rewards, loss_weights, statistic_key
 from .config import CreditGRPOConfig, unsupplied_statistics
 from .construction import check_trainer_inputs, deepspeed_cpu_guess_hidden
 from .diagnostics import (
@@ -46,13 +47,13 @@ from .diagnostics import (
 from .model_parts import vocab_size
 from .recorders import recorded_final_hidden
 from .reference import DeviationReference, copy_initial_model, same_mode_as_training_args
-from .run_record import RunRecord
-from .run_safety import RunSafety
+from .run_folder import run_folder_lock
+from .run_record import NothingToTrainCheck, start_run, write_run_record
+from .run_safety import NonFiniteGuard
 from .statistics_sources import StatisticsSources
-from .token_credit_log import TokenCreditLog, TokenCreditPreview, token_credit_step
+from .token_credit_log import TokenCreditLog, preview_token_credit, token_credit_step
 from .token_texts import TokenTexts
 from .trl_compat import (
-    MULTIMODAL_KEYS,
     NORMALISER_AT_GENERATION,
     check_trainer_attributes,
     check_trl_surfaces,
@@ -92,15 +93,26 @@ def trl_card_attributes(methods) -> dict[str, Any]:
     return attributes
 
 
-class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
+class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
     """[`~trl.GRPOTrainer`] whose advantage is reshaped per token by the methods of `args.credit_method`.
 
-    Overrides `_generate_and_score_completions` (methods that read the generation batch), and `_compute_loss` with
-    `_get_per_token_logps_and_entropies` (methods that read the training forward). Use it exactly like
-    `GRPOTrainer`, with a [`CreditGRPOConfig`]. Its model card is TRL's, tagged and cited as `trl_card_attributes`
-    says. Where each method runs is `stage_plan` (a `StagePlan`), decided once from the config. It stops at the first
-    non-finite step and holds its output folder while it trains (`run_safety`); each checkpoint records its run, and
-    a resume that would mix two runs is refused (`run_record`).
+    Use it exactly like `GRPOTrainer`, with a [`CreditGRPOConfig`]. Where each method runs is `stage_plan` (the
+    config's `StagePlan`). Its model card is TRL's, tagged and cited as `trl_card_attributes` says. It stops at the
+    first non-finite step (`run_safety.NonFiniteGuard`, a callback) and holds its output folder while it trains; each
+    checkpoint records its run, and a resume that would mix two runs is refused (`run_record`). The statistics
+    sources are `StatisticsSources`. It overrides these methods of TRL's trainer:
+
+    - `__init__`: checks the config and inputs before TRL loads the model, and sets up the stages and callbacks;
+    - `_generate_and_score_completions`: the generation-batch stage, before TRL shuffles and splits the batch, and the
+      token-credit log's preview;
+    - `_calculate_rewards`: keeps the rewards of every process's rows (the advantage estimators' raw rewards, the
+      guard's check) and logs the unscored answers;
+    - `_compute_loss`: the training-forward stage around TRL's loss, the forward counts, the loss handed to the guard;
+    - `_get_per_token_logps_and_entropies`: the log-probs and entropies of the loss's own forward for that stage, and
+      TRL 1.15's torch fused head (`trl_compat.torch_fused_head`);
+    - `train`: the output folder's lock, the resume's checks and the run's record, before TRL's `train`;
+    - `_save_checkpoint`, `_save`, `_load_optimizer_and_scheduler`: the run record and the deviation reference in
+      each checkpoint, saved files with the mode of `training_args.bin`.
     """
 
     config_class = CreditGRPOConfig
@@ -109,9 +121,7 @@ class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
     # puts its statistic in the batch under `statistic_key(name)`.
     supplied_statistics: tuple[str, ...] = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
     _tag_names = list(TRL_CARD_TAGS)
-    # The rows of the last training generation batch the token-credit log records, as the training forward credits
-    # them (with `log_token_credit=True`, for the batches it logs); None before the first.
-    token_credit_preview: TokenCreditPreview | None = None
+    run_record: dict | None = None  # the record of the run `train()` trains (the research card reads it)
     # The micro-batch of the loss TRL is computing, and the dtype of the attention mask TRL would build from it, while
     # `_credit_in_loss_forward` hands it to TRL's scoring forward; else None.
     _loss_forward: tuple[dict, torch.dtype] | None = None
@@ -163,9 +173,14 @@ class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
         self.forward_counts = Counter({EXTRA_FORWARDS: 0})
         if self.deviation_reference is not None:
             self.forward_counts[EXTRA_REFERENCE_FORWARDS] = 0
-        if args.log_token_credit:
+        self.token_credit_log = TokenCreditLog(self.processing_class) if args.log_token_credit else None
+        if self.token_credit_log is not None:
             self.forward_counts[TOKEN_CREDIT_LOG_FORWARDS] = 0
-            self.add_callback(TokenCreditLog(self))
+            self.add_callback(self.token_credit_log)
+        self._nothing_to_train = NothingToTrainCheck()
+        self.non_finite_guard = NonFiniteGuard(self.accelerator)
+        for callback in (self._nothing_to_train, self.non_finite_guard):
+            self.add_callback(callback)
 
     def _check_args(self, args) -> None:
         if not isinstance(args, CreditGRPOConfig):
@@ -184,8 +199,7 @@ class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
                 "or set HF_TOKEN instead",
                 stacklevel=3,
             )
-        args.validate_credit_fields()  # again: attributes may have been set since the config was built (the stack is
-        # planned again only if its fields changed)
+        args.validate_credit_fields()  # again: attributes may have been set since the config was built
 
     # ------------------------------------------------------------------------------------- generation batch
 
@@ -209,13 +223,20 @@ class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
             credit = self._credit_stage(batch, self.stage_plan.generation, {}, last_stage)
             write_credit(batch, credit)
             if credit.loss_mask_BT is not None and "num_items_in_batch" in batch:  # TRL's normaliser, recounted
-                kept = (batch["completion_mask"] * batch["tool_mask"]).sum()
+                kept = loss_weights(batch).sum()
                 batch["num_items_in_batch"] = self.accelerator.gather(kept).sum()
             statistic_BT = credit.statistic_BT
-        if self.args.log_token_credit and self.model.training:
+        if self.token_credit_log is not None and self.model.training:
             step = token_credit_step(self.args, self.state, self.num_iterations)
             if step is not None:
-                self.token_credit_preview = self._preview_token_credit(batch, statistic_BT, step)
+                score = partial(
+                    self._scored, batch_size=self._forward_batch_size(), counted_as=TOKEN_CREDIT_LOG_FORWARDS
+                )
+                stage = partial(self._credit_training_forward, record_metrics=False)
+                samples = self.args.token_credit_samples
+                self.token_credit_log.preview = preview_token_credit(
+                    batch, statistic_BT, step, samples, score, stage if self.stage_plan.training_forward else None
+                )
         return batch
 
     # ----------------------------------------------------------------------------------------- the stack
@@ -265,13 +286,13 @@ class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
             inputs = dict(inputs)
             if "tool_mask" in inputs and self.stage_plan.drops_tokens_in_forward:
                 # TRL folds the tool mask into its loss mask before its forward: the weights must be in it first.
-                with recorded_final_hidden(self._policy(), self.stage_plan.records_hidden) as hidden:
-                    logps_BT, entropy_BT = self.policy_logps_and_entropy(inputs)
-                self._credit_training_forward(inputs, logps_BT, entropy_BT, hidden)
+                self._credit_training_forward(inputs, *self._scored(inputs))
                 loss = super()._compute_loss(model, inputs)
             else:
                 with self._credit_in_loss_forward(inputs):
                     loss = super()._compute_loss(model, inputs)
+        if self.model.training:
+            self.non_finite_guard.saw_loss(loss)
         if not self.model.training or self.accelerator.sync_gradients:  # once per optimizer step, or eval batch
             mode = "train" if self.model.training else "eval"
             for name, count in self.forward_counts.items():
@@ -328,46 +349,32 @@ class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
         write_credit(inputs, credit)
         return credit
 
-    # ------------------------------------------------------------------------------------- token-credit log
-
-    @torch.no_grad()
-    def _preview_token_credit(self, batch, statistic_BT, step: int) -> TokenCreditPreview:
-        """A few rows of a training generation `batch`, spread over it so that several prompt groups appear, credited
-        as the first training forward will credit them (the policy has not moved yet), for the token-credit log.
-
-        Every process runs the small no-grad forward (collective under ZeRO-3); the training-forward stage runs
-        without its metrics. Image inputs are not laid out per row: then every row is scored and the sampled ones kept.
-        """
-        num_rows = batch["completion_ids"].size(0)
-        rows = torch.linspace(0, num_rows - 1, min(self.args.token_credit_samples, num_rows)).round().long().unique()
-        sub = {
-            key: value[rows]
-            for key, value in batch.items()
-            if isinstance(value, torch.Tensor)
-            and value.dim() >= 1
-            and value.size(0) == num_rows
-            and key not in MULTIMODAL_KEYS
-        }
-        has_images = any(key in batch for key in MULTIMODAL_KEYS)
+    def _scored(self, inputs, batch_size: int | None = None, counted_as: str = EXTRA_FORWARDS):
+        """The policy's no-grad forward over `inputs` (`policy_logps_and_entropy`): its log-probs and entropies, and the
+        final hidden states recorded from it where the training forward reads the logit gap."""
         with recorded_final_hidden(self._policy(), self.stage_plan.records_hidden) as hidden:
-            logps_bT, entropy_bT = self.policy_logps_and_entropy(
-                batch if has_images else sub, self._forward_batch_size(), counted_as=TOKEN_CREDIT_LOG_FORWARDS
-            )
-        if has_images:
-            logps_bT, entropy_bT = logps_bT[rows], entropy_bT[rows]
-            hidden = [torch.cat(hidden)[rows]] if hidden else hidden
-        statistic_bT = None if statistic_BT is None else statistic_BT[rows]
-        if self.stage_plan.training_forward:
-            credit = self._credit_training_forward(sub, logps_bT, entropy_bT, hidden, record_metrics=False)
-            statistic_bT = credit.statistic_BT if credit.statistic_BT is not None else statistic_bT
-        return TokenCreditPreview(step, sub, logps_bT, entropy_bT, statistic_bT)
+            logps_BT, entropy_BT = self.policy_logps_and_entropy(inputs, batch_size, counted_as)
+        return logps_BT, entropy_BT, hidden
 
     # ------------------------------------------------------------------------------------------ checkpoints
 
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        with run_folder_lock(self.args.output_dir) if self.args.should_save else nullcontext():
+            if resume_from_checkpoint is True:  # transformers' "the last checkpoint of output_dir"
+                resume_from_checkpoint = get_last_checkpoint(self.args.output_dir) or resume_from_checkpoint
+            checkpoint = resume_from_checkpoint if isinstance(resume_from_checkpoint, (str, os.PathLike)) else None
+            self.run_record = start_run(self.args, checkpoint)
+            self._nothing_to_train.checkpoint = None if checkpoint is None else str(checkpoint)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
-        if self.deviation_reference is not None and self.args.should_save:
-            folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if not self.args.should_save:
+            return
+        folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if self.run_record is not None:
+            write_run_record(folder, self.run_record, self.state.global_step)
+        if self.deviation_reference is not None:
             self.deviation_reference.save(folder)
             same_mode_as_training_args(folder)
 
@@ -385,6 +392,7 @@ class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards_per_func  # (all processes' rows, reward funcs): for `REWARDS`
+        self.non_finite_guard.saw_rewards(rewards_per_func, self.reward_func_names)
         if self._unscored_counters:
             mode = "train" if self.model.training else "eval"
             for name, total in unscored_answers(self._unscored_counters, self.accelerator).items():

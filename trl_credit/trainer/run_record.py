@@ -5,12 +5,12 @@ Every `checkpoint-N` the trainer saves holds `RUN_RECORD` (`_trl_credit_run.json
 its method stack with every hyperparameter (`credit_method`, `credit_kwargs`), and `stacks`, which steps trained with
 which stack (one entry unless a resume changed it, with `resume_with_other_method`).
 
-`RunRecord`, a mixin of `CreditGRPOTrainer`, checks a resume in `train(resume_from_checkpoint=...)` before the
-checkpoint loads (`trl-credit grpo` asks the same before the model loads): the folder is a checkpoint
-(`checkpoint_problem`), its stack is the config's (`resume_refusal`), the output folder holds no other run's
-checkpoints (which the resumed run would mix with its own and overwrite), and it is not already at the run's last step
-(`NothingToTrain`: transformers would train one step past `max_steps` before its stopping check). A checkpoint saved
-before runs were recorded resumes with a warning.
+`CreditGRPOTrainer.train(resume_from_checkpoint=...)` checks a resume before the checkpoint loads (`start_run`;
+`trl-credit grpo` asks the same before the model loads): the folder is a checkpoint (`checkpoint_problem`), its stack
+is the config's (`resume_refusal`), the output folder holds no other run's checkpoints (which the resumed run would mix
+with its own and overwrite), and it is not already at the run's last step (`NothingToTrainCheck`: transformers would
+train one step past `max_steps` before its stopping check). A checkpoint saved before runs were recorded resumes with
+a warning.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import uuid
 from pathlib import Path
 
 from transformers import TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
@@ -146,52 +145,34 @@ def stacks_by_step(record: dict | None, last_step: int) -> str | None:
     )
 
 
-class _NothingToTrainCheck(TrainerCallback):
+class NothingToTrainCheck(TrainerCallback):
     """Stops a resumed run whose step is already its last, when training begins (the schedule is known then, also for
-    a run bounded by epochs), before the first step and before any other callback writes."""
+    a run bounded by epochs), before the first step. `checkpoint`: the one `train()` resumes (None from scratch)."""
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    checkpoint: str | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
-        found = nothing_to_train(self.trainer.resumed_checkpoint, state.global_step, state.max_steps)
-        if self.trainer.resumed_checkpoint is not None and found:
+        found = nothing_to_train(self.checkpoint, state.global_step, state.max_steps)
+        if self.checkpoint is not None and found:
             raise NothingToTrain(found)
 
 
-class RunRecord:
-    """Mixin of `CreditGRPOTrainer`: checks a resume before it loads and records the run in each checkpoint (see the
-    module). Sets `run_record` (the record of the run `train()` trains, read by the research card) and
-    `resumed_checkpoint`."""
+def start_run(args, checkpoint) -> dict:
+    """The record of the run `train()` starts with the config `args`, resuming `checkpoint` (or None); `ValueError`
+    if `checkpoint` is not one, or resuming it would mix two runs (see the module)."""
+    if checkpoint is not None:
+        for problem in (checkpoint_problem(checkpoint), resume_refusal(checkpoint, args)):
+            if problem:
+                raise ValueError(f"resume_from_checkpoint {checkpoint}: {problem}")
+        if read_run_record(checkpoint) is None:
+            logger.warning(
+                f"{checkpoint} has no {RUN_RECORD} (it was saved before trl-credit recorded runs): its method "
+                f"stack cannot be checked against {describe_stack(_stack(args))}, which the run is recorded "
+                "as having trained with from step 1"
+            )
+    return new_run_record(args, checkpoint)
 
-    run_record: dict | None = None
-    resumed_checkpoint: str | None = None
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.add_callback(_NothingToTrainCheck(self))
-
-    def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        if resume_from_checkpoint is True:  # transformers' "the last checkpoint of output_dir"
-            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir) or resume_from_checkpoint
-        checkpoint = resume_from_checkpoint if isinstance(resume_from_checkpoint, (str, os.PathLike)) else None
-        if checkpoint is not None:
-            for problem in (checkpoint_problem(checkpoint), resume_refusal(checkpoint, self.args)):
-                if problem:
-                    raise ValueError(f"resume_from_checkpoint {checkpoint}: {problem}")
-            if read_run_record(checkpoint) is None:
-                logger.warning(
-                    f"{checkpoint} has no {RUN_RECORD} (it was saved before trl-credit recorded runs): its method "
-                    f"stack cannot be checked against {describe_stack(_stack(self.args))}, which the run is recorded "
-                    "as having trained with from step 1"
-                )
-        self.resumed_checkpoint = None if checkpoint is None else str(checkpoint)
-        self.run_record = new_run_record(self.args, checkpoint)
-        return super().train(resume_from_checkpoint, *args, **kwargs)
-
-    def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
-        if self.args.should_save and self.run_record is not None:
-            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-            record = {**self.run_record, "global_step": self.state.global_step}
-            (folder / RUN_RECORD).write_text(json.dumps(record, indent=1) + "\n")
+def write_run_record(checkpoint_dir, record: dict, global_step: int) -> None:
+    """Record the run in the checkpoint it saved at `global_step`."""
+    (Path(checkpoint_dir) / RUN_RECORD).write_text(json.dumps({**record, "global_step": global_step}, indent=1) + "\n")

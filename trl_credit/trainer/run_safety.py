@@ -1,18 +1,18 @@
 """A run never trains on, or saves, a non-finite model, and owns its output folder while it trains.
 
-`RunSafety`, a mixin of `CreditGRPOTrainer`, does both for every way of training (a notebook, a script, `trl-credit
-grpo`):
+`CreditGRPOTrainer` does both for every way of training (a notebook, a script, `trl-credit grpo`):
 
 * its `NonFiniteGuard` callback checks every optimizer step: before the update, that the step's loss (every
-  micro-batch's) and gradients are finite; after it, that the weights are. At the first step where one is not,
+  micro-batch's, handed over by the trainer's `_compute_loss`), its rewards and gradients are finite; after it, that the
+  weights are. At the first step where one is not,
   training stops with `NonFiniteTrainingError`: one line naming the step, what was not finite, the setting that likely
   caused it (any setting that is not finite, whatever its field; only a finite configuration blames the learning
   rate), and the last checkpoint, all of which were written at finite steps before it. The exception is raised
   before the step's `on_step_end`, so no checkpoint of that step is written, and `train()` does not return, so no final
   model or card is saved from that state. A non-finite statistic is an error, not a loss: nothing trained before it is
   lost.
-* `train()` holds the output folder's lock (`run_folder.run_folder_lock`) on the process that saves (process zero), so
-  a second process training into the same folder is refused.
+* its `train()` holds the output folder's lock (`run_folder.run_folder_lock`) on the process that saves (process zero),
+  so a second process training into the same folder is refused.
 """
 
 from __future__ import annotations
@@ -20,14 +20,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback
-
-from .run_folder import run_folder_lock
 
 OPTIMIZER_SETTINGS = ("learning_rate", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")
 
@@ -92,68 +89,72 @@ def _update_suspects(args, dtype: torch.dtype) -> list[str]:
 
 
 class NonFiniteGuard(TrainerCallback):
-    """Stops training at the first step whose loss, gradients or updated weights are not finite (see the module)."""
+    """Stops training at the first step whose loss, rewards, gradients or updated weights are not finite (see the
+    module). The trainer hands it each training loss (`saw_loss`) and the rewards of each batch (`saw_rewards`); the
+    gradients and weights are those of the model the callbacks are given."""
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
         self._losses_finite: torch.Tensor | None = None  # of the micro-batches since the last optimizer step
+        self._infinite_rewards: list[str] = []  # the reward functions that returned inf for the last batch
 
     def saw_loss(self, loss: torch.Tensor) -> None:
         finite = torch.isfinite(loss.detach()).all()
         self._losses_finite = finite if self._losses_finite is None else self._losses_finite & finite
 
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        self._check_rewards(state)
-        device = self.trainer.accelerator.device
+    def saw_rewards(self, rewards_RF: torch.Tensor, names: list[str]) -> None:
+        """The rewards of a batch, `(rows of every process, reward functions)`: an infinite one stops the next step
+        (TRL reads a NaN one as "no reward": every reward function returned None)."""
+        infinite_F = torch.isinf(rewards_RF).any(dim=0).tolist()
+        self._infinite_rewards = [name for name, infinite in zip(names, infinite_F) if infinite]
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if self._infinite_rewards:
+            names = self._infinite_rewards
+            self._stop(
+                args, state, f"the rewards of {', '.join(names)} are", [f"{name} returning inf" for name in names]
+            )
+        device = self.accelerator.device
         losses_finite = self._losses_finite if self._losses_finite is not None else torch.tensor(True)
         self._losses_finite = None
-        gradients = [_local(p.grad) for p in self._trainable() if p.grad is not None]
+        gradients = [_local(p.grad) for p in _trainable(model) if p.grad is not None]
         finite = torch.stack([losses_finite.to(device), _all_finite(gradients, device)])
         loss_bad, gradients_bad = self._on_any_process(~finite)
         if loss_bad:  # only a finite configuration blames the learning rate
             suspects = non_finite_settings(args) or [
                 f"a diverged model ({_setting('learning_rate', args.learning_rate)} may be too high)"
             ]
-            self._stop(state, "the loss is", suspects)
+            self._stop(args, state, "the loss is", suspects)
         if gradients_bad:
             suspects = non_finite_settings(args) or [
                 "an overflow in the backward pass (a lower learning_rate, or float32 instead of fp16/bf16)"
             ]
-            self._stop(state, "the gradient norm is", suspects)
+            self._stop(args, state, "the gradient norm is", suspects)
 
-    def on_optimizer_step(self, args, state, control, **kwargs):
-        weights = [_local(p) for p in self._trainable()]
-        weights_finite = _all_finite(weights, self.trainer.accelerator.device)
+    def on_optimizer_step(self, args, state, control, model=None, **kwargs):
+        weights = [_local(p) for p in _trainable(model)]
+        weights_finite = _all_finite(weights, self.accelerator.device)
         (weights_bad,) = self._on_any_process(~weights_finite.unsqueeze(0))
         if weights_bad:
             dtype = weights[0].dtype if weights else torch.float32
-            self._stop(state, "the weights after the update are", _update_suspects(args, dtype))
-
-    def _trainable(self):
-        return [p for p in self.trainer.model.parameters() if p.requires_grad]
+            self._stop(args, state, "the weights after the update are", _update_suspects(args, dtype))
 
     def _on_any_process(self, flags_F: torch.Tensor) -> list[bool]:
         """Each flag, true when it is true on any process: every process stops at the same step."""
-        return [bool(flag) for flag in self.trainer.accelerator.reduce(flags_F.float(), reduction="sum") > 0]
+        return [bool(flag) for flag in self.accelerator.reduce(flags_F.float(), reduction="sum") > 0]
 
-    def _check_rewards(self, state) -> None:
-        """Stop at an infinite reward (TRL reads a NaN one as "no reward": every reward function returned None)."""
-        rewards_RF = getattr(self.trainer, "_last_rewards_per_func", None)  # CreditGRPOTrainer._calculate_rewards
-        if rewards_RF is None:
-            return
-        infinite_F = torch.isinf(rewards_RF).any(dim=0).tolist()  # every process holds every process's rows
-        names = [name for name, infinite in zip(self.trainer.reward_func_names, infinite_F) if infinite]
-        if names:
-            self._stop(state, f"the rewards of {', '.join(names)} are", [f"{name} returning inf" for name in names])
-
-    def _stop(self, state, what: str, suspects: list[str]):
+    def _stop(self, args, state, what: str, suspects: list[str]):
         step = state.global_step + 1
-        checkpoint = last_checkpoint(self.trainer.args.output_dir, state.global_step)
+        checkpoint = last_checkpoint(args.output_dir, state.global_step)
         kept = f"the last checkpoint, {checkpoint}, is from a finite step" if checkpoint else "no checkpoint was saved"
         raise NonFiniteTrainingError(
             f"step {step}: {what} not finite (likely cause: {' or '.join(suspects)}); training stopped before saving "
             f"step {step}; {kept}"
         )
+
+
+def _trainable(model) -> list[torch.Tensor]:
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def last_checkpoint(output_dir, up_to_step: int) -> str | None:
@@ -164,22 +165,3 @@ def last_checkpoint(output_dir, up_to_step: int) -> str | None:
         if match and path.is_dir() and int(match[1]) <= up_to_step:
             found.append((int(match[1]), str(path)))
     return max(found)[1] if found else None
-
-
-class RunSafety:
-    """Mixin of `CreditGRPOTrainer`: the `NonFiniteGuard` callback, and the output folder's lock during `train()`. It
-    reads the trainer's `args` and `add_callback`, and sets `non_finite_guard`."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.non_finite_guard = NonFiniteGuard(self)
-        self.add_callback(self.non_finite_guard)
-
-    def train(self, *args, **kwargs):
-        with run_folder_lock(self.args.output_dir) if self.args.should_save else nullcontext():
-            return super().train(*args, **kwargs)
-
-    def training_step(self, *args, **kwargs):
-        loss = super().training_step(*args, **kwargs)
-        self.non_finite_guard.saw_loss(loss)
-        return loss
