@@ -93,7 +93,17 @@ serve_on "$VLLM_NODE" trl vllm-serve --model "$MODEL" --tensor_parallel_size "$V
 server=$!
 
 stop_server() {  # the server's srun step, or (local) its session: the server and the engine process it started
-    if [[ "$LAUNCH" == local ]]; then kill -TERM -- "-$server" 2>/dev/null || true; else kill "$server" 2>/dev/null || true; fi
+    if [[ "$LAUNCH" != local ]]; then
+        kill "$server" 2>/dev/null || true
+    else  # a server still starting up may not answer SIGTERM: SIGKILL after 15 s
+        kill -TERM -- "-$server" 2>/dev/null || true
+        for _ in {1..15}; do
+            [[ "$(ps -o stat= -p "$server" 2>/dev/null)" =~ ^[^Z] ]] || break
+            sleep 1
+        done
+        kill -KILL -- "-$server" 2>/dev/null || true
+    fi
+    wait "$server" 2>/dev/null || true
 }
 
 # 2. One accelerate config per training node: the base config plus the multi-node fields (machine_rank differs).
@@ -152,5 +162,4 @@ fi
 
 # 4. Training is over: stop the server.
 stop_server
-wait "$server" 2>/dev/null || true
 exit "$status"

@@ -6,6 +6,7 @@
   reference rules of `tests/reference_credit.py` in the stage the specification puts each method (the generation
   batch for methods of rollout statistics, each micro-batch for methods of the current policy), and checks the
   advantages and the loss mask TRL's `_compute_loss` consumed against them. Nothing in it names a method.
+  `TwoProcessRecorder` does the same on each of several processes, the generation stage over every process's rows.
 - `DOCUMENTED_STACKS`, `path_cases`: the stacks the docs name, and every registered method plus those stacks, with
   the settings (`MOVING_SETTINGS`) under which each moves credit.
 - `assert_all_params_changed`: TRL's own check that a short run trained every trainable parameter.

@@ -30,8 +30,8 @@ import pytest
 import torch
 import yaml
 from conftest import PACKAGE_METHODS
+from launch_helpers import accelerate_config, free_port, process_tree
 from reference_credit import MOVING_SETTINGS, assert_credit_moved, random_reference_batch
-from test_multiprocess import _accelerate_config, _free_port, _process_tree
 from trainer_helpers import DOCUMENTED_STACKS, moving_settings
 
 from real_vllm.cpu_shims import vllm_dist_info
@@ -107,7 +107,7 @@ def machines(tmp_path_factory, vllm_model_dir):
     )
     configs = {}
     for stage in (2, 3):
-        config = _accelerate_config(f"zero{stage}", folder)
+        config = accelerate_config(f"zero{stage}", folder)
         config["deepspeed_config"]["deepspeed_multinode_launcher"] = "standard"  # torchrun on each node, as zero3.yaml
         configs[stage] = folder / f"zero{stage}.yaml"
         configs[stage].write_text(yaml.safe_dump(config))
@@ -150,9 +150,9 @@ def start_script(machines, name: str, case: str, zero: int, output_dir: Path, *f
         MODEL=machines["model"],
         RECIPE=str(recipe_for(case, folder)),
         RUN_DIR=str(folder / "launch"),
-        VLLM_PORT=str(_free_port()),
-        MAIN_PORT=str(_free_port()),
-        VLLM_GROUP_PORT=str(_free_port()),
+        VLLM_PORT=str(free_port()),
+        MAIN_PORT=str(free_port()),
+        VLLM_GROUP_PORT=str(free_port()),
         **env,
     )
     log = open(folder / "script.log", "w")  # noqa: SIM115 - the child holds it; closed with the process
@@ -184,7 +184,7 @@ def finish(process: subprocess.Popen, timeout_s: float = RUN_TIMEOUT_S) -> str:
 
 def stop(pid: int, sig: int) -> None:
     """Send `sig` to `pid` and every process it started, at once (as SLURM stops a node's job step)."""
-    for member in _process_tree(pid):
+    for member in process_tree(pid):
         try:
             os.kill(member, sig)
         except ProcessLookupError:
