@@ -7,7 +7,9 @@ default) cut down to a tiny model by flags.
 Every registered method that reads other processes' rows (`reads_other_processes`: it calls `CreditBatch.gather`, or
 reads a statistic the trainer takes over every process) and each one's first documented stack train with prompt
 groups split between the machines; on each process, `MachineRecorder` (`multinode_site/`) checks the advantages and
-loss mask TRL's loss consumed against the reference rules of `tests/reference_credit.py` over both machines' rows.
+loss mask TRL's loss consumed against the reference rules of `tests/reference_credit.py` over both machines' rows,
+and, for a method that gathers, that the rules on one machine's rows alone would give other advantages (STARE reads
+the batch's mean entropy only for its gate, on in both with the settings where it moves credit).
 One run is stopped on machine 1 after `checkpoint-1` and resumed on both; while it is stopped, another run into its
 folder is refused.
 
@@ -67,21 +69,32 @@ TINY_RUN = {
 }
 
 
-def reads_other_processes(name: str) -> bool:
-    """Whether registered method `name`'s result depends on other processes' rows, in the settings where it moves
-    credit: it calls `CreditBatch.gather` on a batch, or reads a statistic the trainer takes over every process."""
+def gathers(name: str) -> bool:
+    """Whether registered method `name` calls `CreditBatch.gather` (other processes' values) on a batch where it moves
+    credit."""
     method = CREDIT_METHODS[name]
     hyperparameters = method.hyperparameters(MOVING_SETTINGS[name])
     statistics = method.statistics_for(hyperparameters)
-    if ROLLOUT_MEAN_ENTROPY in statistics:
-        return True
     batch, gathered = random_reference_batch(), []
     advantages_B, mask_BT, named = batch.package_inputs()
     named = {key: value for key, value in named.items() if key not in batch.statistics or key in statistics}
     apply_credit_method(
-        name, advantages_B, mask_BT, **named, **hyperparameters, gather=lambda v: gathered.append(v) or v
+        name,
+        advantages_B,
+        mask_BT,
+        **named,
+        **hyperparameters,
+        gather=lambda values: gathered.append(values) or values,
     )
     return bool(gathered)
+
+
+def reads_other_processes(name: str) -> bool:
+    """Whether registered method `name`'s result depends on other processes' rows, in the settings where it moves
+    credit: it gathers, or reads a statistic the trainer takes over every process (`rollout_mean_entropy`)."""
+    method = CREDIT_METHODS[name]
+    statistics = method.statistics_for(method.hyperparameters(MOVING_SETTINGS[name]))
+    return gathers(name) or ROLLOUT_MEAN_ENTROPY in statistics
 
 
 READING_OTHER_PROCESSES = [name for name in PACKAGE_METHODS if reads_other_processes(name)]
@@ -237,6 +250,8 @@ def test_methods_reading_other_processes_across_two_machines(machines, case, zer
         if zero == 3:  # the policy's LM head stays partitioned at every generation batch
             assert {tuple(batch["head_shape"]) for batch in record["generation_batches"]} == {(0,)}
         assert_credit_moved(f"{case} on process {rank}", record["moved_tokens"] / max(record["valid_tokens"], 1))
+    if any(gathers(name) for name in case.split("+")):  # the check tells both machines' rows from one machine's
+        assert max(record["one_machine_difference"] for record in records) > 1e-3, "the test proves nothing"
     for step in range(STEPS):
         prompts = {}  # each prompt group's prompts, over both machines
         machines_of = {}
@@ -251,7 +266,8 @@ def test_methods_reading_other_processes_across_two_machines(machines, case, zer
         f"[multi-node] {case} (ZeRO-{zero}): "
         + "; ".join(
             f"process {rank}: max |consumed - reference| = {r['max_difference']:.2e}, "
-            f"moved share = {r['moved_tokens'] / max(r['valid_tokens'], 1):.3f}"
+            f"moved share = {r['moved_tokens'] / max(r['valid_tokens'], 1):.3f}, "
+            f"max |carried - one machine's reference| = {r['one_machine_difference']:.2e}"
             for rank, r in enumerate(records)
         )
     )

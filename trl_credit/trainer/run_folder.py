@@ -1,22 +1,15 @@
 """A run owns its output folder: one process at a time writes into it (`run_folder_lock`), and a folder that holds a
 finished run is recognised (`finished_run_files`) so that the command line can refuse to replace it.
 
-The lock is an exclusive `fcntl.flock` on `LOCK_FILE` in the folder, taken without waiting: a second process gets
-`RunFolderBusy`, naming the process that holds it (its pid, host and run, written into the file). The operating system
-releases the lock when its process exits, however it exits, so a crash never leaves a stale lock behind. The file
-stays (deleting a lock file races with a process that just opened it), except in a folder that taking the lock created
-and the run left empty, which is removed. Its name starts with `_`, which TRL's `push_to_hub` does not upload.
-
-One run on several machines (`examples/slurm_multinode.sh`) has one launcher per machine, all writing into one shared
-folder: each is given the same `RUN_ID_ENV` (the SLURM job id). The first of them to reach the folder holds the lock;
-the others find it held by their own run and go on without it. A process of any other run, or of none, is refused as
-on one machine. On a network file system, `flock` between machines needs the file system's support (NFS emulates it
-with byte-range locks; Lustre needs its `flock` mount option).
-
-Within one process the lock is re-entrant: `trl-credit grpo` takes it before loading the model and the trainer takes it
-again for `train()`, and a notebook that trains a second trainer into the folder of the first, one after the other, is
-the same run. A command that starts worker processes (`accelerate launch`) passes the folder it holds to them in
-`HELD_BY_PARENT_ENV`, so that they do not wait for a lock their parent holds.
+The lock is an exclusive `fcntl.flock` on `LOCK_FILE` in the folder, taken without waiting: another process gets
+`RunFolderBusy`, naming the holder (pid, host and run, written into the file). The operating system releases the lock
+when its process exits, however it exits: a crash leaves no stale lock. The file stays (deleting it races with a
+process that just opened it), except in a folder that taking the lock created and the run left empty. Its name starts
+with `_`, which TRL's `push_to_hub` does not upload. Within one process the lock is re-entrant (`trl-credit grpo`, then
+the trainer's `train()`; two trainers of a notebook one after the other); a command that starts worker processes
+passes the folder it holds to them in `HELD_BY_PARENT_ENV`. The launchers of one run on several machines share a
+`RUN_ID_ENV`: the first to reach the folder holds the lock, the others go on without it (docs/scaling.md,
+"Multi-node").
 """
 
 from __future__ import annotations
