@@ -46,18 +46,18 @@ def method_batch(rows: int, length: int, group_size: int, vocab_size: int = 151_
     ids_BT = torch.where(valid_BT, ids_BT, pad_id)
 
     logps_BT = -torch.rand(rows, length, generator=g) * 6
-    probs_BT = logps_BT.exp()
+    rollout_logps_BT = logps_BT - 0.05 * torch.rand(rows, length, generator=g)
+    unsampled_mass_BT = -torch.expm1(rollout_logps_BT)  # the rollout distribution: the rest on a few tokens
     entropy_BT = torch.rand(rows, length, generator=g) * 3
     zero = torch.zeros(())
     values = {
         statistics.POLICY_LOGPS: logps_BT,
         statistics.POLICY_ENTROPY: entropy_BT,
         statistics.POLICY_LOGIT_GAP: logps_BT * 0.8,
-        statistics.ROLLOUT_LOGPS: logps_BT - 0.05 * torch.rand(rows, length, generator=g),
+        statistics.ROLLOUT_LOGPS: rollout_logps_BT,
         statistics.ROLLOUT_ENTROPY: entropy_BT + 0.05 * torch.rand(rows, length, generator=g),
-        statistics.ROLLOUT_SUM_SQ_PROBS: (probs_BT.square() + 0.3 * torch.rand(rows, length, generator=g)).clamp(
-            max=1
-        ),
+        statistics.ROLLOUT_UNSAMPLED_MASS: unsampled_mass_BT,
+        statistics.ROLLOUT_UNSAMPLED_SUM_SQ_PROBS: unsampled_mass_BT.square() * torch.rand(rows, length, generator=g),
         statistics.ROLLOUT_MEAN_ENTROPY: torch.full((rows, length), entropy_BT[valid_BT].mean().item()),
         statistics.REFERENCE_DEVIATION: torch.rand(rows, length, generator=g) * 0.3,
         statistics.PREVIOUS_POLICY_DEVIATION: torch.rand(rows, length, generator=g) * 0.1,

@@ -227,7 +227,7 @@ def kernel_check(config, device: str, num_tokens: int) -> dict:
         for label, call in (
             (
                 "token_statistics",
-                lambda: token_statistics(hidden, weight, token_ids_N=ids, temperature=0.7, transform=transform),
+                lambda: token_statistics(hidden, weight, ids, temperature=0.7, transform=transform),
             ),
             (
                 "hellinger_and_entropy",
@@ -242,7 +242,7 @@ def kernel_check(config, device: str, num_tokens: int) -> dict:
             out = call()
             synchronize(device)
             timed[label] = (time.perf_counter() - start, out)
-        logps, entropy, logit_gap, _ = timed["token_statistics"][1]
+        logps, entropy, logit_gap, _, _ = timed["token_statistics"][1]
         deviation, entropy2 = timed["hellinger_and_entropy"][1]
         errors = {
             "logps": (logps.double() - want_logps).abs().max().item(),

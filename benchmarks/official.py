@@ -257,7 +257,7 @@ def official_functions(root: Path) -> dict:
             b["mask_BT"].float(),
             b["group_index_B"].numpy(),
             b["rollout_logps"],
-            b["rollout_sum_sq_probs"],
+            b["sum_pi_squared"],
         )
 
     return {
@@ -309,14 +309,16 @@ def batch_for(rows: int, length: int, group_size: int, vocab: int) -> dict:
     # STARE's gate on (mean entropy below its 0.3 target), as the official code's default controller state
     valid_BT = mask_BT.bool()
     named["rollout_mean_entropy"] = torch.where(valid_BT, 0.2, 0.0)
-    return {"advantages_B": advantages_B, "mask_BT": mask_BT, **named}
+    # verl's OTB input `sum_pi_squared` of the same distributions: the sampled token's square and the others'
+    sum_pi_squared = named["rollout_logps"].exp().square() + named["rollout_unsampled_sum_sq_probs"]
+    return {"advantages_B": advantages_B, "mask_BT": mask_BT, "sum_pi_squared": sum_pi_squared, **named}
 
 
 def pair_calls(official: dict, batch: dict, names: list[str]) -> dict:
     """For each name: (ours, official, control) callables on `batch`."""
     from trl_credit.methods import CREDIT_METHODS
 
-    named = {k: v for k, v in batch.items() if k not in ("advantages_B", "mask_BT")}
+    named = {k: v for k, v in batch.items() if k not in ("advantages_B", "mask_BT", "sum_pi_squared")}
     pairs = {}
     for name in names:
         method = CREDIT_METHODS[OFFICIAL_OF.get(name, name)]

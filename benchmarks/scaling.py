@@ -57,7 +57,8 @@ SUPERLINEAR_MARGIN = 0.1
 STREAMED = {
     "reference_deviation": "hellinger_and_entropy",
     "previous_policy_deviation": "hellinger_and_entropy",
-    "rollout_sum_sq_probs": "token_statistics",
+    "rollout_unsampled_mass": "token_statistics",
+    "rollout_unsampled_sum_sq_probs": "token_statistics",
     "policy_logit_gap": "token_statistics",
 }
 STREAM_POINTS = [(n, v) for v in (49_152, 151_936) for n in (256, 1024)]
@@ -152,7 +153,7 @@ def stream_calls(tokens: int, vocab: int, hidden: int) -> dict:
     hidden_NH, ref_hidden_NH, weight_VH, ref_weight_VH = make_head_inputs(tokens, vocab, hidden)
     ids_N = torch.randint(0, vocab, (tokens,), generator=torch.Generator().manual_seed(1))
     return {
-        "token_statistics": lambda: token_statistics(hidden_NH, weight_VH, token_ids_N=ids_N),
+        "token_statistics": lambda: token_statistics(hidden_NH, weight_VH, ids_N),
         "hellinger_and_entropy": lambda: hellinger_and_entropy(hidden_NH, ref_hidden_NH, weight_VH, ref_weight_VH),
     }
 

@@ -13,8 +13,8 @@
 # the `deepspeed` extra; a shared file system for the output directory; the model in the local HF cache or a path.
 #
 # The output directory is one run's: the launcher of each training node checks its lock (docs/scaling.md,
-# "Multi-node"), and all of them are given this job's TRL_CREDIT_RUN_ID, so they are accepted as one run while a
-# launcher of any other run into that directory is refused.
+# "Multi-node"), and all of them are given this job's TRL_CREDIT_JOB_ID, so they are accepted as one job while a
+# launcher of any other job into that directory is refused.
 #
 # LAUNCH=local runs each node's command in the background on this machine instead of through `srun` (NODELIST:
 # addresses of this machine, e.g. 127.0.0.1), each in a session of its own whose process id is written to
@@ -45,8 +45,8 @@ VLLM_ARGS=${VLLM_ARGS:-}                   # more `trl vllm-serve` flags, split 
 MAIN_PORT=${MAIN_PORT:-29500}
 RUN_DIR=${RUN_DIR:-runs/${SLURM_JOB_ID:-local}}
 LAUNCH=${LAUNCH:-srun}                     # srun, or local (every node's command here, in the background)
-# One value for every launcher of this job: they train into one output directory as one run (its lock).
-export TRL_CREDIT_RUN_ID=${TRL_CREDIT_RUN_ID:-${SLURM_JOB_ID:-$(hostname)-$$-$(date +%s)}}
+# One value for every launcher of this job: they train into one output directory as one job (its lock).
+export TRL_CREDIT_JOB_ID=${TRL_CREDIT_JOB_ID:-${SLURM_JOB_ID:-$(hostname)-$$-$(date +%s)}}
 
 if [[ "$LAUNCH" != srun && "$LAUNCH" != local ]]; then
     echo "slurm_multinode.sh: LAUNCH must be srun or local, got '$LAUNCH'" >&2

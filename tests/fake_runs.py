@@ -106,3 +106,8 @@ def write_fake_trainer_state(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(state, indent=2))
     return path
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder`, by relative path, with its bytes: to check that a command wrote nothing there."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}

@@ -147,7 +147,8 @@ class RecordingTrainer(CreditGRPOTrainer):
             forward = {
                 "logps_BT": statistics.get("policy_logps"),
                 "entropy_BT": statistics.get("policy_entropy"),
-                "sum_sq_probs_BT": statistics.get("rollout_sum_sq_probs"),
+                "unsampled_mass_BT": statistics.get("rollout_unsampled_mass"),
+                "unsampled_sum_sq_probs_BT": statistics.get("rollout_unsampled_sum_sq_probs"),
                 "rollout_logps_BT": statistics.get("rollout_logps"),
                 "rollout_entropy_BT": statistics.get("rollout_entropy"),
             }

@@ -18,7 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from reference_formulas import eapo_loop, gtpo_loop, hicra_loop, otb_loop, stare_token_loop, taco_loop, tide_loop
+from reference_formulas import (
+    eapo_loop,
+    gtpo_loop,
+    hicra_loop,
+    otb_loop,
+    stare_token_loop,
+    taco_loop,
+    tide_loop,
+    unsampled_statistics,
+)
 from torch import Tensor
 
 from trl_credit.methods import CREDIT_METHODS
@@ -157,8 +166,7 @@ def otb_rule(batch: ReferenceBatch, hp: dict) -> tuple[Tensor, Tensor | None]:
     out_BT = otb_loop(
         batch.rewards_B,
         batch.group_index_B,
-        batch["rollout_logps"],
-        batch["rollout_sum_sq_probs"],
+        batch["rollout_unsampled_mass"] ** 2 + batch["rollout_unsampled_sum_sq_probs"],
         batch.mask_BT,
         hp["otb_handle_zero_tail"],
     )
@@ -563,7 +571,8 @@ def random_reference_batch(seed: int = 0, groups: int = 2, size: int = 4, tokens
         "policy_logit_gap": sampled(policy_logp) - policy_logp.amax(-1),
         "rollout_logps": sampled(rollout_logp),
         "rollout_entropy": rollout_entropy_BT,
-        "rollout_sum_sq_probs": (2 * rollout_logp).exp().sum(-1),
+        "rollout_unsampled_mass": unsampled_statistics(rollout_logp, ids_BT)[0],
+        "rollout_unsampled_sum_sq_probs": unsampled_statistics(rollout_logp, ids_BT)[1],
         "rollout_mean_entropy": torch.full((rows, tokens), mean_entropy, dtype=torch.float64),
         "reference_deviation": _hellinger(policy_logp, reference_logp),
         "previous_policy_deviation": _hellinger(policy_logp, previous_logp),

@@ -2,6 +2,7 @@
 token by token with Python loops, independent of the package, and the random inputs they run on."""
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -74,18 +75,24 @@ def tide_loop(adv, deviation, entropy, mask, vocab_size, tau, kappa):
     return out
 
 
-def otb_loop(rewards, groups, logps, sum_sq, mask, handle_zero_tail=True):
+def unsampled_statistics(logp_BTV, ids_BT):
+    """`1 - p_y` and `sum_{v != y} p_v^2` at each position, in float64 from the full log-probs: the sampled token's
+    probability is set to 0 before the sums, never subtracted after them."""
+    others_BTV = logp_BTV.double().exp().scatter(-1, ids_BT.unsqueeze(-1), 0.0)
+    return others_BTV.sum(-1), others_BTV.square().sum(-1)
+
+
+def otb_loop(rewards, groups, weights, mask, handle_zero_tail=True):
     """OTB's official rule (verl's `compute_optimal_token_baseline_advantage`, see tests/test_otb.py) with Python
-    loops, in float64."""
+    loops, in float64, from the per-token weights `w = 1 - 2 pi_t + sum_v pi_v^2` (as verl writes it, or as
+    `(1 - pi_t)^2 + sum_{v != t} pi_v^2` from `unsampled_statistics`)."""
     rows, cols = mask.shape
     weight = [[0.0] * cols for _ in range(rows)]
     for i in range(rows):
         total = 0.0
         for t in range(cols):
             if mask[i, t]:
-                total += (
-                    1 - 2 * float(torch.tensor(float(logps[i, t]), dtype=torch.float64).exp()) + float(sum_sq[i, t])
-                )
+                total += float(weights[i, t])
             weight[i][t] = total
     lengths = [int(mask[i].sum()) for i in range(rows)]
     baseline = [[0.0] * cols for _ in range(rows)]
@@ -110,20 +117,36 @@ def otb_loop(rewards, groups, logps, sum_sq, mask, handle_zero_tail=True):
     )
 
 
-def otb_batch(seed, groups=3, size=4, cols=10, vocab=30):
-    """OTB's inputs: rewards, prompt groups in any row order, and rollout statistics of real distributions (the sampled
-    token's log-prob and sum_v p_v^2 of random logits)."""
+class OTBBatch(NamedTuple):
+    """OTB's inputs: raw rewards, prompt groups, the valid-token mask, the sampled tokens' rollout statistics as the
+    trainer hands them to OTB (float32, by name) and their exact per-token weights (float64)."""
+
+    rewards: torch.Tensor
+    groups: torch.Tensor
+    mask: torch.Tensor
+    statistics: dict
+    weights: torch.Tensor
+    logps: torch.Tensor  # verl's inputs: the sampled token's log-prob and sum_v p_v^2
+    sum_sq: torch.Tensor
+
+
+def otb_batch(seed, groups=3, size=4, cols=10, vocab=30, sharpness=3.0):
+    """OTB's inputs for the distributions of random logits (`sharpness` times standard normal; at 3 few tokens are
+    near-certain), rewards and prompt groups in any row order."""
     g = torch.Generator().manual_seed(seed)
     rows = groups * size
     lengths = torch.randint(0, cols + 1, (rows,), generator=g)
     mask = torch.arange(cols).unsqueeze(0) < lengths.unsqueeze(1)
-    logp_all = torch.log_softmax(torch.randn(rows, cols, vocab, generator=g) * 3, dim=-1)
+    logp_all = torch.log_softmax(torch.randn(rows, cols, vocab, generator=g, dtype=torch.float64) * sharpness, dim=-1)
     ids = torch.multinomial(logp_all.exp().view(-1, vocab), 1, generator=g).view(rows, cols)
-    logps = logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
-    sum_sq = (2 * logp_all).exp().sum(-1)
+    mass, others_sq = unsampled_statistics(logp_all, ids)
     rewards = torch.randint(0, 2, (rows,), generator=g).float() if seed % 2 else torch.randn(rows, generator=g)
     group_index = torch.arange(groups).repeat_interleave(size)[torch.randperm(rows, generator=g)]  # any row order
-    return rewards, group_index, logps, sum_sq, mask
+    statistics = {"rollout_unsampled_mass": mass.float(), "rollout_unsampled_sum_sq_probs": others_sq.float()}
+    logps = logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return OTBBatch(
+        rewards, group_index, mask, statistics, mass.square() + others_sq, logps.float(), (2 * logp_all).exp().sum(-1)
+    )
 
 
 def stare_loop(advantages_B, logps_BT, mask_BT, batch_entropy, variant, ratio, w, m, target):

@@ -17,6 +17,7 @@ import copy
 import pytest
 import torch
 from conftest import length_reward, make_tiny_tokenizer, naive_logprobs, sampled, tiny_config
+from reference_formulas import unsampled_statistics
 
 from trl_credit import CreditGRPOTrainer, register_credit_method
 from trl_credit.methods import (
@@ -26,7 +27,8 @@ from trl_credit.methods import (
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
     ROLLOUT_MEAN_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_UNSAMPLED_MASS,
+    ROLLOUT_UNSAMPLED_SUM_SQ_PROBS,
 )
 from trl_credit.trainer.model_parts import completion_hidden
 
@@ -35,7 +37,14 @@ RECORDS: list[dict] = []
 
 @register_credit_method(
     "probe_generation",
-    statistics=(ROLLOUT_LOGPS, ROLLOUT_ENTROPY, ROLLOUT_SUM_SQ_PROBS, ROLLOUT_MEAN_ENTROPY, REFERENCE_DEVIATION),
+    statistics=(
+        ROLLOUT_LOGPS,
+        ROLLOUT_ENTROPY,
+        ROLLOUT_UNSAMPLED_MASS,
+        ROLLOUT_UNSAMPLED_SUM_SQ_PROBS,
+        ROLLOUT_MEAN_ENTROPY,
+        REFERENCE_DEVIATION,
+    ),
 )
 def probe_generation(batch):
     RECORDS.append(
@@ -132,10 +141,12 @@ def _prompts_of_several_lengths():
     return Dataset.from_dict({"prompt": prompts})
 
 
-def _close_batch_statistics(record, logp_BTV, mask):
-    """`sum_v p_v^2` per token and the batch's mean entropy against the full-vocabulary float64 log-probs."""
-    want_sum_sq = (2 * logp_BTV).exp().sum(-1)
-    torch.testing.assert_close(record[ROLLOUT_SUM_SQ_PROBS][mask].double(), want_sum_sq[mask], atol=1e-5, rtol=1e-5)
+def _close_batch_statistics(record, logp_BTV, ids_BT, mask):
+    """`1 - p_y` and `sum_{v != y} p_v^2` per token and the batch's mean entropy against the full-vocabulary float64
+    log-probs."""
+    want_mass, want_others_sq = unsampled_statistics(logp_BTV, ids_BT)
+    for name, want in ((ROLLOUT_UNSAMPLED_MASS, want_mass), (ROLLOUT_UNSAMPLED_SUM_SQ_PROBS, want_others_sq)):
+        torch.testing.assert_close(record[name][mask].double(), want[mask], atol=1e-6, rtol=1e-5)
     mean_entropy = (-(logp_BTV.exp() * logp_BTV).sum(-1))[mask].mean()
     got = record[ROLLOUT_MEAN_ENTROPY][mask].double()
     torch.testing.assert_close(got, torch.full_like(got, mean_entropy.item()), atol=1e-5, rtol=1e-5)
@@ -207,7 +218,7 @@ def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, 
     close(generation[0][ROLLOUT_LOGPS], logps, mask)
     close(generation[0][ROLLOUT_ENTROPY], -(logp_BTV.exp() * logp_BTV).sum(-1), mask)
     close(generation[0][REFERENCE_DEVIATION], deviation, mask)
-    _close_batch_statistics(generation[0], logp_BTV, mask)
+    _close_batch_statistics(generation[0], logp_BTV, batch["completion_ids"], mask)
     # The training forward (TRL's fused LM head) of the same, not yet updated, policy, on the shuffled micro-batch.
     micro_batch, mask = trainer.micro_batch, forward[0]["mask"]
     logps, logp_BTV = _naive(initial, micro_batch, temperature)
@@ -301,7 +312,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
         deviation = (1 - torch.exp(0.5 * (logp_BTV + logq_BTV)).sum(-1)).clamp(0, 1)
         assert deviation[mask].mean() > 0.01
         close(generation[0][REFERENCE_DEVIATION], deviation)
-        _close_batch_statistics(generation[0], logp_BTV, mask)
+        _close_batch_statistics(generation[0], logp_BTV, batch["completion_ids"], mask)
 
 
 @torch.no_grad()

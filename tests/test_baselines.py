@@ -159,7 +159,7 @@ def test_streamed_logit_gap_equals_full_logits():
         logits = (hidden @ weight.T + bias) / temperature
         full = logits.gather(1, ids.unsqueeze(1)).squeeze(1) - logits.amax(-1)
         streamed = token_statistics(
-            hidden, weight, bias, ids, temperature=temperature, token_chunk_size=4, vocab_chunk_size=7
+            hidden, weight, ids, bias, temperature=temperature, token_chunk_size=4, vocab_chunk_size=7
         ).logit_gap
         torch.testing.assert_close(streamed, full, atol=1e-5, rtol=1e-5)
 

@@ -5,18 +5,21 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 from conftest import tiny_recipe
+from fake_runs import fake_token_credit_records, folder_files, write_fake_trainer_state
 from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_settings
 
 from trl_credit.cli import UsageError
 from trl_credit.cli import main as cli_main
 from trl_credit.cli.grpo import parse_arguments, reward_summary
-from trl_credit.resources import packaged_dir
+from trl_credit.resources import QUICK_START, accelerate_configs, recipes, yaml_names
 
-RECIPES = sorted(p for p in packaged_dir("configs").glob("*.yaml"))
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = yaml_names(recipes())  # packaged names: `taco_qwen3_1.7b_base` for configs/taco_qwen3_1.7b_base.yaml
 
 
 def test_top_level_help_and_unknown_command(capsys):
@@ -150,8 +153,13 @@ BAD_INPUT = [
     (["--dataset_name", "nobody/no-such-data"], {}, "--dataset_name nobody/no-such-data: cannot"),
     (["--dataset_name", "gsm8k", "--prompt_column", "nope"], {}, "'nope'"),
     (["--reward_funcs", "telepathy"], {}, "unknown reward 'telepathy'"),
-    (["--config", "/nonexistent.yaml"], {}, "cannot read --config"),
-    (["--accelerate_config", "no-such-config"], {}, "neither a file nor a packaged config"),
+    (["--config", "/nonexistent.yaml"], {}, "--config '/nonexistent.yaml' is neither a file nor a packaged name; "),
+    (
+        ["--config", "taco"],
+        {},
+        "--config 'taco' is neither a file nor a packaged name; packaged: eapo_qwen3_4b_base_lora,",
+    ),
+    (["--accelerate_config", "no-such-config"], {}, "neither a file nor a packaged name; packaged: fsdp2, multi_gpu,"),
     # The method, by either name, from a flag or the YAML, named as given.
     (["--method", ""], {}, "--method '': credit_method must name one method or a '+'-separated stack, got ''"),
     (["--config", "{yaml}"], {"method": ""}, "error: method (in "),
@@ -240,7 +248,13 @@ BAD_INPUT = [
     (["--output_dir", "{tmp}/a-file"], {}, "a-file is a file, not a folder"),
     (["--output_dir", "{tmp}/a-file/run"], {}, "a-file is a file, not a folder"),
     (["--output_dir", "/sys/trl-credit-run"], {}, "--output_dir /sys/trl-credit-run: cannot write in /sys"),
-    (["--resume_from_checkpoint", "/no/such"], {}, "--resume_from_checkpoint /no/such: no such checkpoint folder"),
+    (["--resume_from_checkpoint", "/no/such"], {}, "--resume_from_checkpoint /no/such: no such folder"),
+    (
+        ["--resume_from_checkpoint", "{tmp}/emptyckpt"],
+        {},
+        "emptyckpt: not a checkpoint: a checkpoint folder (checkpoint-N, saved by a run with save_strategy steps) holds "
+        "trainer_state.json and the model's weights, and this one lacks trainer_state.json and the model's weights",
+    ),
     (["--model_name_or_path", "{tmp}/no-model-type"], {}, "config.json has no model_type"),
     # Script arguments from YAML, and data, named as given.
     (["--config", "{yaml}"], {"dataset_name": None}, "dataset_name (in "),
@@ -249,6 +263,22 @@ BAD_INPUT = [
     (["--max_train_samples", "100000000"], {}, "--max_train_samples must be at most 100,000 for chain_sum"),
     (["--dataset_name", "{tmp}/malformed.jsonl"], {}, "malformed.jsonl line 3: not valid JSON"),
     (["--dataset_name", "{tmp}/empty.jsonl"], {}, "empty.jsonl has no rows"),
+    # Issue 49: TRL fields whose help states a domain, the run, and the data, refused before the model loads.
+    (["--delta", "-1"], {}, "--delta must be a finite number > 1 (TRL recommends > 1 + epsilon), or unset, got -1.0"),
+    (["--logging_steps", "-1"], {}, "--logging_steps must be a number > 0 (an integer number of steps, or below 1"),
+    (["--top_entropy_quantile", "-0.5"], {}, "--top_entropy_quantile must be a number in [0, 1], got -0.5"),
+    (["--top_entropy_quantile", "1.5"], {}, "--top_entropy_quantile must be a number in [0, 1], got 1.5"),
+    (["--eval_strategy", "steps"], {}, "--eval_strategy steps: trl-credit grpo takes no evaluation data set, so it"),
+    (["--use_peft", "true", "--lora_r", "0"], {}, "--lora_r 0: PEFT refuses it: `r` should be a positive integer"),
+    (["--use_peft", "true", "--lora_dropout", "2"], {}, "--lora_dropout 2.0: PEFT refuses it: dropout probability"),
+    (["--reward_funcs", "os:getcwd"], {}, "getcwd cannot take the arguments TRL calls it with (got an unexpected"),
+    (["--model_name_or_path", "{tmp}/no-weights"], {}, "no-weights has config.json but no weights (none of model"),
+    (["--reward_funcs", "accuracy", "accuracy"], {}, "--reward_funcs names accuracy more than once: give each"),
+    (["--output_dir", "{tmp}/" + "x" * 300], {}, ": the folder name xxxxxxxxxx"),
+    (["--dataset_name", "{tmp}/folder.jsonl"], {}, "dataset file {tmp}/folder.jsonl is a folder, not a .jsonl file"),
+    (["--dataset_name", "{tmp}/no-answer.jsonl"], {}, "no-answer.jsonl line 4 has no 'answer' column (it has"),
+    (["--method"], {}, "--method needs a value: grpo, ar_lopti, "),
+    (["--learning_rate", "1e-5", "--learning-rate", "2e-5"], {}, "--learning_rate is given 2 times (1e-5, 2e-5): g"),
 ]
 if importlib.util.find_spec("vllm") is None:
     BAD_INPUT.append(
@@ -264,9 +294,16 @@ def _bad_input_files(tmp_path) -> None:
     """The files `{tmp}` in BAD_INPUT names: models that are only a config.json, data, user method modules."""
     (tmp_path / "context-2048").mkdir()
     (tmp_path / "context-2048" / "config.json").write_text('{"model_type": "llama", "max_position_embeddings": 2048}')
+    (tmp_path / "context-2048" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "no-weights").mkdir()
+    (tmp_path / "no-weights" / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "folder.jsonl").mkdir()
+    rows = [{"question": "1 + 1?", "answer": "2"}, {"question": "2 + 2?", "answer": "4"}, {"question": "3 + 3?"}]
+    (tmp_path / "no-answer.jsonl").write_text("\n".join([json.dumps(rows[0]), "", *map(json.dumps, rows[1:])]) + "\n")
     (tmp_path / "no-model-type").mkdir()
     (tmp_path / "no-model-type" / "config.json").write_text("{}")
     (tmp_path / "a-file").write_text("")
+    (tmp_path / "emptyckpt").mkdir()
     rows = [json.dumps({"question": "1 + 1?", "answer": "2"}), "", '{"question": "2 + 2?" "answer": "4"}']
     (tmp_path / "malformed.jsonl").write_text("\n".join(rows) + "\n")  # line 2 is blank: line 3 is the bad one
     (tmp_path / "empty.jsonl").write_text("\n")
@@ -292,7 +329,7 @@ def test_bad_input_exits_2_with_one_line_before_any_model(
     _bad_input_files(tmp_path)
     recipe = _yaml(tmp_path, **yaml_values)
     argv = [arg.replace("{yaml}", recipe).replace("{tmp}", str(tmp_path)) for arg in argv]
-    _refused_before_any_model(capsys, monkeypatch, ["grpo", *argv], message)
+    _refused_before_any_model(capsys, monkeypatch, ["grpo", *argv], message.replace("{tmp}", str(tmp_path)))
 
 
 def test_a_bad_omp_num_threads_is_refused_before_any_model(capsys, monkeypatch, no_model_loading):
@@ -312,7 +349,8 @@ def test_eval_bad_input_exits_2_with_one_line_before_any_model(
 ):
     _bad_input_files(tmp_path)
     argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
-    base = ["--model_name_or_path", str(tmp_path / "context-2048"), "--dataset_name", "chain_sum"]
+    base = ["--dataset_name", "chain_sum"]  # and a model, where the case gives none (an option is given once)
+    base += [] if "--model_name_or_path" in argv else ["--model_name_or_path", str(tmp_path / "context-2048")]
     _refused_before_any_model(capsys, monkeypatch, ["eval", *base, *argv], message)
 
 
@@ -400,54 +438,58 @@ def test_owner_checks_apply_to_python_configs(monkeypatch, field, value, words):
         CreditGRPOConfig(**{"output_dir": "unused", "use_cpu": True, "bf16": False, "report_to": "none", field: value})
 
 
-def _named_extras(recipe) -> set[str]:
+def _recipe_text(name: str) -> str:
+    return recipes().joinpath(f"{name}.yaml").read_text()
+
+
+def _named_extras(recipe: str) -> set[str]:
     """The extras a recipe's comments name (`# Needs: pip install 'trl-credit[vllm,tensorboard]'`)."""
-    return {extra for found in re.findall(r"trl-credit\[([\w,]+)\]", recipe.read_text()) for extra in found.split(",")}
+    found = re.findall(r"trl-credit\[([\w,]+)\]", _recipe_text(recipe))
+    return {extra for extras in found for extra in extras.split(",")}
 
 
 def _extras() -> dict[str, list[str]]:
     import tomllib
 
-    project = tomllib.loads((packaged_dir("configs").parent / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     return project["optional-dependencies"]
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_names_the_extras_it_needs(recipe):
     """What a recipe switches on, it names the extra of: vLLM, PEFT, DeepSpeed and its reporting integrations."""
-    config, named, extras = yaml.safe_load(recipe.read_text()), _named_extras(recipe), _extras()
-    assert named <= set(extras), f"{recipe.name} names {sorted(named - set(extras))}, which pyproject.toml lacks"
+    config, named, extras = yaml.safe_load(_recipe_text(recipe)), _named_extras(recipe), _extras()
+    assert named <= set(extras), f"{recipe} names {sorted(named - set(extras))}, which pyproject.toml lacks"
     report_to = config.get("report_to", "none")
     needed = set([report_to] if isinstance(report_to, str) else report_to) - {"none"}
     needed |= {"vllm"} if config.get("use_vllm") else set()
     needed |= {"peft"} if config.get("use_peft") else set()
     needed |= {"deepspeed"} if str(config.get("accelerate_config", "")).startswith("zero") else set()
     installed_by_named = {re.split(r"[<>=\[ ]", req)[0] for extra in named for req in extras[extra]}
-    assert needed <= installed_by_named, f"{recipe.name} needs {sorted(needed - installed_by_named)}: name the extra"
+    assert needed <= installed_by_named, f"{recipe} needs {sorted(needed - installed_by_named)}: name the extra"
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_parses_into_the_config_classes(recipe):
+    """Each packaged recipe, by its packaged name."""
     # GPU recipes ask for bf16, which TrainingArguments refuses on a CPU-only machine: override just that.
-    argv = ["--config", str(recipe), "--bf16", "false", "--use_cpu", "true"]
+    argv = ["--config", recipe, "--bf16", "false", "--use_cpu", "true"]
     missing = [extra for extra in sorted(_named_extras(recipe)) if extra == "tensorboard" and not _importable(extra)]
     if missing:  # refused before load, saying which extra installs it; then everything else parses
         with pytest.raises(UsageError, match=re.escape(f"(pip install 'trl-credit[{missing[0]}]')")):
             parse_arguments(argv)
         argv += ["--report_to", "none"]
     script_args, training_args, model_args, _ = parse_arguments(argv)
-    config = yaml.safe_load(recipe.read_text())
+    config = yaml.safe_load(_recipe_text(recipe))
     assert training_args.credit_method == script_args.method == config.get("method", "grpo")
     for key in config:  # a method's hyperparameter reaches credit_kwargs, with the value the recipe gives
         parsed = [getattr(args, key) for args in (script_args, training_args, model_args) if hasattr(args, key)]
         if key in (training_args.credit_kwargs or {}):
-            assert training_args.credit_kwargs[key] == config[key], f"{recipe.name}: {key}"
+            assert training_args.credit_kwargs[key] == config[key], f"{recipe}: {key}"
         else:
-            assert parsed, f"{recipe.name}: {key} did not reach any argument class"
+            assert parsed, f"{recipe}: {key} did not reach any argument class"
     if script_args.accelerate_config:
-        from trl_credit.resources import accelerate_config_path
-
-        assert accelerate_config_path(script_args.accelerate_config).is_file()
+        assert script_args.accelerate_config in yaml_names(accelerate_configs())
 
 
 def _importable(module: str) -> bool:
@@ -456,10 +498,53 @@ def _importable(module: str) -> bool:
 
 @pytest.mark.parametrize("given", ["none", "None", ""])
 def test_accelerate_config_none_keeps_a_recipe_in_one_process(given):
-    recipe = packaged_dir("configs") / "taco_qwen3_1.7b_base.yaml"  # names `accelerate_config: zero2`
-    argv = ["--config", str(recipe), "--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
+    recipe = "taco_qwen3_1.7b_base"  # names `accelerate_config: zero2`
+    argv = ["--config", recipe, "--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
     assert parse_arguments(argv)[0].accelerate_config == "zero2"
     assert parse_arguments([*argv, "--accelerate_config", given])[0].accelerate_config is None
+
+
+def test_dry_run_checks_a_packaged_recipe_and_its_accelerate_config_and_loads_nothing(
+    capsys, monkeypatch, tmp_path, no_model_loading
+):
+    """`--config NAME` reads the packaged recipe; `--dry_run` names the packaged accelerate config the recipe would
+    launch with, and neither loads data nor launches nor writes anything."""
+    import trl_credit.cli.grpo as grpo
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a dry run went past the checks")
+
+    monkeypatch.setattr(grpo, "load_training_data", refuse)
+    monkeypatch.setattr(grpo.subprocess, "call", refuse)
+    monkeypatch.chdir(tmp_path)
+    cpu = ["--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
+    assert cli_main(["grpo", "--config", "taco_qwen3_1.7b_base", "--dry_run", *cpu]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "trl-credit grpo: dry run: taco on dapo-math-17k, model Qwen/Qwen3-1.7B-Base, output outputs/taco-qwen3-1.7b-base",
+        f"trl-credit grpo: would launch through accelerate with zero2 ({accelerate_configs().joinpath('zero2.yaml')})",
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_accelerate_launch_gets_the_packaged_config_file_and_the_recipe_as_given(monkeypatch, tmp_path):
+    """The launcher opens the packaged accelerate config as a file; the workers get the command line as given, so they
+    read the same packaged recipe by its name."""
+    import trl_credit.cli.grpo as grpo
+
+    launched = []
+
+    def launch(command, env):
+        config_file = command[command.index("--config_file") + 1]
+        launched.append((Path(config_file).read_text(), command[command.index("trl_credit.cli.grpo") + 1 :], env))
+        return 0
+
+    monkeypatch.setattr(grpo.subprocess, "call", launch)
+    argv = ["--config", QUICK_START, "--accelerate_config", "zero3", "--output_dir", str(tmp_path / "run")]
+    assert cli_main(["grpo", *argv]) == 0
+    ((config_text, worker_argv, env),) = launched
+    assert config_text == accelerate_configs().joinpath("zero3.yaml").read_text()
+    assert worker_argv == argv and env["TRL_CREDIT_LAUNCHED"] == "1"
 
 
 def test_flags_override_yaml_defaults():
@@ -567,11 +652,52 @@ def test_grpo_help_lists_config_and_the_quick_start_defaults_that_apply_without_
     with pytest.raises(SystemExit):
         cli_main(["grpo", "--method", "taco", "--help"])
     flat = "".join(capsys.readouterr().out.split("options:", 1)[1].split())  # past the usage line
-    quick_start = yaml.safe_load((packaged_dir("configs") / "quickstart.yaml").read_text())
+    quick_start = yaml.safe_load(recipes().joinpath(f"{QUICK_START}.yaml").read_text())
     assert "--configCONFIG" in flat
     for key in ("max_completion_length", "learning_rate", "max_steps", "per_device_train_batch_size"):
         shown_default = flat.split(f"--{key}", 1)[1].split("(default:", 1)[1].split(")", 1)[0]
         assert shown_default == str(quick_start[key])
+
+
+def test_grpo_help_lists_the_stack_options_first_and_no_method_that_was_not_given(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["grpo", "--method", "eapo+taco", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trl-credit grpo --method eapo+taco [--config CONFIG] [OPTIONS]\n\n")
+    first = out.split("\n\n")[1]
+    assert first.startswith("options of eapo+taco:\n") and "--taco_alpha" in first and "--eapo_kappa" in first
+    assert "--learning_rate" not in first and "--learning_rate" in out
+    with pytest.raises(SystemExit):
+        cli_main(["grpo", "--help"])
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trl-credit grpo [--method METHOD] [--config CONFIG] [OPTIONS]\n\noptions:\n")
+
+
+def test_every_missing_reporting_integration_is_one_line_and_no_traceback_even_at_exit():
+    """`--report_to NAME` for each integration transformers knows, in one interpreter: a missing package is one line
+    naming --report_to, exit 2, and nothing more is printed, also when the interpreter exits (a refused
+    `MLflowCallback` used to print a traceback from its `__del__` then)."""
+    from transformers.integrations.integration_utils import (
+        INTEGRATION_TO_CALLBACK,
+        get_available_reporting_integrations,
+    )
+
+    code = (
+        "import sys\nfrom trl_credit.cli import main\n"
+        "for name in sys.argv[1:]:\n"
+        "    status = main(['grpo', '--report_to', name, '--model_name_or_path', '/no/such/model'])\n"
+        "    print(f'== {name} {status}', file=sys.stderr, flush=True)\n"
+    )
+    names = list(INTEGRATION_TO_CALLBACK)
+    result = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, check=False)
+    assert result.returncode == 0 and result.stdout == "", result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if not line.startswith("[transformers] ")]
+    assert len(lines) == 2 * len(names), result.stderr[-3000:]  # one line and the status, then nothing at exit
+    available = get_available_reporting_integrations()
+    for name, (message, status) in zip(names, zip(lines[::2], lines[1::2])):
+        assert status == f"== {name} 2" and message.startswith("trl-credit grpo: error: ")
+        if name not in available:
+            assert message.startswith(f"trl-credit grpo: error: --report_to is ['{name}'], which transformers' ")
 
 
 def test_compare_refuses_a_method_its_runs_would_refuse_before_planning(capsys, monkeypatch, no_model_loading):
@@ -588,6 +714,18 @@ def test_compare_refuses_a_method_its_runs_would_refuse_before_planning(capsys, 
     assert cli_main(["compare", "--methods", "grpo", "no_such_method", "--seeds", "0", "--dry_run"]) == 2
     err = capsys.readouterr().err
     assert "unknown credit method 'no_such_method'; trainable: grpo, " in err and "oracle" not in err
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--seeds", "0", "--seeds", "1"], "--seeds is given 2 times (0, 1): give it once, with all its values"),
+        (["--seeds", "0", "--max_steps", "3", "--max-steps=5"], "--max_steps is given 2 times (3, 5)"),  # passed on
+    ],
+)
+def test_compare_refuses_an_option_given_twice(capsys, monkeypatch, no_model_loading, argv, message):
+    """argparse keeps the last value of a repeated option: `--seeds 0 --seeds 1` would plan seed 1 alone."""
+    _refused_before_any_model(capsys, monkeypatch, ["compare", "--methods", "grpo", *argv, "--dry_run"], message)
 
 
 def test_compare_and_lab_read_negative_numbers_as_values_and_lab_checks_its_threshold(
@@ -621,3 +759,66 @@ def test_grpo_cli_trains_a_documented_stack_exactly(monkeypatch, tmp_path, tiny_
     [recorder] = recorders
     assert recorder.checked_batches == 2
     recorder.assert_credit_moved()
+
+
+# ------------------------------------------------------------------------------------- no output over an input
+
+
+LAB_GRID = ["--methods", "grpo", "--tasks", "rare", "--seeds", "0", "--max_steps", "1"]
+
+
+def _folders_of_every_command(tmp_path) -> None:
+    """A training run with token credit and card plots, another run, and the folders of eval, lab and compare."""
+    for run in ("run", "other"):
+        write_fake_trainer_state(tmp_path / run / "trainer_state.json")
+        (tmp_path / run / "plots").mkdir()
+        (tmp_path / run / "plots" / "reward.png").write_bytes(b"the card's plot")
+    records = fake_token_credit_records()
+    (tmp_path / "run" / "token_credit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for folder, names in {
+        "evaluation": ("completions.jsonl", "summary.json"),
+        "lab": ("results.json", "summary.json", "report.md"),
+        "comparison": ("report.md", "report.html"),
+    }.items():
+        (tmp_path / folder).mkdir()
+        for name in names:
+            (tmp_path / folder / name).write_text(f"{folder}'s {name}")
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["inspect", "{tmp}/run", "--output", "{tmp}/run/token_credit.jsonl"],
+            "is a file this command reads: writing an HTML page there",
+        ),
+        (
+            ["inspect", "{tmp}/run", "--png", "{tmp}/run/token_credit.jsonl"],
+            "is a file this command reads: writing a PNG image there",
+        ),
+        (["inspect", "{tmp}/run", "--output", "{tmp}/run/trainer_state.json"], "exists and is not an HTML page"),
+        (["inspect", "{tmp}/run", "--png", "{tmp}/run/trainer_state.json"], "exists and is not a PNG image"),
+        (["plot", "{tmp}/run", "--compare", "{tmp}/other"], "--output {tmp}/run/plots holds the plots of"),
+        (["plot", "{tmp}/run", "--output", "{tmp}/other/plots"], "holds the plots of {tmp}/other's model card"),
+        (
+            ["eval", "--model_name_or_path", "m", "--dataset_name", "chain_sum", "--output_dir", "{tmp}/lab"],
+            "--output_dir {tmp}/lab holds trl-credit lab's summary.json, which trl-credit eval would replace",
+        ),
+        # Small grids, so that a command that does not refuse ends soon.
+        (["lab", *LAB_GRID, "--output_dir", "{tmp}/evaluation"], "holds trl-credit eval's summary.json, which trl-cr"),
+        (["lab", *LAB_GRID, "--output_dir", "{tmp}/comparison"], "holds trl-credit compare's report.md, which trl-c"),
+        (
+            ["compare", "--methods", "grpo", "--seeds", "0", "--dry_run", "--skip_eval", "--output_dir", "{tmp}/lab"],
+            "holds trl-credit lab's report.md, which trl-credit compare would replace",
+        ),
+    ],
+)
+def test_no_command_writes_over_a_file_it_reads_or_another_commands_files(tmp_path, capsys, argv, message):
+    _folders_of_every_command(tmp_path)
+    before = folder_files(tmp_path)
+    argv = [arg.replace("{tmp}", str(tmp_path)) for arg in argv]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"trl-credit {argv[0]}: error: ")
+    assert message.replace("{tmp}", str(tmp_path)) in err[0]
+    assert folder_files(tmp_path) == before

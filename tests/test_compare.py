@@ -175,6 +175,11 @@ def test_every_run_gets_the_same_clipping(tmp_path):
     assert all(
         spec.grpo_argv().count("--epsilon_high") == 1 for spec in build_runs(config, ["--epsilon_high", "0.25"])
     )
+    # A checkpoint setting given as a flag replaces compare's own resume point, which keeps the others: each once
+    # (`trl-credit grpo` refuses an option given twice).
+    [argv] = {tuple(spec.grpo_argv()) for spec in build_runs(config, ["--save_steps", "5"])[:1]}
+    assert argv.count("--save_steps") == 1 and argv[argv.index("--save_steps") + 1] == "5"
+    assert argv.count("--save_strategy") == 1 and argv.count("--save_total_limit") == 1
 
     recipe = tmp_path / "recipe.yaml"
     settings = {"model_name_or_path": "smollm2-135m-instruct", "use_cpu": True, "bf16": False, "epsilon_high": 0.3}

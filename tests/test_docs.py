@@ -16,6 +16,7 @@ import yaml
 from trl_credit.cli import main as cli_main
 from trl_credit.methods import COMMON_DIAGNOSTICS, CREDIT_METHODS, parse_credit_methods
 from trl_credit.reports import doc_tables
+from trl_credit.resources import recipes
 from trl_credit.rewards import RewardStats
 from trl_credit.trainer.diagnostics import TRAINER_METRICS
 
@@ -85,8 +86,9 @@ def _grpo_help(argv: list[str]) -> str:
     config = _option(argv, "--config")
     if method is not None and method.isupper():  # a placeholder such as NAME
         method = None
-    if method is None and config is not None:
-        method = yaml.safe_load((ROOT / config).read_text()).get("method")
+    if method is None and config is not None:  # a recipe file of the repository, or a packaged recipe's name
+        recipe = ROOT / config if (ROOT / config).is_file() else recipes().joinpath(f"{config}.yaml")
+        method = yaml.safe_load(recipe.read_text()).get("method")
     # TRL's `TrlParser` reads `--config` itself, before argparse: its help does not list it.
     return _help("grpo", "--method", method or "grpo") + " --config "
 

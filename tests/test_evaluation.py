@@ -146,6 +146,7 @@ def test_cli_adds_the_results_to_a_trl_credit_model_card(tmp_path, monkeypatch, 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "config.json").write_text('{"model_type": "llama"}')  # a model folder (never loaded)
+    (run_dir / "model.safetensors").write_bytes(b"")
     model_card.generate_credit_model_card(
         base_model=None,
         model_name="run",
@@ -315,6 +316,7 @@ def _bad_inputs(tmp_path, tiny_dir):
 def test_cli_bad_input_exits_2_with_one_line_before_loading(case, tmp_path, capsys, no_model_loading):
     argv, expected = _bad_inputs(tmp_path, str(tmp_path))[case]
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # a model folder, never loaded
+    (tmp_path / "model.safetensors").write_bytes(b"")
     assert eval_main(argv) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
@@ -325,6 +327,7 @@ def test_cli_bad_input_exits_2_with_one_line_before_loading(case, tmp_path, caps
 def test_cli_vllm_missing_is_bad_input(tmp_path, capsys, no_model_loading, monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "model.safetensors").write_bytes(b"")
     argv = ["--model_name_or_path", str(tmp_path), "--dataset_name", "chain_sum", "--backend", "vllm"]
     assert eval_main(argv) == 2
     assert "needs vLLM" in capsys.readouterr().err

@@ -254,6 +254,8 @@ import torch
 import trl_credit
 root = Path(sys.argv[1])
 assert Path(trl_credit.__file__).is_relative_to(root), trl_credit.__file__
+from trl_credit.resources import recipes
+assert Path(str(recipes())).is_relative_to(root), recipes()  # the copy's packaged data, not an installed one
 from trl_credit.methods import CREDIT_METHODS
 method = CREDIT_METHODS["surprise_boost"]
 assert method.display_name == "Surprise boost"
@@ -307,8 +309,9 @@ def test_a_built_in_method_is_one_new_file_plus_the_docs_regeneration(tmp_path):
     (tmp_path / "docs").mkdir()
     for name in ["README.md", *(f"docs/{path.name}" for path in (repository / "docs").glob("*.md"))]:
         shutil.copy(repository / name, tmp_path / name)
-    for folder in ("examples", "configs", "model_cards"):  # the example the docs show, and the packaged data
-        shutil.copytree(repository / folder, tmp_path / folder)
+    shutil.copytree(repository / "examples", tmp_path / "examples")  # the example the docs show
+    for folder in ("configs", "model_cards"):  # the packaged data, where a wheel installs it
+        shutil.copytree(repository / folder, tmp_path / "trl_credit" / folder)
     # The example user method, as one new file of the package.
     shutil.copy(
         repository / "examples" / "custom_credit_method.py", tmp_path / "trl_credit" / "methods" / "surprise_boost.py"

@@ -230,7 +230,7 @@ def _minp_metrics(b, hp):
 
 
 def _otb_metrics(b, hp):
-    w_BT = (1 - 2 * b["rollout_logps"].exp() + b["rollout_sum_sq_probs"]) * b.mask_BT
+    w_BT = (b["rollout_unsampled_mass"] ** 2 + b["rollout_unsampled_sum_sq_probs"]) * b.mask_BT
     lengths = b.mask_BT.sum(dim=1).tolist()
     zero_tail_BT = torch.zeros_like(b.mask_BT)
     for group in b.group_index_B.unique().tolist():

@@ -42,7 +42,7 @@ import yaml
 from conftest import make_tiny_model, make_tiny_tokenizer
 from launch_helpers import accelerate_config, free_port, process_tree
 from reference_credit import assert_credit_moved
-from reference_formulas import gtpo_loop, hicra_loop
+from reference_formulas import gtpo_loop, hicra_loop, unsampled_statistics
 from trainer_helpers import path_cases
 
 from trl_credit.methods.eapo import eapo_advantages, eapo_kappa_schedule
@@ -410,12 +410,12 @@ def test_otb_groups_spread_over_two_processes_equal_single_process(launched):
     for r0, r1 in _paired_batches(ranks):
         groups = torch.cat([r0["credit_group_index"], r1["credit_group_index"]])
         assert groups.unique().numel() == 1  # the group straddles the processes
-        logps, sum_sq = [], []
+        mass, others_sq = [], []
         for r in (r0, r1):
             logp = _naive_logps(r0["policy_state"], r, temperature)
-            logps.append(logp.gather(-1, r["completion_ids"].unsqueeze(-1)).squeeze(-1))
-            sum_sq.append((2 * logp).exp().sum(-1))
-        width = max(t.size(1) for t in logps)
+            for values, statistic in zip((mass, others_sq), unsampled_statistics(logp, r["completion_ids"])):
+                values.append(statistic)
+        width = max(t.size(1) for t in mass)
         mask_BT = _concat(r0, r1, "completion_mask").bool()
         rewards = torch.cat([r0["credit_rewards"], r1["credit_rewards"]])
         expected_BT = otb_advantages(
@@ -423,8 +423,8 @@ def test_otb_groups_spread_over_two_processes_equal_single_process(launched):
             mask_BT,
             rewards_B=rewards,
             group_index_B=groups,
-            rollout_logps=_pad_right(logps, width),
-            rollout_sum_sq_probs=_pad_right(sum_sq, width),
+            rollout_unsampled_mass=_pad_right(mass, width),
+            rollout_unsampled_sum_sq_probs=_pad_right(others_sq, width),
         ).advantages_BT
         torch.testing.assert_close(_concat(r0, r1, "advantages_BT"), expected_BT, **TOL)
         entry = _log_entry(history, r0["step"])
@@ -434,13 +434,13 @@ def test_otb_groups_spread_over_two_processes_equal_single_process(launched):
         n0 = r0["completion_mask"].size(0)
         rank0_alone = otb_advantages(
             None,
-            mask_BT[:n0, : logps[0].size(1)],
+            mask_BT[:n0, : mass[0].size(1)],
             rewards_B=rewards[:n0],
             group_index_B=groups[:n0],
-            rollout_logps=logps[0],
-            rollout_sum_sq_probs=sum_sq[0],
+            rollout_unsampled_mass=mass[0],
+            rollout_unsampled_sum_sq_probs=others_sq[0],
         ).advantages_BT
-        discriminating |= not torch.allclose(rank0_alone, expected_BT[:n0, : logps[0].size(1)], **TOL)
+        discriminating |= not torch.allclose(rank0_alone, expected_BT[:n0, : mass[0].size(1)], **TOL)
     assert discriminating, "rank 0's own baselines never differed from the global ones: the test proves nothing"
 
 

@@ -21,7 +21,8 @@ from trl_credit.methods import (
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
     ROLLOUT_MEAN_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_UNSAMPLED_MASS,
+    ROLLOUT_UNSAMPLED_SUM_SQ_PROBS,
     STATISTICS,
     register_credit_method,
 )
@@ -100,7 +101,8 @@ def every_statistic(B=3, T=5, seed=0):
             ((POLICY_LOGPS, ROLLOUT_LOGPS), logps),
             ((POLICY_ENTROPY, ROLLOUT_ENTROPY), entropy),
             ((POLICY_LOGIT_GAP,), logps - logp_all.amax(-1)),
-            ((ROLLOUT_SUM_SQ_PROBS,), (probs**2).sum(-1)),
+            ((ROLLOUT_UNSAMPLED_MASS,), 1 - probs[..., 0]),
+            ((ROLLOUT_UNSAMPLED_SUM_SQ_PROBS,), (probs[..., 1:] ** 2).sum(-1)),
             ((ROLLOUT_MEAN_ENTROPY,), torch.full((B, T), entropy.mean().item())),
             ((REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION), torch.rand(B, T, generator=g)),
             ((TASK_DECISIVE,), (torch.rand(B, T, generator=g) < 0.5).float()),
@@ -258,3 +260,10 @@ def test_the_stack_runner_names_the_method_and_what_is_wrong():
     method = CREDIT_METHODS[name]
     with pytest.raises(ValueError, match=rf"^credit method '{name}': the returned advantages_BT has NaN or inf"):
         run_stack([method.step(method.hyperparameters())], batch)
+
+
+def test_every_statistic_range_holds_zero():
+    """`run_stack` checks a statistic's range with one min/max pass over its values zeroed at masked positions."""
+    from trl_credit.methods.batch import STATISTIC_RANGES
+
+    assert all(low <= 0.0 <= high for low, high in STATISTIC_RANGES.values())

@@ -10,6 +10,7 @@ the trainer saves it next to them, and this test fails without that. Every regis
 resumes, in settings where it moves credit, and run A's credit equals the reference rules (`AdvantageRecorder`).
 """
 
+import json
 import math
 import os
 from collections import Counter
@@ -24,6 +25,7 @@ from trl_credit import CreditGRPOTrainer
 from trl_credit.cli.inspect import main as inspect_main
 from trl_credit.reports import token_view
 from trl_credit.trainer.reference import PREVIOUS_POLICY_FILE as TIDE_OLD_REFERENCE_NAME
+from trl_credit.trainer.run_record import RUN_RECORD, NothingToTrain
 
 TIMING_KEYS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
 
@@ -168,3 +170,47 @@ def test_every_saved_file_gets_the_same_mode(tmp_path):
     modes = {path.relative_to(tmp_path).as_posix(): oct(path.stat().st_mode & 0o777) for path in weights}
     expected = oct((tmp_path / "run" / "training_args.bin").stat().st_mode & 0o777)
     assert set(modes.values()) == {expected}, modes
+
+
+# ------------------------------------------------------------------------------------- a resume belongs to its run
+
+
+def test_a_checkpoint_of_another_method_is_refused_before_it_loads_unless_asked(tmp_path):
+    first = _trainer("taco", tmp_path / "a", max_steps=1, save_steps=1)
+    first.train()
+    checkpoint = tmp_path / "a" / "checkpoint-1"
+    other = _trainer("eapo", tmp_path / "b", max_steps=2)
+    with pytest.raises(ValueError, match=r"it was trained with taco \(taco_alpha=0.01, taco_lambda=0.9\), but this"):
+        other.train(resume_from_checkpoint=str(checkpoint))
+    assert other.state.global_step == 0 and not list((tmp_path / "b").glob("checkpoint-*"))
+    asked = _trainer("eapo", tmp_path / "b", max_steps=2, resume_with_other_method=True)
+    asked.train(resume_from_checkpoint=str(checkpoint))
+    assert asked.state.global_step == 2
+    stacks = [(entry["from_step"], entry["credit_method"]) for entry in asked.run_record["stacks"]]
+    assert stacks == [(1, "taco"), (2, "eapo")]
+    assert (
+        json.loads((tmp_path / "b" / "checkpoint-2" / RUN_RECORD).read_text())["stacks"] == asked.run_record["stacks"]
+    )
+
+
+def test_a_checkpoint_saved_before_runs_were_recorded_resumes_with_a_warning(tmp_path, caplog):
+    _trainer("taco", tmp_path / "a", max_steps=1, save_steps=1).train()
+    checkpoint = tmp_path / "a" / "checkpoint-1"
+    os.remove(checkpoint / RUN_RECORD)
+    resumed = _trainer("taco", tmp_path / "a", max_steps=2, save_steps=1)
+    with caplog.at_level("WARNING"):
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert f"{checkpoint} has no {RUN_RECORD}" in caplog.text and resumed.state.global_step == 2
+
+
+@pytest.mark.parametrize("schedule", [{"max_steps": 2}, {"max_steps": -1, "num_train_epochs": 1}])
+def test_a_checkpoint_at_the_last_step_has_nothing_to_train(tmp_path, schedule):
+    """transformers trains one step before its stopping check: a finished run would go on to step 3."""
+    settings = dict(save_steps=1, **schedule)
+    finished = _trainer("taco", tmp_path / "a", **settings)
+    finished.train()
+    last = finished.state.global_step
+    resumed = _trainer("taco", tmp_path / "a", **settings)
+    with pytest.raises(NothingToTrain, match=f"checkpoint-{last} is at step {last} and the run ends at step {last}"):
+        resumed.train(resume_from_checkpoint=True)  # the last checkpoint of output_dir
+    assert resumed.state.global_step == last and not (tmp_path / "a" / f"checkpoint-{last + 1}").exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -19,12 +20,13 @@ import sys
 import pytest
 import torch
 from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset, tiny_recipe
+from fake_runs import folder_files
 from safetensors.torch import load_file
 
 from trl_credit import CreditGRPOTrainer
 from trl_credit.cli import main as cli_main
 from trl_credit.experiments.lab.lab_runs import LabConfig, previous_records
-from trl_credit.trainer.run_folder import LOCK_FILE, RUN_ID_ENV, RunFolderBusy, run_folder_lock
+from trl_credit.trainer.run_folder import JOB_ID_ENV, LOCK_FILE, RunFolderBusy, run_folder_lock
 from trl_credit.trainer.run_safety import NonFiniteTrainingError
 
 FINAL_FILES = ("model.safetensors", "config.json", "trainer_state.json")  # `save_model` and `save_state`
@@ -110,6 +112,24 @@ def test_a_nan_weight_decay_stops_at_step_1_and_writes_no_checkpoint_of_it(tmp_p
     assert not out.exists() or _checkpoints(out) == []
 
 
+def test_a_non_finite_setting_of_any_field_is_named_and_not_the_learning_rate(tmp_path):
+    args = tiny_config("taco", tmp_path / "run", max_steps=2)
+    # Set on the config after it is built, as one that refuses NaN cannot be given it: the guard must not rely on that.
+    args.entropy_coef = math.nan  # TRL's entropy bonus: the loss of step 1 is NaN
+    tokenizer = make_tiny_tokenizer()
+    trainer = CreditGRPOTrainer(
+        model=make_tiny_model(tokenizer),
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        trainer.train()
+    assert str(raised.value).startswith("step 1: the loss is not finite (likely cause: entropy_coef=nan); ")
+    assert "learning_rate" not in str(raised.value)
+
+
 def _reward_from_step_2(value: float):
     def reward_from_step_2(completions, trainer_state, **kwargs):
         return [value if trainer_state.global_step >= 1 else r for r in length_reward(completions)]
@@ -189,18 +209,18 @@ with run_folder_lock(sys.argv[1]):
 
 @pytest.fixture
 def holder():
-    """`holder(folder, run=None)`: another process holding the lock of `folder` until the test ends (or it is killed),
-    as a launcher of the multi-machine run `run` (`RUN_ID_ENV`) when given."""
+    """`holder(folder, job=None)`: another process holding the lock of `folder` until the test ends (or it is killed),
+    as a launcher of the multi-machine job `job` (`JOB_ID_ENV`) when given."""
     processes = []
 
-    def hold(folder, run=None):
-        env = {key: value for key, value in os.environ.items() if key != RUN_ID_ENV}
+    def hold(folder, job=None):
+        env = {key: value for key, value in os.environ.items() if key != JOB_ID_ENV}
         process = subprocess.Popen(
             [sys.executable, "-c", HOLDER, str(folder)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env=env if run is None else {**env, RUN_ID_ENV: run},
+            env=env if job is None else {**env, JOB_ID_ENV: job},
         )
         processes.append(process)
         assert process.stdout.readline() == "held\n"
@@ -260,31 +280,31 @@ def test_the_lock_is_reentrant_here_and_outlives_no_crash(tmp_path, holder):
     assert not (tmp_path / "empty").exists()
 
 
-def test_launchers_of_one_run_on_several_machines_share_the_folder_and_another_run_is_refused(
+def test_launchers_of_one_job_on_several_machines_share_the_folder_and_another_job_is_refused(
     tmp_path, tiny_model_dir, holder, no_model_loading, monkeypatch, capsys
 ):
-    """The first launcher of run `job-1` holds the folder; another launcher of `job-1` (another machine's) goes on
-    without taking it; a launcher of `job-2`, or of no run, is refused, naming the holder and its run."""
+    """The first launcher of job `job-1` holds the folder; another launcher of `job-1` (another machine's) goes on
+    without taking it; a launcher of `job-2`, or of no job, is refused, naming the holder and its job."""
     folder = tmp_path / "run"
-    process = holder(folder, run="job-1")
-    monkeypatch.setenv(RUN_ID_ENV, "job-1")
+    process = holder(folder, job="job-1")
+    monkeypatch.setenv(JOB_ID_ENV, "job-1")
     with run_folder_lock(folder):
         (folder / "written by machine 1").write_text("")
     assert (folder / LOCK_FILE).read_text().splitlines()[0] == str(process.pid)  # still the first launcher's
 
     recipe = tiny_recipe(tmp_path, tiny_model_dir, output_dir=str(folder))
-    for run in ("job-2", None):
-        if run is None:
-            monkeypatch.delenv(RUN_ID_ENV)
+    for job in ("job-2", None):
+        if job is None:
+            monkeypatch.delenv(JOB_ID_ENV)
         else:
-            monkeypatch.setenv(RUN_ID_ENV, run)
-        with pytest.raises(RunFolderBusy, match=f"in use by process {process.pid} .*run job-1"):
+            monkeypatch.setenv(JOB_ID_ENV, job)
+        with pytest.raises(RunFolderBusy, match=f"in use by process {process.pid} .*job job-1"):
             with run_folder_lock(folder):
                 pass
         assert cli_main(["grpo", "--config", str(recipe)]) == 2
         error = _one_error_line(capsys, "grpo")
         assert f"in use by process {process.pid} on {socket.gethostname()}" in error
-        assert f"{RUN_ID_ENV}=job-1" in error
+        assert f"{JOB_ID_ENV}=job-1" in error
 
 
 def test_a_finished_run_is_refused_naming_both_fixes_and_both_are_accepted(tmp_path, tiny_model_dir, holder, capsys):
@@ -301,10 +321,18 @@ def test_a_finished_run_is_refused_naming_both_fixes_and_both_are_accepted(tmp_p
     assert "--overwrite_output_dir true" in error and "--resume_from_checkpoint" in error
     assert (run / "trainer_state.json").read_text() == state
 
-    assert cli_main(["grpo", "--config", str(recipe), "--method", "eapo", "--overwrite_output_dir", "true"]) == 0
+    overwrite = ["--overwrite_output_dir", "true"]
+    assert cli_main(["grpo", "--config", str(recipe), "--method", "eapo", *overwrite]) == 0
     assert "eapo" in (run / "README.md").read_text().lower()
+    capsys.readouterr()
+    # A resume into the finished folder would replace its model, card and state just the same.
     resumed = ["--resume_from_checkpoint", str(run / "checkpoint-1"), "--max_steps", "2"]
-    assert cli_main(["grpo", "--config", str(recipe), "--method", "eapo", *resumed]) == 0
+    state = (run / "trainer_state.json").read_text()
+    assert cli_main(["grpo", "--config", str(recipe), "--method", "eapo", *resumed]) == 2
+    error = _one_error_line(capsys, "grpo")
+    assert f"holds a finished run (trainer_state.json, config.json, model.safetensors), which resuming {run}" in error
+    assert (run / "trainer_state.json").read_text() == state
+    assert cli_main(["grpo", "--config", str(recipe), "--method", "eapo", *resumed, *overwrite]) == 0
     assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 2
 
 
@@ -322,3 +350,120 @@ def test_lab_refuses_a_folder_of_runs_with_other_settings_unless_overwritten(tmp
     )
     error = _one_error_line(capsys, "lab")
     assert "holds 1 runs with other settings (learning_rate): pass --overwrite_output_dir true" in error
+
+
+# ------------------------------------------------------------------------------------- a resume belongs to its run
+
+
+def _finished_eapo_run(tmp_path, tiny_model_dir, capsys, **settings):
+    """A finished EAPO run of `trl-credit grpo` with a checkpoint at each step, its recipe and its folder."""
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, save_strategy="steps", save_steps=1, **settings)
+    assert cli_main(["grpo", "--config", str(recipe), "--method", "eapo"]) == 0
+    capsys.readouterr()
+    return recipe, tmp_path / "run"
+
+
+def test_resuming_another_methods_checkpoint_is_refused_before_loading_unless_asked_and_the_card_says_both(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    recipe, run = _finished_eapo_run(tmp_path, tiny_model_dir, capsys)
+    record = json.loads((run / "checkpoint-1" / "_trl_credit_run.json").read_text())
+    assert record["credit_method"] == "eapo" and record["output_dir"] == str(run) and record["global_step"] == 1
+    assert [entry["from_step"] for entry in record["stacks"]] == [1]
+    other = tmp_path / "t10"
+    taco = ["--method", "taco", "--max_steps", "2", "--resume_from_checkpoint", str(run / "checkpoint-1")]
+    with monkeypatch.context() as patched:  # the refusal comes before any model loads
+        patched.setattr("trl_credit.data.models.resolve_model_path", _no_model)
+        assert cli_main(["grpo", "--config", str(recipe), *taco, "--output_dir", str(other)]) == 2
+    error = _one_error_line(capsys, "grpo")
+    assert f"--resume_from_checkpoint {run / 'checkpoint-1'}: it was trained with eapo (eapo_kappa=" in error
+    assert "but this run trains taco (taco_alpha=0.01, taco_lambda=0.9)" in error
+    assert "--resume_with_other_method true" in error and not other.exists()
+
+    asked = ["--resume_with_other_method", "true", "--output_dir", str(other)]
+    assert cli_main(["grpo", "--config", str(recipe), *taco, *asked]) == 0
+    stacks = json.loads((other / "checkpoint-2" / "_trl_credit_run.json").read_text())["stacks"]
+    assert [(entry["from_step"], entry["credit_method"]) for entry in stacks] == [(1, "eapo"), (2, "taco")]
+    card = (other / "README.md").read_text()
+    assert "| `credit_method_by_step` | `steps 1-1: eapo (eapo_kappa=" in card
+    assert "; steps 2-2: taco (taco_alpha=0.01, taco_lambda=0.9)` |" in card
+    capsys.readouterr()
+
+    # t10 now holds a run of its own: the EAPO run's checkpoint does not resume into it.
+    eapo = ["--method", "eapo", "--max_steps", "2", "--resume_from_checkpoint", str(run / "checkpoint-1")]
+    for name in ("trainer_state.json", "config.json", "model.safetensors"):
+        (other / name).unlink()  # an interrupted run: no finished-run guard, only its checkpoints
+    assert cli_main(["grpo", "--config", str(recipe), *eapo, "--output_dir", str(other)]) == 2
+    error = _one_error_line(capsys, "grpo")
+    assert f"--output_dir {other} holds checkpoints of another run (checkpoint-2), which the resumed run" in error
+
+
+def _no_model(*args, **kwargs):
+    raise AssertionError("a model was loaded before the refusal")
+
+
+def test_resuming_a_finished_run_at_its_last_step_trains_nothing_and_rewrites_nothing(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    recipe, run = _finished_eapo_run(tmp_path, tiny_model_dir, capsys, max_steps=2)
+    before = folder_files(run)
+    monkeypatch.setattr("trl_credit.data.models.resolve_model_path", _no_model)
+    resumed = ["--method", "eapo", "--resume_from_checkpoint", str(run / "checkpoint-2")]
+    assert cli_main(["grpo", "--config", str(recipe), *resumed]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trl-credit grpo:")]
+    assert lines == [
+        f"trl-credit grpo: {run / 'checkpoint-2'} is at step 2 and the run ends at step 2: nothing to train; {run} "
+        "holds a finished run, left as it is (a larger --max_steps trains on)"
+    ]
+    assert folder_files(run) == before  # no step 3, no card or state rewritten
+
+    # A run interrupted after its last checkpoint, before its final save: the checkpoint's model is its final one.
+    monkeypatch.undo()
+    for name in ("trainer_state.json", "config.json", "model.safetensors"):
+        (run / name).unlink()
+    assert cli_main(["grpo", "--config", str(recipe), *resumed]) == 0
+    assert "nothing to train; saving its model as the run's final model" in capsys.readouterr().out
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 2
+    assert (run / "model.safetensors").read_bytes() == (run / "checkpoint-2" / "model.safetensors").read_bytes()
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+
+
+def interrupt_at_step_2(completions, trainer_state, **kwargs):
+    """A reward function for `--reward_funcs test_run_safety:interrupt_at_step_2`: Ctrl-C while step 2 is generated,
+    when `INTERRUPT_AT_STEP_2` is set."""
+    if trainer_state.global_step == 1 and os.environ.get("INTERRUPT_AT_STEP_2"):
+        raise KeyboardInterrupt
+    return [1.0] * len(completions)
+
+
+def test_ctrl_c_ends_with_one_line_naming_the_checkpoint_and_the_command_that_resumes_it(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
+    recipe = tiny_recipe(
+        tmp_path,
+        tiny_model_dir,
+        max_steps=2,
+        save_strategy="steps",
+        save_steps=1,
+        reward_funcs=["test_run_safety:interrupt_at_step_2"],
+    )
+    run = tmp_path / "run"
+    monkeypatch.setenv("INTERRUPT_AT_STEP_2", "1")
+    assert cli_main(["grpo", "--config", str(recipe), "--method", "taco"]) == 130
+    line = _one_error_line_of(capsys)
+    command = f"trl-credit grpo --config {recipe} --method taco --resume_from_checkpoint {run / 'checkpoint-1'}"
+    checkpoint = run / "checkpoint-1"
+    assert (
+        line
+        == f"trl-credit grpo: interrupted after step 1; the last checkpoint is {checkpoint}; resume with: {command}"
+    )
+    monkeypatch.delenv("INTERRUPT_AT_STEP_2")
+    assert cli_main(shlex.split(command)[1:]) == 0  # the command, as printed, resumes it
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 2
+
+
+def _one_error_line_of(capsys) -> str:
+    """The one line of `trl-credit grpo` on stderr, among what transformers and TRL print there (progress bars)."""
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("trl-credit grpo:")]
+    assert len(lines) == 1, lines
+    return lines[0]

@@ -185,19 +185,15 @@ def test_incoming_token_advantages_decide_the_sets():
 @pytest.mark.parametrize("seed", range(4))
 def test_after_otb_the_sets_follow_each_token_advantage(seed):
     # verl's composition: OTB estimates the token advantages, STARE's loss splits tokens by their sign.
-    rewards, groups, logps, sum_sq, mask = otb_batch(seed)
-    statistics = {
-        "rollout_logps": logps,
-        "rollout_sum_sq_probs": sum_sq,
-        "policy_logps": logps,
-        "rollout_mean_entropy": torch.zeros(mask.shape),
-    }
+    batch = otb_batch(seed)
+    rewards, groups, logps, mask = batch.rewards, batch.groups, batch.logps, batch.mask
+    statistics = {**batch.statistics, "policy_logps": logps, "rollout_mean_entropy": torch.zeros(mask.shape)}
     common = dict(group_index_B=groups, rewards_B=rewards)
     estimated = apply_credit_method("otb", None, mask, **statistics, **common).advantages_BT
     got = apply_credit_method(
         "stare", None, mask, **statistics, advantages_BT=estimated, stare_variant="C2"
     ).advantages_BT
-    otb_BT = otb_loop(rewards, groups, logps, sum_sq, mask).tolist()
+    otb_BT = otb_loop(rewards, groups, batch.weights, mask).tolist()
     want = stare_token_loop(otb_BT, logps, mask, 0.0, "C2", 0.1, 1.1, 0.9, 0.3)
     torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
 

@@ -74,7 +74,7 @@ def test_streamed_matches_float64():
 
 
 @pytest.mark.parametrize("token_chunk,vocab_chunk", [(1, 1000), (13, 97), (4096, 100_000)])
-def test_sampled_logprob_entropy_logit_gap_and_sum_sq_probs_match_float64(token_chunk, vocab_chunk):
+def test_sampled_logprob_entropy_logit_gap_and_unsampled_mass_and_squares_match_float64(token_chunk, vocab_chunk):
     g = torch.Generator().manual_seed(3)
     n, h, v = 60, 16, 1000
     hidden, weight, bias = (
@@ -90,8 +90,8 @@ def test_sampled_logprob_entropy_logit_gap_and_sum_sq_probs_match_float64(token_
         ]
     )
     transform = LogitTransform(scale=0.5, softcap=3.0)
-    logps, entropy, logit_gap, sum_sq_probs = token_statistics(
-        hidden, weight, bias, token_ids, 0.7, token_chunk, vocab_chunk, transform
+    logps, entropy, logit_gap, unsampled_mass, unsampled_sum_sq = token_statistics(
+        hidden, weight, token_ids, bias, 0.7, token_chunk, vocab_chunk, transform
     )
     z_NV = transform(hidden.double() @ weight.double().T + bias.double(), 0.7)
     logp_NV = torch.log_softmax(z_NV, dim=-1)
@@ -101,4 +101,6 @@ def test_sampled_logprob_entropy_logit_gap_and_sum_sq_probs_match_float64(token_
     torch.testing.assert_close(entropy.double(), -(logp_NV.exp() * logp_NV).sum(-1), atol=1e-5, rtol=1e-5)
     gap_N = z_NV.gather(1, token_ids.unsqueeze(1)).squeeze(1) - z_NV.amax(-1)
     torch.testing.assert_close(logit_gap.double(), gap_N, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(sum_sq_probs.double(), (2 * logp_NV).exp().sum(-1), atol=1e-6, rtol=1e-5)
+    others_NV = logp_NV.exp().scatter(1, token_ids.unsqueeze(1), 0.0)  # the sampled token's probability left out
+    torch.testing.assert_close(unsampled_mass.double(), others_NV.sum(-1), atol=1e-7, rtol=1e-5)
+    torch.testing.assert_close(unsampled_sum_sq.double(), others_NV.square().sum(-1), atol=1e-7, rtol=1e-5)

@@ -261,7 +261,7 @@ def test_plain_grpo_config_is_refused(tmp_path):
         ("tide", {"tide_tau": 0.0}, "tide_tau must be finite and > 0"),
         ("tide", {"tide_distance": "kl"}, "tide_distance must be one of"),
         ("tide", {"tide_reference": "base"}, "tide_reference must be one of"),
-        ("grpo", {"statistics_vocab_chunk_size": 0}, "statistics_vocab_chunk_size must be >= 1"),
+        ("grpo", {"statistics_vocab_chunk_size": 0}, "statistics_vocab_chunk_size must be an integer >= 1"),
         ("grpo", {"credit_kwargs": "{boost: 2}"}, "credit_kwargs must be a JSON object"),
         ("taco", {"taco_alpha": "a lot"}, "taco_alpha must be a number, got 'a lot'"),
         ("eapo", {"eapo_kappa_decay_steps": 2.5}, "eapo_kappa_decay_steps must be an integer, got 2.5"),

@@ -27,7 +27,10 @@ from reference_credit import (
     documented_stacks,
     reference_stack,
 )
+from reference_formulas import unsampled_statistics
 from trl import GRPOTrainer
+
+from trl_credit.methods import ROLLOUT_UNSAMPLED
 
 # The statistics of the current policy, which put a method in the training forward (the specification's stages).
 TRAINING_FORWARD_STATISTICS = ("policy_logps", "policy_entropy", "policy_logit_gap")
@@ -106,15 +109,17 @@ def frozen_copy(model):
 @torch.no_grad()
 def policy_statistics(model, batch, temperature, mask_BT):
     """Every per-token statistic of `model` on `batch`, from its full float64 log-probs: sampled-token log-prob,
-    entropy, sum of squared probabilities and logit gap to the largest logit, zero where masked; and the `(B, T, V)`
-    log-probs."""
+    entropy, the other tokens' probability mass and sum of squares, and logit gap to the largest logit, zero where
+    masked; and the `(B, T, V)` log-probs."""
     logp_BTV = naive_logprobs(model, batch, temperature, torch.float64)
     logps_BT = sampled(logp_BTV, batch["completion_ids"])
     probs_BTV = logp_BTV.exp()
+    unsampled_mass_BT, unsampled_sum_sq_BT = unsampled_statistics(logp_BTV, batch["completion_ids"])
     values = {
         "logps": logps_BT,
         "entropy": -(probs_BTV * logp_BTV).sum(-1),
-        "sum_sq_probs": (probs_BTV**2).sum(-1),
+        "unsampled_mass": unsampled_mass_BT,
+        "unsampled_sum_sq_probs": unsampled_sum_sq_BT,
         "logit_gap": logps_BT - logp_BTV.max(-1).values,  # z_y - max z at the temperature: log-softmax shifts both
     }
     return {name: torch.where(mask_BT, value, 0.0) for name, value in values.items()}, logp_BTV
@@ -122,10 +127,12 @@ def policy_statistics(model, batch, temperature, mask_BT):
 
 def float32_slack(stage, credit, hyperparameters, draws=4):
     """The reference stack on `credit`, and how far its advantages and loss weights move when every statistic moves
-    by float32 rounding (eps32 * max(1, |x|), signs drawn at random, seeded). The trainer's statistics come from
-    TRL's float32 forward, so where a rule is ill-conditioned (OTB's baseline where each member's weight
-    1 - 2p + sum p^2 is near 0, a top-k cut between two near-equal tokens) the trainer and the float64 reference may
-    part by more than the tolerance; the comparison allows that much there, and only there."""
+    by float32 rounding (signs drawn at random, seeded): eps32 * max(1, |x|) for a statistic with an absolute
+    rounding error (a log-prob carries the rounding of its log-normaliser), eps32 * |x| for one summed from
+    non-negative terms (`ROLLOUT_UNSAMPLED`: OTB's `1 - p` and `sum_{v != y} p_v^2`, exact as p -> 1). The trainer's
+    statistics come from TRL's float32 forward, so where a rule is ill-conditioned (a top-k cut between two
+    near-equal tokens) the trainer and the float64 reference may part by more than the tolerance; the comparison
+    allows that much there, and only there."""
     exact = reference_stack(stage, credit, hyperparameters)
     generator = torch.Generator().manual_seed(0)
     slack_BT = torch.zeros_like(exact.advantages_BT)
@@ -134,7 +141,8 @@ def float32_slack(stage, credit, hyperparameters, draws=4):
         nudged = {}
         for name, value_BT in credit.statistics.items():
             signs_BT = torch.randint(0, 2, value_BT.shape, generator=generator).double() * 2 - 1
-            step_BT = FLOAT32_EPSILON * value_BT.abs().clamp(min=1.0) * credit.mask_BT
+            scale_BT = value_BT.abs() if name in ROLLOUT_UNSAMPLED else value_BT.abs().clamp(min=1.0)
+            step_BT = FLOAT32_EPSILON * scale_BT * credit.mask_BT
             nudged[name] = value_BT + signs_BT * step_BT
         other = reference_stack(stage, dataclasses.replace(credit, statistics=nudged), hyperparameters)
         slack_BT = torch.maximum(slack_BT, (other.advantages_BT - exact.advantages_BT).abs())
@@ -257,7 +265,8 @@ class AdvantageRecorder:
             "completion_ids_BT": batch["completion_ids"],
             "rollout_logps": values["logps"],
             "rollout_entropy": values["entropy"],
-            "rollout_sum_sq_probs": values["sum_sq_probs"],
+            "rollout_unsampled_mass": values["unsampled_mass"],
+            "rollout_unsampled_sum_sq_probs": values["unsampled_sum_sq_probs"],
         }
         if self.reference_model is not None:
             logq_BTV = naive_logprobs(self.reference_model, batch, trainer.temperature, torch.float64)

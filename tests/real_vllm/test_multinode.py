@@ -146,7 +146,7 @@ def start_script(machines, name: str, case: str, zero: int, output_dir: Path, *f
     folder.mkdir(parents=True)
     arguments = [f"--{key}={value}" for key, value in TINY_RUN.items()]
     arguments += ["--dataset_name", str(machines["problems"]), "--output_dir", str(output_dir), *flags]
-    environment = {key: value for key, value in os.environ.items() if key != "TRL_CREDIT_RUN_ID"}
+    environment = {key: value for key, value in os.environ.items() if key != "TRL_CREDIT_JOB_ID"}
     environment.update(
         PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),  # this environment's commands
         PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(SITE)]),
@@ -282,7 +282,7 @@ def test_a_run_stopped_on_one_machine_resumes_on_both_and_owns_its_folder(machin
     uninterrupted = launch_case(machines, case, zero)
     output_dir = machines["folder"] / "runs" / "resumed-out"
     first = start_script(
-        machines, "interrupted", case, zero, output_dir, TRL_CREDIT_RUN_ID="run-a", MULTINODE_HOLD_MACHINE="1"
+        machines, "interrupted", case, zero, output_dir, TRL_CREDIT_JOB_ID="job-a", MULTINODE_HOLD_MACHINE="1"
     )
     held = first.folder / "held_process1"
     deadline = time.monotonic() + RUN_TIMEOUT_S
@@ -291,11 +291,11 @@ def test_a_run_stopped_on_one_machine_resumes_on_both_and_owns_its_folder(machin
         assert time.monotonic() < deadline, tail(first)
         time.sleep(0.5)
 
-    second = start_script(machines, "refused", case, zero, output_dir, TRL_CREDIT_RUN_ID="run-b")
+    second = start_script(machines, "refused", case, zero, output_dir, TRL_CREDIT_JOB_ID="job-b")
     refused = finish(second)
     assert second.returncode == 2, refused[-4000:]
     assert refused.count(f"--output_dir {output_dir} is in use by process") == 2, refused[-4000:]  # both launchers
-    assert refused.count("(run run-a: its launchers on other machines go on with TRL_CREDIT_RUN_ID=run-a)") == 2
+    assert refused.count("(job job-a: its launchers on other machines go on with TRL_CREDIT_JOB_ID=job-a)") == 2
 
     machine_1 = int((first.folder / "launch" / "machine1.pid").read_text())
     stop(machine_1, signal.SIGTERM)

@@ -1,7 +1,7 @@
 """`trl-credit compare`: train several credit methods over several seeds, evaluate them, and report with CIs.
 
     trl-credit compare --methods grpo taco eapo tide --seeds 0 1 2 --max_steps 30 --dry_run
-    trl-credit compare --methods grpo taco --seeds 0 1 --config configs/taco_qwen3_1.7b_base.yaml \
+    trl-credit compare --methods grpo taco --seeds 0 1 --config taco_qwen3_1.7b_base \
         --accelerate_config zero3 --eval_dataset_name math500 --eval_num_problems 200
 
 Every flag that is not one of compare's own (`trl-credit compare --help`) is passed to each `trl-credit grpo` run,
@@ -30,6 +30,7 @@ from ..experiments.compare.plan import (
     settings_lines,
 )
 from . import one_line, owned_folder, run_command
+from .outputs import check_output_folder
 from .parsing import CommandParser, require_scipy
 
 PROG = "trl-credit compare"
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 def _compare(argv: list[str]) -> int:
     command = shlex.join(["trl-credit", "compare", *argv])
     config, passthrough = parse(argv)
+    check_output_folder("compare", config.output_dir)
     # A comparison owns its folder while it runs (its runs own theirs); a dry run writes nothing.
     with nullcontext() if config.dry_run else owned_folder(config.output_dir):
         return _plan_and_execute(config, passthrough, command)

@@ -26,6 +26,7 @@ from ..experiments.evaluation import (
     update_model_card,
 )
 from . import UsageError, one_line, run_command
+from .outputs import check_output_folder
 from .parsing import CommandParser
 
 PROG = "trl-credit eval"
@@ -38,6 +39,7 @@ def main(argv: list[str]) -> int:
 
 def _evaluate(argv: list[str]) -> int:
     (config,) = CommandParser(EvalConfig, prog=PROG, description=__doc__.split("\n\n")[0]).parse_config(argv)
+    check_output_folder("eval", config.output_dir)
     try:
         check_model_reference(config.model_name_or_path)
         check_backend_available(config.backend)

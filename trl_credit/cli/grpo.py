@@ -1,24 +1,26 @@
 """`trl-credit grpo`: GRPO training with a token-level credit method, mirroring `trl grpo`.
 
     trl-credit grpo --method taco                                   # the offline CPU quickstart
-    trl-credit grpo --config configs/taco_qwen3_1.7b_base.yaml      # a paper recipe on GPUs
+    trl-credit grpo --config taco_qwen3_1.7b_base                   # a packaged paper recipe on GPUs
     trl-credit grpo --method eapo --config my.yaml --learning_rate 2e-6 --accelerate_config zero3
 
 The arguments are parsed and checked in `grpo_arguments.py`: YAML values are defaults and flags override them;
-without `--config`, the packaged `configs/quickstart.yaml` supplies the defaults. With `--accelerate_config NAME|PATH`
-(or `accelerate_config:` in the YAML) the command re-launches this module through `accelerate launch`.
-Every argument is checked, and the data set is loaded, before any model is.
+`--config` is a file or a packaged recipe by name; without it, the packaged `configs/quickstart.yaml` supplies the
+defaults. With `--accelerate_config NAME|PATH` (or `accelerate_config:` in the YAML) the command re-launches this module
+through `accelerate launch`. Every argument is checked, and the data set is loaded, before any model is; `--dry_run`
+stops after the checks of the arguments.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 from . import owned_folder
-from .grpo_arguments import UsageError, parse_arguments
+from .grpo_arguments import UsageError, _normalise_options, parse_arguments
 
 _LAUNCHED_ENV = "TRL_CREDIT_LAUNCHED"  # set in processes started by `accelerate launch` from this command
 
@@ -44,16 +46,55 @@ def check_before_loading(training_args, model_args) -> None:
         cpu_threads()
 
 
+class TrainingInterrupted(Exception):
+    """Ctrl-C during training: reported in one line naming the last checkpoint and the command that resumes it, exit
+    status 130 (the shell's for SIGINT)."""
+
+
+class NothingToTrain(Exception):
+    """The checkpoint to resume is at the run's last step: reported in one line, exit status 0, nothing written."""
+
+
 def check_output_folder(script_args, training_args) -> None:
-    """Refuse an `--output_dir` that holds a finished run, unless it is to be overwritten or resumed."""
+    """Refuse an `--output_dir` that holds a finished run, unless it is to be overwritten, whether the run starts
+    afresh or resumes a checkpoint (its final model, card and state would be replaced either way)."""
     from ..trainer.run_folder import finished_run_files
 
     found = finished_run_files(training_args.output_dir)
-    if found and not script_args.overwrite_output_dir and training_args.resume_from_checkpoint is None:
+    if not found or script_args.overwrite_output_dir:
+        return
+    held = f"--output_dir {training_args.output_dir} holds a finished run ({', '.join(found)})"
+    if training_args.resume_from_checkpoint is None:
         raise UsageError(
-            f"--output_dir {training_args.output_dir} holds a finished run ({', '.join(found)}): pass "
-            "--overwrite_output_dir true to replace it, or --resume_from_checkpoint CHECKPOINT to continue it"
+            f"{held}: pass --overwrite_output_dir true to replace it, or continue it in another folder with "
+            "--resume_from_checkpoint CHECKPOINT --output_dir OTHER"
         )
+    raise UsageError(
+        f"{held}, which resuming {training_args.resume_from_checkpoint} would replace: pass another --output_dir "
+        "to continue it there, or --overwrite_output_dir true to replace the finished run's model, card and state"
+    )
+
+
+def check_resume(training_args) -> None:
+    """A resume continues its own run (`trainer.run_record`): refuse another method stack or hyperparameters, or a
+    folder of another run's checkpoints. A checkpoint at `--max_steps` into a folder that holds a finished run is
+    `NothingToTrain`; into any other, its model is saved as the run's final one (`train`)."""
+    from ..trainer.run_folder import finished_run_files
+    from ..trainer.run_record import checkpoint_step, nothing_to_train, resume_refusal
+
+    checkpoint = training_args.resume_from_checkpoint
+    if checkpoint is None:
+        return
+    found = nothing_to_train(checkpoint, checkpoint_step(checkpoint), training_args.max_steps)
+    if found and finished_run_files(training_args.output_dir):
+        raise NothingToTrain(
+            f"{found}; {training_args.output_dir} holds a finished run, left as it is (a larger --max_steps trains on)"
+        )
+    refusal = resume_refusal(
+        checkpoint, training_args, opt_in="--resume_with_other_method true", folder="--output_dir"
+    )
+    if refusal:
+        raise UsageError(f"--resume_from_checkpoint {checkpoint}: {refusal}")
 
 
 def cpu_threads() -> int:
@@ -67,26 +108,44 @@ def cpu_threads() -> int:
 def launch_with_accelerate(accelerate_config: str, argv: list[str], output_dir: str) -> int:
     """Re-run this module under `accelerate launch`, as `trl grpo` does with its own script; the workers train in the
     folder this process holds the lock of (`owned_folder`)."""
-    from ..resources import accelerate_config_path
+    from importlib.resources import as_file
+
     from ..trainer.run_folder import HELD_BY_PARENT_ENV
 
+    with as_file(accelerate_config_file(accelerate_config)) as config_file:  # a file on disk, for accelerate
+        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file)]
+        command += ["-m", "trl_credit.cli.grpo", *argv]
+        print(f"trl-credit: launching {' '.join(command)}", flush=True)
+        held = str(Path(output_dir).resolve())
+        process = subprocess.Popen(command, env={**os.environ, _LAUNCHED_ENV: "1", HELD_BY_PARENT_ENV: held})
+        try:
+            return process.wait()
+        except KeyboardInterrupt:  # the workers got the same Ctrl-C: they say where to resume, then exit
+            return process.wait() or 130
+
+
+def accelerate_config_file(accelerate_config: str):
+    """The accelerate config `--accelerate_config` names: a file, or a packaged config by name."""
+    from ..resources import accelerate_configs, find_yaml
+
     try:
-        config_file = accelerate_config_path(accelerate_config)
+        return find_yaml("--accelerate_config", accelerate_config, accelerate_configs())[0]
     except ValueError as error:
         raise UsageError(str(error)) from error
-    command = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(config_file),
-        "-m",
-        "trl_credit.cli.grpo",
-        *argv,
-    ]
-    print(f"trl-credit: launching {' '.join(command)}", flush=True)
-    held = str(Path(output_dir).resolve())
-    return subprocess.call(command, env={**os.environ, _LAUNCHED_ENV: "1", HELD_BY_PARENT_ENV: held})
+
+
+def dry_run(script_args, training_args, model_args) -> int:
+    """`--dry_run`: the arguments are checked; check the output folder and the accelerate config too, and say what
+    would train, and how, without loading or writing anything."""
+    check_output_folder(script_args, training_args)
+    print(
+        f"trl-credit grpo: dry run: {script_args.method} on {script_args.dataset_name}, "
+        f"model {model_args.model_name_or_path}, output {training_args.output_dir}"
+    )
+    if script_args.accelerate_config:
+        config_file = accelerate_config_file(script_args.accelerate_config)
+        print(f"trl-credit grpo: would launch through accelerate with {script_args.accelerate_config} ({config_file})")
+    return 0
 
 
 def training_dataset(script_args, seed: int):
@@ -134,6 +193,27 @@ def load_training_data(script_args, training_args):
         raise UsageError(f"--dataset_name {script_args.dataset_name}: cannot load it ({reason})") from error
 
 
+def interrupted_at(step: int, training_args, argv: list[str]) -> str:
+    """What an interrupted run left: its last checkpoint, and the command that resumes from it (`argv` as given, with
+    the checkpoint for `--resume_from_checkpoint`)."""
+    from ..trainer.run_safety import last_checkpoint
+
+    checkpoint = last_checkpoint(training_args.output_dir, step) or training_args.resume_from_checkpoint
+    if checkpoint is None:
+        return (
+            f"interrupted after step {step}; no checkpoint was saved (--save_strategy steps --save_steps N saves them)"
+        )
+    kept, skip = [], False
+    for arg in argv:  # the given `--resume_from_checkpoint`, if any, is replaced
+        if skip or arg == "--resume_from_checkpoint":
+            skip = not skip
+            continue
+        if not arg.startswith("--resume_from_checkpoint="):
+            kept.append(arg)
+    command = shlex.join(["trl-credit", "grpo", *kept, "--resume_from_checkpoint", str(checkpoint)])
+    return f"interrupted after step {step}; the last checkpoint is {checkpoint}; resume with: {command}"
+
+
 def reward_summary(log_history: list[dict]) -> str:
     """Mean reward over the first and last third of the logged steps, and whether it went up."""
     rewards = [entry["reward"] for entry in log_history if "reward" in entry]
@@ -148,7 +228,7 @@ def reward_summary(log_history: list[dict]) -> str:
     )
 
 
-def train(script_args, training_args, model_args) -> None:
+def train(script_args, training_args, model_args, argv: list[str]) -> None:
     import torch
     from trl import get_peft_config, get_quantization_config
 
@@ -157,6 +237,8 @@ def train(script_args, training_args, model_args) -> None:
     from ..reports.model_card import with_research_card
     from ..rewards import get_reward_funcs
     from ..trainer import trainer_pair
+    from ..trainer.construction import check_reward_functions
+    from ..trainer.run_record import NothingToTrain as RunNothingToTrain
     from ..trainer.run_safety import NonFiniteTrainingError
 
     dataset = load_training_data(script_args, training_args)
@@ -164,8 +246,9 @@ def train(script_args, training_args, model_args) -> None:
         reward_funcs = get_reward_funcs(
             script_args.reward_funcs, max_completion_length=training_args.max_completion_length
         )
+        check_reward_functions(reward_funcs, dataset.column_names)  # TRL would call them only after the load
     except ValueError as error:
-        raise UsageError(str(error)) from error
+        raise UsageError(f"--reward_funcs: {error}") from error
     if training_args.use_cpu:
         torch.set_num_threads(cpu_threads())
 
@@ -194,6 +277,10 @@ def train(script_args, training_args, model_args) -> None:
         trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     except NonFiniteTrainingError as error:  # no final model, card or plots from a non-finite state
         raise TrainingStopped(str(error)) from error
+    except RunNothingToTrain as error:  # the checkpoint is the run's last step: its model is the run's final model
+        trainer.accelerator.print(f"trl-credit grpo: {error}; saving its model as the run's final model")
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(interrupted_at(trainer.state.global_step, training_args, argv)) from None
     trainer.save_model(training_args.output_dir)
     trainer.save_state()  # trainer_state.json in the output folder: the curves, whether or not checkpoints were saved
     dataset_name = hub_dataset_id(script_args.dataset_name) or script_args.dataset_name
@@ -206,22 +293,35 @@ def train(script_args, training_args, model_args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    given = _normalise_options(argv)  # as typed, for the command that resumes an interrupted run
     try:
         script_args, training_args, model_args, argv = parse_arguments(argv)
+        if script_args.dry_run:
+            return dry_run(script_args, training_args, model_args)
         check_before_loading(training_args, model_args)
+        check_resume(training_args)
         check_output_folder(script_args, training_args)
         if training_args.use_cpu:  # else DeepSpeed, imported by accelerate whenever installed, announces its guess
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         with owned_folder(training_args.output_dir):
             if script_args.accelerate_config and not os.environ.get(_LAUNCHED_ENV):
                 return launch_with_accelerate(script_args.accelerate_config, argv, training_args.output_dir)
-            train(script_args, training_args, model_args)
+            train(script_args, training_args, model_args, given)
     except UsageError as error:
         print(f"trl-credit grpo: error: {error}", file=sys.stderr)
         return 2
     except TrainingStopped as error:
         print(f"trl-credit grpo: error: {error}", file=sys.stderr)
         return 1
+    except NothingToTrain as error:
+        print(f"trl-credit grpo: {error}", file=sys.stderr)
+        return 0
+    except TrainingInterrupted as error:
+        print(f"trl-credit grpo: {error}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # before training began: nothing to resume
+        print("trl-credit grpo: interrupted before training began", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -3,8 +3,8 @@ arguments, read from a YAML recipe and flags, each value checked and, when wrong
 
 Arguments are parsed with TRL's `TrlParser` over `CreditScriptArguments`, the method's config (`TACOConfig`, ...),
 `ModelConfig`, and the hyperparameter dataclass of every method of the stack, whose values go to `credit_kwargs`:
-YAML values are defaults and flags override them. Without `--config`, the packaged
-`configs/quickstart.yaml` supplies the defaults.
+YAML values are defaults and flags override them. `--config` is a file or a packaged recipe by name
+(`trl_credit.resources`); without it, the packaged quick start (`configs/quickstart.yaml`) supplies the defaults.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import argparse
 import difflib
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 
 from . import UsageError  # the one usage error of every sub-command
-from .parsing import read_yaml
+from .grpo_checks import check_lora, check_no_evaluation, check_trainable, check_writable
+from .parsing import parse_with_recipe, read_recipe, refuse_repeated_options
 
 
 @dataclass
@@ -59,8 +59,12 @@ class CreditScriptArguments:
         default=False,
         metadata={
             "help": "Train into an --output_dir that holds a finished run, replacing its model, card and state; "
-            "without it (or --resume_from_checkpoint) such a folder is refused."
+            "without it such a folder is refused, also to a --resume_from_checkpoint."
         },
+    )
+    dry_run: bool = field(
+        default=False,
+        metadata={"help": "Check every argument, the recipe and the accelerate config; then exit, loading nothing."},
     )
 
     def __post_init__(self):
@@ -80,6 +84,9 @@ class CreditScriptArguments:
             self.accelerate_config = None  # `--accelerate_config none`: stay in this process, whatever the recipe says
         if not (self.reward_funcs and isinstance(self.reward_funcs, list) and all(map(_is_name, self.reward_funcs))):
             raise SettingError("reward_funcs", f"must be a list of reward function names, got {self.reward_funcs!r}")
+        twice = sorted({name for name in self.reward_funcs if self.reward_funcs.count(name) > 1})
+        if twice:  # TRL would add its reward twice
+            raise SettingError("reward_funcs", f"names {', '.join(twice)} more than once: give each function once")
         check_num_samples(self.dataset_name, self.max_train_samples, "max_train_samples")
 
 
@@ -119,8 +126,14 @@ def _normalise_options(argv: list[str]) -> list[str]:
 def _resolve_method(argv: list[str], config: dict, config_path: str) -> str:
     """The method stack to train: `--method`, or its other name `--credit_method` (the config field it sets), else the
     config's `method`/`credit_method`, else grpo; each source named as given when it is bad or they disagree."""
-    from ..methods import get_credit_method, parse_credit_methods
+    from ..methods import CREDIT_METHODS, get_credit_method, parse_credit_methods
 
+    for flag in ("--method", "--credit_method"):
+        if flag in argv and (argv[-1] == flag or argv[argv.index(flag) + 1].startswith("--")):
+            raise UsageError(
+                f"{flag} needs a value: grpo, {', '.join(CREDIT_METHODS)}, a '+'-separated stack of them, or "
+                "package.module:name (`trl-credit grpo --help` describes each)"
+            )
     flags = {
         f"--{name}": value
         for name in ("method", "credit_method")
@@ -168,9 +181,11 @@ def _method_argument_classes(method: str) -> list[type]:
     return [m.arguments for m in _stack(method) if m.arguments is not None]
 
 
-def build_parser(method: str):
+def build_parser(method: str, method_given: bool = True):
+    """The parser of `trl-credit grpo --method METHOD`; its `--help` lists the stack's options first."""
     from trl import ModelConfig, TrlParser
 
+    from ..resources import QUICK_START, recipes, yaml_names
     from ..trainer import trainer_pair
     from .parsing import read_negative_numbers_as_values
 
@@ -183,12 +198,20 @@ def build_parser(method: str):
     )
     parser = TrlParser(
         dataclass_types,
-        prog=f"trl-credit grpo --method {method}",
+        prog="trl-credit grpo",
+        usage=f"%(prog)s {f'--method {method}' if method_given else '[--method METHOD]'} [--config CONFIG] [OPTIONS]",
         epilog=_methods_epilog(),
         formatter_class=_HelpFormatter,
         allow_abbrev=False,  # `--taco_alph` is a typo, not `--taco_alpha`
     )
     read_negative_numbers_as_values(parser)
+    stack_options = {name for step in _stack(method) for name in step.argument_names}
+    if stack_options:  # a group of its own, listed before TRL's hundreds of options
+        group = parser.add_argument_group(f"options of {method}")
+        for action in [a for a in parser._optionals._group_actions if a.dest in stack_options]:
+            parser._optionals._group_actions.remove(action)
+            group._group_actions.append(action)
+        parser._action_groups.insert(0, parser._action_groups.pop())
     # The config field `--method` sets: accepted as its other name (`_resolve_method`), with the resolved default.
     credit_method = parser._option_string_actions["--credit_method"]
     credit_method.default = method
@@ -199,8 +222,8 @@ def build_parser(method: str):
     parser.add_argument(
         "--config",
         default=argparse.SUPPRESS,
-        help="YAML file of argument values (flags override them). Without it, the packaged quick start "
-        "(configs/quickstart.yaml) supplies the defaults shown here.",
+        help="YAML recipe of argument values (flags override them): a file, or a packaged recipe by name "
+        f"({', '.join(yaml_names(recipes()))}). Without it, the packaged {QUICK_START} supplies the defaults shown here.",
     )
 
     def one_line_error(message: str):
@@ -295,20 +318,17 @@ def _safe_method_name(method: str) -> str:
 def parse_arguments(argv: list[str]):
     """Parse and validate the command line; return `(script_args, training_args, model_args, argv)`.
 
-    `argv` comes back normalised (`--taco-alpha` -> `--taco_alpha`), with the quick-start config inserted when none
-    was given.
+    `argv` comes back normalised (`--taco-alpha` -> `--taco_alpha`); its `--config` (none: the packaged quick start)
+    stays as given, so that a process `accelerate launch` starts with it finds the same recipe.
     """
     from ..methods import SettingError
-    from ..resources import packaged_dir
 
     argv = _normalise_options(argv)
-    config_path = _peek_option(argv, "--config")
-    if config_path is None:
-        config_path = str(packaged_dir("configs") / "quickstart.yaml")
-        argv = ["--config", config_path, *argv]
-    config = read_yaml(config_path)
+    refuse_repeated_options(argv)
+    recipe, config_path, config = read_recipe(_peek_option(argv, "--config"))
     method = _resolve_method(argv, config, config_path)
-    parser = build_parser(method)
+    given = any(_peek_option(argv, f"--{key}") or config.get(key) for key in ("method", "credit_method"))
+    parser = build_parser(method, method_given=given)
     sources = _Sources(argv, config, config_path)
 
     def argparse_error(message: str):  # "argument --x/--X: invalid float value: 'a lot'", maybe from the YAML
@@ -318,12 +338,12 @@ def parse_arguments(argv: list[str]):
     parser.error = argparse_error
     try:
         _check_names(parser, method, sources)
-        script_args, training_args, model_args, *method_args = parser.parse_args_and_config(
-            [*argv, "--credit_method", method]
+        script_args, training_args, model_args, *method_args = parse_with_recipe(
+            parser, recipe, [*argv, "--credit_method", method]
         )
         training_args.credit_method = script_args.method = method
         _merge_method_arguments(training_args, method_args, sources)
-        _check_trainable(method, training_args)
+        check_trainable(method, training_args)
     except SettingError as error:  # a value given as a flag, a YAML key or in credit_kwargs: name it as given
         problem = error.problem
         for name in error.mentions:
@@ -340,25 +360,12 @@ def parse_arguments(argv: list[str]):
     return script_args, training_args, model_args, argv
 
 
-def _check_trainable(method: str, training_args) -> None:
-    """Refuse a method whose statistics the trainer does not compute (one registered for another trainer, as the
-    lab's `oracle`): its trainer would refuse it only once the model has loaded."""
-    from ..trainer import trainer_pair
-    from ..trainer.pairs import missing_statistics
-
-    trainer_class = trainer_pair(method)[1]
-    for name, missing in missing_statistics(trainer_class, training_args).items():
-        raise UsageError(
-            f"--method {method}: {name} reads {', '.join(missing)}, which {trainer_class.__name__} (the trainer of "
-            "trl-credit grpo) does not compute; it trains only with the trainer that registered it"
-        )
-
-
 def _check_against_the_run(script_args, training_args, model_args, sources: _Sources) -> None:
     """What the config alone cannot check: the reward weights against the reward functions, the completion length
-    against the model's context (read from its config.json, when it is on disk), and the folders the run writes to
-    and resumes from."""
+    against the model's context (read from its config.json, when it is on disk), the folders the run writes to and
+    resumes from, evaluation (without evaluation data) and the LoRA settings (`grpo_checks.py`)."""
     from ..data.models import model_context_length
+    from ..trainer.run_record import checkpoint_problem
 
     weights = training_args.reward_weights
     if weights is not None and len(weights) != len(script_args.reward_funcs):
@@ -377,23 +384,9 @@ def _check_against_the_run(script_args, training_args, model_args, sources: _Sou
             f"{sources.describe('save_steps')} {training_args.save_steps:g} has no effect: "
             f"{sources.describe('save_strategy')} is 'no'; add --save_strategy steps to save checkpoints"
         )
-    _check_writable(training_args.output_dir, sources.describe("output_dir"))
+    check_writable(training_args.output_dir, sources.describe("output_dir"))
+    check_no_evaluation(training_args, sources)
+    check_lora(model_args, sources)
     checkpoint = training_args.resume_from_checkpoint
-    if checkpoint is not None and not os.path.isdir(checkpoint):
-        raise UsageError(f"{sources.describe('resume_from_checkpoint')} {checkpoint}: no such checkpoint folder")
-
-
-def _check_writable(folder: str, shown: str) -> None:
-    """Refuse an output folder that is a file, or that cannot be created or written in (tried with a temporary file in
-    the folder, or in its closest existing parent, since permissions alone do not say what root or a read-only file
-    system allows)."""
-    existing = os.path.abspath(folder)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise UsageError(f"{shown} {folder}: {existing} is a file, not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as error:
-        raise UsageError(f"{shown} {folder}: cannot write in {existing} ({error.strerror})") from None
+    if checkpoint is not None and (problem := checkpoint_problem(checkpoint)):
+        raise UsageError(f"{sources.describe('resume_from_checkpoint')} {checkpoint}: {problem}")

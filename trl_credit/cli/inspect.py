@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from . import UsageError, run_command
+from .outputs import check_output_file
 
 PROG = "trl-credit inspect"
 PNG_COMPLETIONS = 4  # completions in the PNG unless --png-completions says otherwise
@@ -129,11 +130,14 @@ def _inspect(argv: list[str]) -> int:
 
     source = token_view.find_token_credit_file(args.run_dir)
     html_path = Path(args.output) if args.output else source.with_suffix(".html")
+    check_output_file(html_path, [source], "an HTML page", (".html", ".htm"), "--output")
+    png_path = None if args.png is None else Path(args.png) if args.png else html_path.with_suffix(".png")
+    if png_path is not None:
+        check_output_file(png_path, [source, html_path], "a PNG image", (".png",), "--png")
     token_view.write_token_credit_html(selected, html_path, title=f"Token credit: {source.parent.name}", note=note)
     print(note)
     print(f"wrote {html_path} ({len(selected)} completions)")
-    if args.png is not None:
-        png_path = Path(args.png) if args.png else html_path.with_suffix(".png")
+    if png_path is not None:
         token_view.render_token_credit_png(selected[: args.png_completions or PNG_COMPLETIONS], png_path)
         print(f"wrote {png_path}")
     return 0

@@ -35,9 +35,11 @@ def _lab(argv: list[str]) -> int:
 
     from ..experiments.lab.lab_runs import LabConfig, previous_records, run_lab
     from . import UsageError, one_line, owned_folder
+    from .outputs import check_output_folder
     from .parsing import CommandParser, require_scipy
 
     (config,) = CommandParser(LabConfig, prog=PROG, description=__doc__.split("\n\n")[0]).parse_config(argv)
+    check_output_folder("lab", config.output_dir)
     require_scipy()  # say so before training, not after
     try:
         previous_records(config)  # a folder of runs with other settings: refused unless --overwrite_output_dir

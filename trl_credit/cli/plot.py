@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from . import run_command
+from .outputs import check_plot_folder
 
 PROG = "trl-credit plot"
 
@@ -24,7 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="training output directory")
     parser.add_argument("--compare", nargs="+", default=[], metavar="RUN", help="more runs to overlay")
-    parser.add_argument("--output", default=None, help="folder for the PNGs (default: RUN_DIR/plots)")
+    parser.add_argument(
+        "--output",
+        default=None,
+        help="folder for the PNGs (default: RUN_DIR/plots, the plots of RUN_DIR's card: with --compare, give one)",
+    )
     return parser
 
 
@@ -42,6 +47,7 @@ def _plot(argv: list[str]) -> int:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 2
     output_dir = Path(args.output) if args.output else Path(args.run_dir) / plots.PLOTS_DIRNAME
+    check_plot_folder(output_dir, [args.run_dir, *args.compare])
     written = plots.plot_runs(runs, output_dir)
     if not written:
         print(f"{PROG}: no plottable metrics in the runs' log history", file=sys.stderr)

@@ -223,6 +223,13 @@ def prepare_math_dataset(
 
     present = list(rows[0]) if rows else []
     prompt_column, answer_column = _resolve_columns(present, prompt_column, answer_column, source)
+    for index, row in enumerate(rows):  # the first row named the columns; a file's later rows may lack them
+        missing = [column for column in (prompt_column, answer_column) if column not in row]
+        if missing:
+            raise ValueError(
+                f"{source} {_row_place(source, index)} has no {missing[0]!r} column (it has {list(row)}); every row "
+                f"needs {prompt_column!r} and {answer_column!r}"
+            )
 
     # Visit the rows in a seeded random order when subsampling, so that dropped rows are replaced and only the
     # golds of the rows kept are parsed (parsing all 7,500 MATH golds takes ~35 s on 2 cores).
@@ -307,6 +314,16 @@ def load_math_dataset(
     ).dataset
 
 
+def _row_place(source: str, index: int) -> str:
+    """Where row `index` of `source` is: its line in a JSON-lines file (blank lines are skipped), else its number."""
+    path = Path(source).expanduser()
+    if path.suffix in (".jsonl", ".json") and path.is_file():
+        text = path.read_text(encoding="utf-8")
+        if not text.lstrip().startswith("["):
+            return f"line {[n for n, line in enumerate(text.splitlines(), start=1) if line.strip()][index]}"
+    return f"row {index + 1}"
+
+
 def _procedural_names() -> str:
     return ", ".join(name for name, spec in SOURCES.items() if spec.kind == "reasoning_gym")
 
@@ -315,6 +332,8 @@ def _read_custom(source: str, split: str | None) -> list[dict]:
     """Rows of a local file or a Hub id that is not a named source."""
     path = Path(source).expanduser()
     if path.suffix in LOCAL_SUFFIXES:
+        if path.is_dir():
+            raise ValueError(f"dataset file {source} is a folder, not a {path.suffix} file")
         if not path.is_file():
             raise ValueError(f"dataset file {source} does not exist")
         if split not in (None, "train"):

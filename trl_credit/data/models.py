@@ -132,10 +132,31 @@ def check_model_reference(name_or_path: str) -> None:
         if not (path / "config.json").is_file():
             raise ValueError(f"model folder {name_or_path} has no config.json")
         _read_model_config(path / "config.json", name_or_path)
+        _check_weights(path, name_or_path)
         return
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name_or_path) or name_or_path.startswith("."):
         raise ValueError(f"model path {name_or_path} does not exist")
     _check_hub_model(name_or_path)
+
+
+def _check_weights(folder: Path, name_or_path: str) -> None:
+    """A model folder holds weights under a name transformers' `from_pretrained` looks for (its own constants), an
+    adapter's, or a GGUF file (read with `gguf_file=`); else it would fail only while loading."""
+    from transformers import utils
+
+    names = [
+        utils.SAFE_WEIGHTS_NAME,
+        utils.SAFE_WEIGHTS_INDEX_NAME,
+        utils.WEIGHTS_NAME,
+        utils.WEIGHTS_INDEX_NAME,
+        utils.ADAPTER_SAFE_WEIGHTS_NAME,
+        utils.ADAPTER_WEIGHTS_NAME,
+    ]
+    if not any((folder / name).is_file() for name in names) and not any(folder.glob("*.gguf")):
+        raise ValueError(
+            f"model folder {name_or_path} has config.json but no weights (none of {', '.join(names)}, nor a .gguf "
+            "file): save the model there with save_pretrained"
+        )
 
 
 def _read_model_config(path: Path, name_or_path: str) -> dict:

@@ -21,8 +21,12 @@ POLICY_ENTROPY = "policy_entropy"  # full-vocabulary entropy (nats) of the curre
 POLICY_LOGIT_GAP = "policy_logit_gap"
 ROLLOUT_LOGPS = "rollout_logps"  # the same for the policy that generated the batch, once per generation batch
 ROLLOUT_ENTROPY = "rollout_entropy"
-# sum_v pi_v^2 of the rollout policy's next-token distribution (in (0, 1]), from the same source as `rollout_entropy`
-ROLLOUT_SUM_SQ_PROBS = "rollout_sum_sq_probs"
+# The rollout policy's probability of every token but the sampled one, `1 - pi_y` (in [0, 1]), and the sum of their
+# squares, `sum_{v != y} pi_v^2` (in [0, 1]), from the same source as `rollout_entropy`. Each is a sum over the other
+# tokens, so it keeps its relative precision as pi_y -> 1, where `1 - exp(rollout_logps)` is rounding noise.
+ROLLOUT_UNSAMPLED_MASS = "rollout_unsampled_mass"
+ROLLOUT_UNSAMPLED_SUM_SQ_PROBS = "rollout_unsampled_sum_sq_probs"
+ROLLOUT_UNSAMPLED = (ROLLOUT_UNSAMPLED_MASS, ROLLOUT_UNSAMPLED_SUM_SQ_PROBS)
 # The token mean of `rollout_entropy` over every valid token of the generation batch (all processes), the same value at
 # every valid position: a batch-level entropy that a method in the training forward can read from any micro-batch
 ROLLOUT_MEAN_ENTROPY = "rollout_mean_entropy"
@@ -33,7 +37,8 @@ LOSS_FORWARD_STATISTICS = (POLICY_LOGPS, POLICY_ENTROPY, POLICY_LOGIT_GAP)
 GENERATION_STATISTICS = (
     ROLLOUT_LOGPS,
     ROLLOUT_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_UNSAMPLED_MASS,
+    ROLLOUT_UNSAMPLED_SUM_SQ_PROBS,
     ROLLOUT_MEAN_ENTROPY,
     REFERENCE_DEVIATION,
     PREVIOUS_POLICY_DEVIATION,
@@ -47,7 +52,8 @@ STATISTICS = LOSS_FORWARD_STATISTICS + GENERATION_STATISTICS
 STATISTIC_RANGES = {
     REFERENCE_DEVIATION: (0.0, 1.0),
     PREVIOUS_POLICY_DEVIATION: (0.0, 1.0),
-    ROLLOUT_SUM_SQ_PROBS: (0.0, 1.0),
+    ROLLOUT_UNSAMPLED_MASS: (0.0, 1.0),
+    ROLLOUT_UNSAMPLED_SUM_SQ_PROBS: (0.0, 1.0),
 }
 
 
@@ -102,17 +108,20 @@ class CreditBatch:
     token_texts: Callable[[list[int]], list[str]] | None = None
 
     def followed_by(self, result: CreditResult) -> CreditBatch:
-        """The batch the next method of a stack sees: `result`'s advantages, and its loss mask multiplied into the
-        loss weights; a token whose weight reaches 0 leaves `mask_BT`."""
+        """The batch the next method of a stack sees, from `result` as `run_stack` checked it (its advantages zero
+        wherever `mask_BT` is false): `result`'s advantages, and its loss mask multiplied into the loss weights; a
+        token whose weight reaches 0 leaves `mask_BT`, and its advantage and statistics become 0."""
+        if result.loss_mask_BT is None:  # the same tokens at the same weights
+            return dataclasses.replace(self, advantages_BT=result.advantages_BT.float())
         weights_BT = self.mask_BT.float() if self.loss_weights_BT is None else self.loss_weights_BT
-        if result.loss_mask_BT is not None:
-            weights_BT = weights_BT * result.loss_mask_BT.float()
+        weights_BT = weights_BT * result.loss_mask_BT.float()
         mask_BT = self.mask_BT & (weights_BT > 0)
         return dataclasses.replace(
             self,
             advantages_BT=torch.where(mask_BT, result.advantages_BT.float(), 0.0),
             mask_BT=mask_BT,
             loss_weights_BT=torch.where(mask_BT, weights_BT, 0.0),
+            statistics={name: torch.where(mask_BT, values, 0.0) for name, values in self.statistics.items()},
         )
 
     def __getitem__(self, name: str) -> torch.Tensor:

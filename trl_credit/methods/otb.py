@@ -5,6 +5,7 @@ Rule and defaults as in verl (https://github.com/verl-project/verl, `compute_opt
 `verl/trainer/ppo/core_algos.py`, registered as the `optimal_token_baseline` advantage estimator):
 
     w_t  = 1 - 2 pi_t + sum_v pi_v^2           per valid token (pi_t: the sampled token's probability)
+         = (1 - pi_t)^2 + sum_{v != t} pi_v^2  computed so (see below)
     W_t  = sum_{j <= t} w_j                     cumulative path variance, over the valid tokens of the response
     B_t  = sum_i G_i W_it / (sum_i W_it + 1e-8) over the responses i of one prompt's group valid at position t
     Â_t  = G_i - B_t                            G_i: the raw reward (its reward-to-go, 1 reward per response)
@@ -15,8 +16,16 @@ group's single longest response beyond the second-longest one gets no baseline e
 It replaces GRPO's advantage instead of reshaping it: it reads the raw rewards and the group of each row, ignores the
 incoming advantages, and must come first in a stack; the methods after it reshape its token advantages.
 
-Statistics: the rollout policy's log-probs and `sum_v pi_v^2`, once per generation batch (verl reads the old-log-prob
-forward). Groups may span processes: the sums over a group are taken over every process.
+Statistics: the rollout policy's `1 - pi_t` and `sum_{v != t} pi_v^2`, once per generation batch (verl reads the
+old-log-prob forward), each summed over the tokens other than the sampled one. Groups may span processes: the sums over
+a group are taken over every process.
+
+Departure from verl, in precision only: verl computes `1 - 2 pi_t + sum_v pi_v^2` as written, from `exp(log pi_t)`
+and the full `sum_v pi_v^2`. On a near-certain token (pi_t >= 0.9996, most tokens of a reasoning model) the exact
+`w_t` is 1e-9 to 1e-7, below float32's rounding of those terms, so verl's float32 `w_t` there is noise (0, 2.4e-7,
+9.5e-7, even negative) and so is every baseline built on it. The second form has no cancellation: both terms are
+sums of non-negative numbers that leave the sampled token out, so `w_t` keeps float32's relative precision for any
+pi_t. Where verl's `w_t` is well-conditioned the two agree to float32 rounding (`tests/test_otb.py`).
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .batch import ROLLOUT_LOGPS, ROLLOUT_SUM_SQ_PROBS, CreditBatch, CreditResult
+from .batch import ROLLOUT_UNSAMPLED_MASS, ROLLOUT_UNSAMPLED_SUM_SQ_PROBS, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
 
 _EPS = 1e-8  # verl's `epsilon` in the baseline's denominator
@@ -52,9 +61,12 @@ class OTBArguments:
     )
 
 
-def otb_path_variance(logps_BT: torch.Tensor, sum_sq_probs_BT: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """`W_t`: the cumulative sum over the response of `1 - 2 pi_t + sum_v pi_v^2` on valid tokens, `(B, T)` float32."""
-    return ((1.0 - 2.0 * logps_BT.float().exp() + sum_sq_probs_BT.float()) * mask_BT).cumsum(dim=1)
+def otb_path_variance(
+    unsampled_mass_BT: torch.Tensor, unsampled_sum_sq_BT: torch.Tensor, mask_BT: torch.Tensor
+) -> torch.Tensor:
+    """`W_t`: the cumulative sum over the response of `w_t = (1 - pi_t)^2 + sum_{v != t} pi_v^2` on valid tokens,
+    `(B, T)` float32."""
+    return ((unsampled_mass_BT.float().square() + unsampled_sum_sq_BT.float()) * mask_BT).cumsum(dim=1)
 
 
 @torch.no_grad()
@@ -115,7 +127,7 @@ def otb_baselines(
 @register_credit_method(
     "otb",
     display_name="OTB",
-    statistics=(ROLLOUT_LOGPS, ROLLOUT_SUM_SQ_PROBS),
+    statistics=(ROLLOUT_UNSAMPLED_MASS, ROLLOUT_UNSAMPLED_SUM_SQ_PROBS),
     arguments=OTBArguments,
     paper=OTB_PAPER,
     estimates_advantages=True,
@@ -133,7 +145,7 @@ def otb(batch: CreditBatch, otb_handle_zero_tail: bool) -> CreditResult:
         baseline: the group's optimal token baseline B_t at the token's position
     """
     mask_BT = batch.mask_BT
-    path_variance_BT = otb_path_variance(batch[ROLLOUT_LOGPS], batch[ROLLOUT_SUM_SQ_PROBS], mask_BT)
+    path_variance_BT = otb_path_variance(batch[ROLLOUT_UNSAMPLED_MASS], batch[ROLLOUT_UNSAMPLED_SUM_SQ_PROBS], mask_BT)
     baselines_BT, zero_tail_BT = otb_baselines(
         batch.rewards_B, batch.group_index_B, path_variance_BT, mask_BT, otb_handle_zero_tail, batch.gather
     )
@@ -150,5 +162,5 @@ def otb(batch: CreditBatch, otb_handle_zero_tail: bool) -> CreditResult:
 
 
 # OTB on plain tensors (every row of every group): `otb_advantages(None, mask_BT, rewards_B=..., group_index_B=...,
-# rollout_logps=..., rollout_sum_sq_probs=...)`.
+# rollout_unsampled_mass=..., rollout_unsampled_sum_sq_probs=...)`.
 otb_advantages = get_credit_method("otb").on_tensors

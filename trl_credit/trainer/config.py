@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import numbers
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,61 +25,8 @@ from ..methods import (
 )
 from ..methods.stack import StackStep
 from .batch_layout import statistic_key
-from .owner_checks import SAMPLING_FLOATS, check_finite, check_with_owners
-
-
-def _integer(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _finite(value: Any) -> bool:
-    """A real number, not NaN or infinite (YAML and flags accept `nan` and `inf` as floats)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-TRL_FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    # transformers reads max_steps <= 0 as "train for num_train_epochs" (-5) or trains one step at learning rate 0 (0).
-    "max_steps": (
-        lambda v: _integer(v) and (v >= 1 or v == -1),
-        "an integer >= 1, or -1 to train for num_train_epochs",
-    ),
-    "num_train_epochs": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),  # NaN epochs: no step, no error
-    # Sizes TRL divides by or builds its batches from; 0 fails only in the first step, after the model has loaded.
-    "per_device_train_batch_size": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
-    "gradient_accumulation_steps": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),
-    # TRL divides by it before its own check (`num_generations >= 2`), so a 0 or a None from YAML fails unexplained.
-    "num_generations": (
-        lambda v: v is None or (_integer(v) and v >= 2),
-        "an integer >= 2 (GRPO normalises within groups)",
-    ),
-    "max_completion_length": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),  # 0 generates nothing
-    "num_iterations": (lambda v: _integer(v) and v >= 1, "an integer >= 1"),  # 0: no optimiser step, no error
-    # transformers seeds numpy, whose seeds are 32-bit, in `set_seed`, which TRL calls after the model has loaded.
-    "seed": (lambda v: _integer(v) and 0 <= v < 2**32, "an integer in [0, 2**32 - 1]"),
-    # TRL's loss reads these as they are: a negative KL weight or clip range trains, away from the reference.
-    "beta": (lambda v: _finite(v) and v >= 0, "a finite number >= 0"),
-    "epsilon": (lambda v: _finite(v) and v > 0, "a finite number > 0"),
-    "epsilon_high": (lambda v: v is None or (_finite(v) and v > 0), "a finite number > 0, or unset"),
-    # transformers clips only when max_grad_norm > 0: a negative value silently turns clipping off.
-    "max_grad_norm": (lambda v: v is None or (_finite(v) and v >= 0), "a finite number >= 0 (0 turns clipping off)"),
-    # transformers reads a save_steps below 1 as a fraction of the steps: -1 saves a checkpoint at every step.
-    "save_steps": (
-        lambda v: _finite(v) and v > 0,
-        "a number > 0 (an integer number of steps, or below 1 a fraction of the run)",
-    ),
-    # TRL checks only the number of weights, not the weights.
-    "reward_weights": (
-        lambda v: v is None or (isinstance(v, (list, tuple)) and all(_finite(w) for w in v)),
-        "a list of finite numbers, one per reward function, or unset",
-    ),
-}
-"""The fields of TRL's `GRPOConfig` and transformers' `TrainingArguments` that no library checks (or checks only after
-the model has loaded), each with the values it allows and, in a comment, why it is here, `{field: (allowed, allowed
-values in words)}`: checked by `CreditGRPOConfig.validate_trl_fields` when a config is built, before any model loads.
-Every other setting is checked by the library that owns it (`owner_checks.py`: torch's optimizer, transformers' logits
-processors and reporting callbacks, vLLM, the Hub, TRL's enumerated values). What depends on more than the config
-(the number of reward functions against `reward_weights`, the model's context against `max_completion_length`) is
-checked by `trl-credit grpo`, which knows both."""
+from .field_domains import check_trl_fields, is_integer
+from .owner_checks import SAMPLING_FLOATS, check_with_owners
 
 # transformers 5.23 renamed `gradient_checkpointing` to `activation_checkpointing` (the old name stays an alias).
 _TRANSFORMERS_NAMES_ACTIVATION_CHECKPOINTING = "activation_checkpointing" in {
@@ -128,6 +72,13 @@ class CreditGRPOConfig(GRPOConfig):
             step, for `trl-credit inspect`.
         token_credit_samples (`int`, *optional*, defaults to `4`):
             Completions recorded per logging step when `log_token_credit=True`.
+
+        > Parameters that control resuming
+
+        resume_with_other_method (`bool`, *optional*, defaults to `False`):
+            Resume a checkpoint whose method stack or method hyperparameters (recorded in its `_trl_credit_run.json`)
+            differ from this config's; the model card then lists which steps trained with which. Off, such a
+            resume is refused before it loads.
     """
 
     credit_method: str = field(
@@ -172,6 +123,13 @@ class CreditGRPOConfig(GRPOConfig):
     token_credit_samples: int = field(
         default=4, metadata={"help": "Completions recorded per logging step when log_token_credit is on."}
     )
+    resume_with_other_method: bool = field(
+        default=False,
+        metadata={
+            "help": "Resume a checkpoint trained with another method stack or other method hyperparameters, "
+            "continuing it with this config's; the model card lists which steps trained with which. Off: refused."
+        },
+    )
 
     def __post_init__(self):
         # Credit fields are checked first so that a bad value is reported before anything else is set up.
@@ -180,7 +138,7 @@ class CreditGRPOConfig(GRPOConfig):
         self.credit_kwargs = parse_credit_kwargs(self.credit_kwargs)
         self.validate_credit_fields()
         for name in SAMPLING_FLOATS:  # YAML's `temperature: 1` is an int; transformers' sampling wants the float
-            if _integer(getattr(self, name)):
+            if is_integer(getattr(self, name)):
                 setattr(self, name, float(getattr(self, name)))
         self.validate_trl_fields()
         if self.activation_checkpointing is None and self.gradient_checkpointing is None:
@@ -258,8 +216,8 @@ class CreditGRPOConfig(GRPOConfig):
         self.credit_kwargs = {name: value for m in stack for name, value in resolved[m.name].items()} or None
         check_stack_order(self.credit_method, stack, resolved)
         for name in ("statistics_token_chunk_size", "statistics_vocab_chunk_size", "token_credit_samples"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+            if not (is_integer(getattr(self, name)) and getattr(self, name) >= 1):  # Python skips the parser's types
+                raise SettingError(name, f"must be an integer >= 1, got {getattr(self, name)!r}")
 
     def __getattr__(self, name: str):
         # Reached only for a missing attribute: name where a method's hyperparameter lives.
@@ -271,16 +229,10 @@ class CreditGRPOConfig(GRPOConfig):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def validate_trl_fields(self) -> None:
-        """Refuse values of TRL's own fields that no library checks before training runs (after the model has
-        loaded), or that transformers silently reinterprets (`max_steps=-5` trains for `num_train_epochs`): each field
-        of `TRL_FIELD_CHECKS`, the numbers torch and the sampling code would take (finite), then the step count. The
-        owners' checks (`check_with_owners`) run after TRL's `__post_init__`. `SettingError` names the field."""
-        for name, (allowed, words) in TRL_FIELD_CHECKS.items():
-            if not allowed(getattr(self, name)):
-                raise SettingError(name, f"must be {words}, got {getattr(self, name)!r}")
-        check_finite(self)  # before `TrainingArguments.__post_init__` reads them
-        if self.max_steps == -1 and not self.num_train_epochs > 0:
-            raise SettingError("num_train_epochs", f"must be > 0 when max_steps is -1, got {self.num_train_epochs!r}")
+        """Refuse values of TRL's own fields that no library checks before the model has loaded, or that transformers
+        silently reinterprets (`field_domains.check_trl_fields`); the owners' checks (`check_with_owners`) run after
+        TRL's `__post_init__`. `SettingError` names the field."""
+        check_trl_fields(self)
 
     def credit_hyperparameters(self) -> dict:
         """The method stack and every method's hyperparameters, e.g. for model cards and run names."""

@@ -33,6 +33,7 @@ from ..methods import (
 from ..methods.stack import StackCredit, StackStep, run_stack
 from .batch_layout import GROUP_INDEX, REWARDS, SEQUENCE_ADVANTAGES, groups_and_rewards, statistic_key
 from .config import CreditGRPOConfig, plan_stages
+from .construction import check_trainer_inputs, deepspeed_cpu_guess_hidden
 from .diagnostics import (
     EXTRA_FORWARDS,
     EXTRA_REFERENCE_FORWARDS,
@@ -45,6 +46,7 @@ from .diagnostics import (
 from .model_parts import vocab_size
 from .recorders import recorded_final_hidden
 from .reference import DeviationReference, copy_initial_model, same_mode_as_training_args
+from .run_record import RunRecord
 from .run_safety import RunSafety
 from .statistics_sources import StatisticsSources
 from .token_credit_log import TokenCreditLog, TokenCreditPreview, token_credit_step
@@ -90,14 +92,15 @@ def trl_card_attributes(methods) -> dict[str, Any]:
     return attributes
 
 
-class CreditGRPOTrainer(RunSafety, StatisticsSources, GRPOTrainer):
+class CreditGRPOTrainer(RunSafety, RunRecord, StatisticsSources, GRPOTrainer):
     """[`~trl.GRPOTrainer`] whose advantage is reshaped per token by the methods of `args.credit_method`.
 
     Overrides `_generate_and_score_completions` (methods that read the generation batch), and `_compute_loss` with
     `_get_per_token_logps_and_entropies` (methods that read the training forward). Use it exactly like
     `GRPOTrainer`, with a [`CreditGRPOConfig`]. Its model card is TRL's, tagged and cited as `trl_card_attributes`
     says. Where each method runs is `stage_plan` (a `StagePlan`), decided once from the config. It stops at the first
-    non-finite step and holds its output folder while it trains (`run_safety`).
+    non-finite step and holds its output folder while it trains (`run_safety`); each checkpoint records its run, and
+    a resume that would mix two runs is refused (`run_record`).
     """
 
     config_class = CreditGRPOConfig
@@ -128,6 +131,7 @@ class CreditGRPOTrainer(RunSafety, StatisticsSources, GRPOTrainer):
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = self.config_class(output_dir=f"{model_name.split('/')[-1]}-{self._name}")
         self._check_args(args)
+        check_trainer_inputs(args, reward_funcs, pos_args, kwargs)  # before TRL loads the model
         self.stage_plan = plan_stages(args, self.supplied_statistics, type(self).__name__)
         if self.stage_plan.drops_tokens_in_forward and args.loss_type in NORMALISER_AT_GENERATION:
             dropping = [step.method.name for step in self.stage_plan.training_forward if step.method.drops_tokens]
@@ -141,10 +145,11 @@ class CreditGRPOTrainer(RunSafety, StatisticsSources, GRPOTrainer):
             [step.method for step in args.credit_stack]
         ).items():  # what TRL's card says
             setattr(self, attribute, value)
-        initial_copy = copy_initial_model(
-            model, args, kwargs.get("peft_config"), self.stage_plan.generation_statistics
-        )
-        super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
+        with deepspeed_cpu_guess_hidden(args):
+            initial_copy = copy_initial_model(
+                model, args, kwargs.get("peft_config"), self.stage_plan.generation_statistics
+            )
+            super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
         check_trainer_attributes(self)
         deviation = self.stage_plan.deviation
         self.deviation_reference = DeviationReference(self, initial_copy, deviation) if deviation else None

@@ -1,5 +1,6 @@
 """Full-vocabulary statistics, streamed so the `(N, V)` logits are never held: TIDE's deviation and entropy, and one
-model's log-probability, entropy, logit gap and `sum_v p_v^2` of the sampled tokens from recorded hidden states.
+model's log-probability, entropy, logit gap, `1 - p` and `sum_v p_v^2` (the sampled token's term left out) of the
+sampled tokens from recorded hidden states.
 
 For N token positions with final hidden states `h` (policy) and `h_ref` (reference) and LM heads `W`, `W_ref`
 (`V x H`), TIDE needs per token the squared Hellinger distance `d = 1 - sum_v sqrt(p_v q_v)` between the two
@@ -64,9 +65,9 @@ class _StreamedSoftmax:
         self.sum = torch.zeros(num_tokens, device=device)
         self.moment = torch.zeros(num_tokens, device=device)
 
-    def add(self, z_nC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fold in one chunk; return its logits centred on the new maximum and the factor `e^(m_old - m_new)` that
-        re-centred the running sums."""
+    def add(self, z_nC: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Fold in one chunk; return its logits centred on the new maximum, their exponentials, and the factor
+        `e^(m_old - m_new)` that re-centred the running sums."""
         new_max = torch.maximum(self.max, z_nC.amax(dim=1))
         rescale = torch.exp(self.max - new_max)
         shift = torch.where(torch.isfinite(self.max), self.max - new_max, 0.0)  # (z - m_new) = (z - m_old) + shift
@@ -75,7 +76,7 @@ class _StreamedSoftmax:
         self.moment = rescale * (self.moment + shift * self.sum) + (exp_nC * centred_nC).sum(dim=1)
         self.sum = rescale * self.sum + exp_nC.sum(dim=1)
         self.max = new_max
-        return centred_nC, rescale
+        return centred_nC, exp_nC, rescale
 
     def log_normalizer(self) -> torch.Tensor:
         return self.max + torch.log(self.sum)
@@ -129,10 +130,10 @@ def hellinger_and_entropy(
         geo = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)  # sum e^((z - m) / 2 + (z' - m') / 2)
         for v0 in range(0, vocab_size, vocab_chunk_size):
             v1 = min(v0 + vocab_chunk_size, vocab_size)
-            centred_p, rescale_p = policy.add(
+            centred_p, _, rescale_p = policy.add(
                 _logits(hidden_NH[rows], weight_VH, bias_V, v0, v1, transform, temperature)
             )
-            centred_q, rescale_q = reference.add(
+            centred_q, _, rescale_q = reference.add(
                 _logits(ref_hidden_NH[rows], ref_weight_VH, ref_bias_V, v0, v1, ref_transform, temperature)
             )
             geo = torch.sqrt(rescale_p * rescale_q) * geo + torch.exp(0.5 * (centred_p + centred_q)).sum(dim=1)
@@ -142,59 +143,65 @@ def hellinger_and_entropy(
 
 
 class TokenStatistics(NamedTuple):
-    """Per-token statistics of one model's next-token distributions, `(N,)` float32 each."""
+    """Per-token statistics of one model's next-token distributions at the given tokens, `(N,)` float32 each."""
 
-    logps: torch.Tensor | None  # log-probability of the given tokens (None when no tokens were given)
+    logps: torch.Tensor  # log-probability of the given token
     entropy: torch.Tensor  # full-vocabulary entropy
-    logit_gap: torch.Tensor | None  # the given token's logit minus the largest logit, `<= 0` (None as `logps`)
-    sum_sq_probs: torch.Tensor  # sum_v p_v^2
+    logit_gap: torch.Tensor  # the given token's logit minus the largest logit, `<= 0`
+    unsampled_mass: torch.Tensor  # 1 - p_y, summed over every other token (exact as p_y -> 1)
+    unsampled_sum_sq_probs: torch.Tensor  # sum_{v != y} p_v^2
 
 
 @torch.no_grad()
 def token_statistics(
     hidden_NH: torch.Tensor,
     weight_VH: torch.Tensor,
+    token_ids_N: torch.Tensor,
     bias_V: torch.Tensor | None = None,
-    token_ids_N: torch.Tensor | None = None,
     temperature: float = 1.0,
     token_chunk_size: int = 1024,
     vocab_chunk_size: int = 16384,
     transform: LogitTransform = LogitTransform(),
 ) -> TokenStatistics:
-    """The log-probability of `token_ids_N`, the entropy, the logit gap `z_y - max_v z_v` and `sum_v p_v^2`,
-    streamed.
+    """The log-probability of `token_ids_N`, the entropy, the logit gap `z_y - max_v z_v`, and the probability mass
+    and the sum of squared probabilities of every token but `y`, streamed.
 
     From final hidden states recorded elsewhere, what TRL's forward gives for sampled tokens:
     `log p_y = z_y - log sum_v e^(z_v)`, logits `z` after the transform (temperature included). The gap is taken from
     the logits themselves, as the official min-p code reads it: `log p_y - log max_v p_v` is the same number in exact
-    arithmetic, but each float32 log-prob carries the rounding of `log sum_v e^(z_v)`. With `m = max_v z_v`,
-    `s = sum_v e^(z_v - m)` and `s2 = sum_v e^(2 (z_v - m))`, `sum_v p_v^2 = s2 / s^2` (TRL's fused head's
-    `log_sum_sq_probs` is its log).
+    arithmetic, but each float32 log-prob carries the rounding of `log sum_v e^(z_v)`. With `m = max_v z_v` and
+    `s = sum_v e^(z_v - m)`, `1 - p_y = sum_{v != y} e^(z_v - m) / s` and `sum_{v != y} p_v^2 = sum_{v != y}
+    e^(2 (z_v - m)) / s^2`: sums of the other tokens' terms only, so both keep float32's relative precision where
+    `p_y -> 1` (`1 - p_y` from `p_y`, or `sum_v p_v^2 - p_y^2`, would cancel to rounding noise there).
     """
     _check_chunk_sizes(token_chunk_size, vocab_chunk_size)
     num_tokens, vocab_size = hidden_NH.shape[0], weight_VH.shape[0]
-    logps_N = torch.zeros(num_tokens, device=hidden_NH.device)
-    entropy_N = torch.zeros(num_tokens, device=hidden_NH.device)
-    logit_gap_N = torch.zeros(num_tokens, device=hidden_NH.device)
-    sum_sq_probs_N = torch.zeros(num_tokens, device=hidden_NH.device)
+    statistics_5N = torch.zeros(5, num_tokens, device=hidden_NH.device)
     for t0 in range(0, num_tokens, token_chunk_size):
         rows = slice(t0, min(t0 + token_chunk_size, num_tokens))
-        ids_n = token_ids_N[rows] if token_ids_N is not None else None
+        ids_n = token_ids_N[rows]
         policy = _StreamedSoftmax(rows.stop - rows.start, hidden_NH.device)
         sampled_logit_n = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)
-        square_sum_n = torch.zeros(rows.stop - rows.start, device=hidden_NH.device)  # sum e^(2 (z - m))
+        unsampled_sum_n = torch.zeros_like(sampled_logit_n)  # sum_{v != y} e^(z_v - m)
+        unsampled_square_sum_n = torch.zeros_like(sampled_logit_n)  # sum_{v != y} e^(2 (z_v - m))
         for v0 in range(0, vocab_size, vocab_chunk_size):
             v1 = min(v0 + vocab_chunk_size, vocab_size)
             z_nC = _logits(hidden_NH[rows], weight_VH, bias_V, v0, v1, transform, temperature)
-            centred_nC, rescale_n = policy.add(z_nC)
-            square_sum_n = rescale_n**2 * square_sum_n + torch.exp(2.0 * centred_nC).sum(dim=1)
-            if ids_n is not None:
-                chunk_logit_n = z_nC.gather(1, (ids_n - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)).squeeze(1)
-                sampled_logit_n = torch.where((ids_n >= v0) & (ids_n < v1), chunk_logit_n, sampled_logit_n)
-        logps_N[rows] = sampled_logit_n - policy.log_normalizer()
-        entropy_N[rows] = policy.entropy()
-        logit_gap_N[rows] = sampled_logit_n - policy.max
-        sum_sq_probs_N[rows] = square_sum_n / policy.sum**2
-    if token_ids_N is None:
-        return TokenStatistics(None, entropy_N, None, sum_sq_probs_N)
-    return TokenStatistics(logps_N, entropy_N, logit_gap_N, sum_sq_probs_N)
+            _, exp_nC, rescale_n = policy.add(z_nC)
+            in_chunk_n1 = ((ids_n >= v0) & (ids_n < v1)).unsqueeze(1)
+            column_n1 = (ids_n - v0).clamp(0, v1 - v0 - 1).unsqueeze(1)
+            sampled_logit_n = torch.where(in_chunk_n1, z_nC.gather(1, column_n1), sampled_logit_n.unsqueeze(1))[:, 0]
+            # The sampled token's term is left out, never subtracted: the sums stay exact however large it is.
+            unsampled_nC = exp_nC.scatter(1, column_n1, torch.where(in_chunk_n1, 0.0, exp_nC.gather(1, column_n1)))
+            unsampled_sum_n = rescale_n * unsampled_sum_n + unsampled_nC.sum(dim=1)
+            unsampled_square_sum_n = rescale_n**2 * unsampled_square_sum_n + unsampled_nC.square().sum(dim=1)
+        statistics_5N[:, rows] = torch.stack(
+            [
+                sampled_logit_n - policy.log_normalizer(),
+                policy.entropy(),
+                sampled_logit_n - policy.max,
+                unsampled_sum_n / policy.sum,
+                unsampled_square_sum_n / policy.sum**2,
+            ]
+        )
+    return TokenStatistics(*statistics_5N)

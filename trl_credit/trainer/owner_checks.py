@@ -6,10 +6,11 @@ callbacks and the Hub when the trainer is built. `check_with_owners` asks each o
 built, with the values TRL will pass it: the optimizer `Trainer.get_optimizer_cls_and_kwargs` builds (on one dummy
 parameter, `weight_decay` to its constructor's own check); the logits processors of `temperature`, `top_p`, `top_k`,
 `min_p` and `repetition_penalty` (with `use_vllm`, vLLM's `SamplingParams` and the engine settings TRL passes it);
-TRL's enumerated fields (`TRL_CHOICES`), vLLM's among them; the callbacks `report_to` names; with `push_to_hub`,
-offline mode, a token and the repository name.
+TRL's enumerated fields (`TRL_CHOICES`), vLLM's among them; the callbacks `report_to` names; with `push_to_hub`
+or `log_completions_hub_repo`, offline mode, a token and the repository name.
 
-Torch and transformers compare numbers with `<` and `>`, which NaN passes: `FINITE_FIELDS` are checked for it first.
+Torch and transformers compare numbers with `<` and `>`, which NaN passes: the numbers they take are checked for it
+first (`field_domains.FINITE_FIELDS`).
 vLLM's engine settings (`VLLM_ENGINE_FIELDS`) are checked by vLLM when it is installed; without it, and without
 `use_vllm`, a value other than TRL's default is refused as having no effect. `SettingError` names the field.
 """
@@ -19,27 +20,16 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import inspect
-import math
-import numbers
 import re
+import sys
+import traceback
+import warnings
 from typing import Any
 
 from ..methods import SettingError
+from .field_domains import check_finite
 from .trl_compat import TRL_CHOICES
 
-# Values handed to torch (the optimizer, gradient clipping) and to the logits processors, whose checks NaN passes.
-FINITE_FIELDS = (
-    "learning_rate",
-    "weight_decay",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-    "max_grad_norm",
-    "temperature",
-    "top_p",
-    "min_p",
-    "repetition_penalty",
-)
 SAMPLING_FLOATS = ("temperature", "top_p", "min_p", "repetition_penalty")
 # `GRPOConfig` field -> the vLLM config class and field that check it, for the engine settings TRL passes to `LLM`.
 VLLM_ENGINE_FIELDS = {
@@ -60,6 +50,8 @@ def check_with_owners(args) -> None:
         check_transformers_sampling(args)
         check_vllm_engine_without_vllm(args)
     check_reporting(args)
+    if args.log_completions_hub_repo is not None:
+        check_hub(args, "log_completions_hub_repo")
     if args.push_to_hub:
         check_hub(args)
 
@@ -84,15 +76,6 @@ def check_choices(args) -> None:
         value = getattr(args, name, None)
         if value not in allowed:
             raise SettingError(name, f"must be one of {', '.join(allowed)} (TRL's values), got {value!r}")
-
-
-def check_finite(args) -> None:
-    for name in FINITE_FIELDS:
-        value = getattr(args, name)
-        if value is None and name in ("min_p", "max_grad_norm"):  # unset: no min-p filtering, no clipping
-            continue
-        if not (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)):
-            raise SettingError(name, f"must be a finite number, got {value!r}")
 
 
 def check_optimizer(args) -> None:
@@ -234,8 +217,8 @@ def check_reporting(args) -> None:
         raise _refused("report_to", report_to, "transformers", error) from None
     for callback in callbacks:
         try:
-            callback()
-        except (RuntimeError, ImportError) as error:
+            _build_callback(callback)
+        except Exception as error:  # noqa: BLE001 - RuntimeError, ImportError, NeptuneCallback's ValueError: refused
             refused = _refused("report_to", report_to, f"transformers' {callback.__name__}", error)
             extras = [extra for name, extra in REPORTING_EXTRAS.items() if name in report_to]
             if extras:
@@ -244,27 +227,47 @@ def check_reporting(args) -> None:
             raise refused from None
 
 
-def check_hub(args) -> None:
-    """With `push_to_hub`: the Hub can be reached (not offline), a token is set, and the repository name is valid."""
+def _build_callback(callback) -> None:
+    """Build `callback` as `Trainer` would. A refused one is dropped at once, and its `__del__`, which may read what its
+    `__init__` never set (`MLflowCallback._auto_end_run`), is kept from printing a traceback, then or at exit."""
+    try:
+        with warnings.catch_warnings():  # a deprecation it announces is announced again when `Trainer` builds it
+            warnings.simplefilter("ignore")
+            callback()
+    except Exception as error:
+        hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: None
+        try:
+            traceback.clear_frames(error.__traceback__)  # the half-built callback's only reference: it goes now
+        finally:
+            sys.unraisablehook = hook
+        raise
+
+
+def check_hub(args, setting: str = "push_to_hub") -> None:
+    """With `push_to_hub` (or `log_completions_hub_repo`, whose repository TRL creates when the trainer is built): the
+    Hub can be reached (not offline), a token is set, and the repository name is valid."""
     from pathlib import Path
 
     from huggingface_hub import constants, get_token
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
+    shown, off = ("is on", "turn push_to_hub off") if setting == "push_to_hub" else ("is set", f"unset {setting}")
     if constants.HF_HUB_OFFLINE:
         raise SettingError(
-            "push_to_hub",
-            "is on, but the Hugging Face Hub is offline (HF_HUB_OFFLINE=1): unset HF_HUB_OFFLINE, or turn push_to_hub off",
+            setting, f"{shown}, but the Hugging Face Hub is offline (HF_HUB_OFFLINE=1): unset HF_HUB_OFFLINE, or {off}"
         )
     if not (args.hub_token or get_token()):
         raise SettingError(
-            "push_to_hub", "is on, but no Hugging Face token is set: run `hf auth login`, set HF_TOKEN or hub_token"
+            setting, f"{shown}, but no Hugging Face token is set: run `hf auth login`, set HF_TOKEN or hub_token"
         )
-    repo = args.hub_model_id or Path(args.output_dir).absolute().name  # what `Trainer` creates
+    if setting == "push_to_hub":
+        repo = args.hub_model_id or Path(args.output_dir).absolute().name  # what `Trainer` creates
+        setting = "hub_model_id" if args.hub_model_id else "output_dir"
+    else:
+        repo = getattr(args, setting)
     try:
         validate_repo_id(repo)
     except HFValidationError as error:
-        shown = "hub_model_id" if args.hub_model_id else "output_dir"
         raise SettingError(
-            shown, f"gives the Hub repository {repo!r}, which huggingface_hub refuses: {_owner_words(error)}"
+            setting, f"gives the Hub repository {repo!r}, which huggingface_hub refuses: {_owner_words(error)}"
         ) from None

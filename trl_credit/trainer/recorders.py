@@ -14,7 +14,7 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from ..methods import GENERATION_STATISTICS, ROLLOUT_LOGPS, ROLLOUT_SUM_SQ_PROBS
+from ..methods import GENERATION_STATISTICS, ROLLOUT_LOGPS, ROLLOUT_UNSAMPLED
 from .batch_layout import valid_mask
 from .model_parts import backbone
 from .trl_compat import output_cache
@@ -176,13 +176,13 @@ def recorded_rollout(
     """Yield `(GenerationHidden or None, ScoringForward or None)`: the records of TRL's generation of a batch inside
     the block that the generation-batch `statistics` can use. `generate` is recorded where TRL samples in one call
     (`one_generate_call`); TRL's old-log-prob forward where it runs one (`scoring_forward`) and a statistic reads the
-    rollout policy's full distribution (keeping its hidden states when `keep_hidden` or for `rollout_sum_sq_probs`).
+    rollout policy's full distribution (keeping its hidden states when `keep_hidden` or for the `ROLLOUT_UNSAMPLED` statistics).
     Nothing without `statistics`."""
     if not statistics:
         yield None, None
         return
     score = scoring_forward and any(name in ROLLOUT_DISTRIBUTION for name in statistics)
-    keep_hidden = keep_hidden or ROLLOUT_SUM_SQ_PROBS in statistics
+    keep_hidden = keep_hidden or any(name in ROLLOUT_UNSAMPLED for name in statistics)
     with (
         recorded_generation_hidden(policy, one_generate_call) as generation,
         recorded_scoring_forward(model, policy, score, keep_hidden) as scoring,

@@ -7,8 +7,8 @@ when its process exits, however it exits: a crash leaves no stale lock. The file
 process that just opened it), except in a folder that taking the lock created and the run left empty. Its name starts
 with `_`, which TRL's `push_to_hub` does not upload. Within one process the lock is re-entrant (`trl-credit grpo`, then
 the trainer's `train()`; two trainers of a notebook one after the other); a command that starts worker processes
-passes the folder it holds to them in `HELD_BY_PARENT_ENV`. The launchers of one run on several machines share a
-`RUN_ID_ENV`: the first to reach the folder holds the lock, the others go on without it (docs/scaling.md,
+passes the folder it holds to them in `HELD_BY_PARENT_ENV`. The launchers of one job on several machines share a
+`JOB_ID_ENV`: the first to reach the folder holds the lock, the others go on without it (docs/scaling.md,
 "Multi-node").
 """
 
@@ -24,9 +24,9 @@ from pathlib import Path
 LOCK_FILE = "_trl_credit.lock"
 # Set by a process that holds the lock of a folder in the environment of the workers it starts: the folder's path.
 HELD_BY_PARENT_ENV = "TRL_CREDIT_RUN_FOLDER_HELD"
-# The run this process belongs to, the same in every launcher of a run on several machines (a SLURM job id): a folder
-# held by that run is not refused.
-RUN_ID_ENV = "TRL_CREDIT_RUN_ID"
+# The job this process belongs to, the same in every launcher of one training job on several machines (a SLURM job id):
+# a folder held by that job is not refused.
+JOB_ID_ENV = "TRL_CREDIT_JOB_ID"
 # What a finished run leaves at the top of its output folder: `save_state` and `save_model` at the end of training
 # (a checkpoint keeps its own in `checkpoint-N`; TRL writes the model card, README.md, at every checkpoint too).
 FINISHED_RUN_FILES = ("trainer_state.json", "config.json", "adapter_config.json", "model.safetensors")
@@ -49,45 +49,45 @@ def finished_run_files(folder) -> list[str]:
 
 
 def _holder(lock_file) -> tuple[str, str, str]:
-    """`(pid, host, run)` as the holder wrote them (empty strings until it has)."""
+    """`(pid, host, job)` as the holder wrote them (empty strings until it has)."""
     lock_file.seek(0)
-    pid, host, run = (lock_file.read().splitlines() + ["", "", ""])[:3]
-    return pid.strip(), host.strip(), run.strip()
+    pid, host, job = (lock_file.read().splitlines() + ["", "", ""])[:3]
+    return pid.strip(), host.strip(), job.strip()
 
 
 def _lock_or_join(lock_file, folder) -> bool:
-    """Take the lock of the open `lock_file`: True. False when this process's run (`RUN_ID_ENV`) already holds it.
+    """Take the lock of the open `lock_file`: True. False when this process's job (`JOB_ID_ENV`) already holds it.
 
     Raises:
-        RunFolderBusy: another run, or a process of no run, holds it.
+        RunFolderBusy: another job, or a process of none, holds it.
     """
-    run = os.environ.get(RUN_ID_ENV, "")
+    job = os.environ.get(JOB_ID_ENV, "")
     for _ in range(50):  # a holder that has just taken the lock writes who it is a moment later
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
-            pid, host, holder_run = _holder(lock_file)
+            pid, host, holder_job = _holder(lock_file)
             if pid:
                 break
             time.sleep(0.1)
-    if run and holder_run == run:
+    if job and holder_job == job:
         return False
     holder = f"process {pid} on {host}" if pid.isdigit() else "another process"
-    of_run = f" (run {holder_run}: its launchers on other machines go on with {RUN_ID_ENV}={holder_run})"
+    of_job = f" (job {holder_job}: its launchers on other machines go on with {JOB_ID_ENV}={holder_job})"
     raise RunFolderBusy(
         f"{folder} is in use by {holder}, which is training into it: wait for it to end, or choose another output "
-        f"folder{of_run if holder_run else ''}"
+        f"folder{of_job if holder_job else ''}"
     )
 
 
 @contextmanager
 def run_folder_lock(folder):
     """Hold the exclusive lock of the run folder `folder` (created if missing) inside the block; where this process's
-    run (`RUN_ID_ENV`) already holds it, from another machine's launcher, run the block without it.
+    job (`JOB_ID_ENV`) already holds it, from another machine's launcher, run the block without it.
 
     Raises:
-        RunFolderBusy: another process holds it for another run or none (the message names its pid and host).
+        RunFolderBusy: another process holds it for another job or none (the message names its pid and host).
     """
     key = _key(folder)
     if os.environ.get(HELD_BY_PARENT_ENV) == key:  # a worker of the process that holds it
@@ -109,7 +109,7 @@ def run_folder_lock(folder):
             yield
             return
         lock_file.truncate(0)
-        lock_file.write(f"{os.getpid()}\n{socket.gethostname()}\n{os.environ.get(RUN_ID_ENV, '')}\n")
+        lock_file.write(f"{os.getpid()}\n{socket.gethostname()}\n{os.environ.get(JOB_ID_ENV, '')}\n")
         lock_file.flush()
         _held[key] = [lock_file, 1, created]
     try:

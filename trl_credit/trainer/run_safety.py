@@ -6,7 +6,8 @@ grpo`):
 * its `NonFiniteGuard` callback checks every optimizer step: before the update, that the step's loss (every
   micro-batch's) and gradients are finite; after it, that the weights are. At the first step where one is not,
   training stops with `NonFiniteTrainingError`: one line naming the step, what was not finite, the setting that likely
-  caused it, and the last checkpoint, all of which were written at finite steps before it. The exception is raised
+  caused it (any setting that is not finite, whatever its field; only a finite configuration blames the learning
+  rate), and the last checkpoint, all of which were written at finite steps before it. The exception is raised
   before the step's `on_step_end`, so no checkpoint of that step is written, and `train()` does not return, so no final
   model or card is saved from that state. A non-finite statistic is an error, not a loss: nothing trained before it is
   lost.
@@ -16,6 +17,7 @@ grpo`):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from contextlib import nullcontext
@@ -63,9 +65,24 @@ def _not_finite(args, names, dtype: torch.dtype = torch.float32) -> list[str]:
     ]
 
 
+def non_finite_settings(args) -> list[str]:
+    """Every setting of `args` (a field, an element of a list field, a method hyperparameter of `credit_kwargs`)
+    that is a number and not finite, as `name=value`: whatever the field, it is the likeliest cause of a non-finite
+    step."""
+    settings = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(args)}
+    settings.update(getattr(args, "credit_kwargs", None) or {})
+    found = []
+    for name, value in settings.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        numbers = [v for v in values if isinstance(v, float)]
+        if any(not math.isfinite(v) for v in numbers):
+            found.append(_setting(name, value) if not isinstance(value, (list, tuple)) else f"{name}={list(value)}")
+    return found
+
+
 def _update_suspects(args, dtype: torch.dtype) -> list[str]:
-    """The optimizer settings that likely made an update non-finite."""
-    suspects = _not_finite(args, OPTIMIZER_SETTINGS, dtype)
+    """The settings that likely made an update non-finite: any that is not finite, else the optimizer's."""
+    suspects = non_finite_settings(args) or _not_finite(args, OPTIMIZER_SETTINGS, dtype)
     if not suspects and args.learning_rate * args.weight_decay > 1:  # decoupled decay scales by 1 - lr x wd
         suspects = [
             f"{_setting('weight_decay', args.weight_decay)} with {_setting('learning_rate', args.learning_rate)} "
@@ -93,13 +110,15 @@ class NonFiniteGuard(TrainerCallback):
         gradients = [_local(p.grad) for p in self._trainable() if p.grad is not None]
         finite = torch.stack([losses_finite.to(device), _all_finite(gradients, device)])
         loss_bad, gradients_bad = self._on_any_process(~finite)
-        if loss_bad:
-            suspects = _not_finite(args, OPTIMIZER_SETTINGS) or [
+        if loss_bad:  # only a finite configuration blames the learning rate
+            suspects = non_finite_settings(args) or [
                 f"a diverged model ({_setting('learning_rate', args.learning_rate)} may be too high)"
             ]
             self._stop(state, "the loss is", suspects)
         if gradients_bad:
-            suspects = ["an overflow in the backward pass (a lower learning_rate, or float32 instead of fp16/bf16)"]
+            suspects = non_finite_settings(args) or [
+                "an overflow in the backward pass (a lower learning_rate, or float32 instead of fp16/bf16)"
+            ]
             self._stop(state, "the gradient norm is", suspects)
 
     def on_optimizer_step(self, args, state, control, **kwargs):

@@ -23,7 +23,9 @@ from ..methods import (
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
     ROLLOUT_MEAN_ENTROPY,
-    ROLLOUT_SUM_SQ_PROBS,
+    ROLLOUT_UNSAMPLED,
+    ROLLOUT_UNSAMPLED_MASS,
+    ROLLOUT_UNSAMPLED_SUM_SQ_PROBS,
 )
 from .batch_layout import sequence_inputs, valid_mask
 from .config import StagePlan
@@ -113,8 +115,8 @@ class StatisticsSources:
 
     @torch.no_grad()
     def _streamed_policy_statistics(self, batch, hidden_BTH: torch.Tensor) -> TokenStatistics:
-        """The policy's sampled-token log-probs, entropies and logit gaps to the largest logit, `(B, T)` each, zero
-        where masked, from its final hidden states at the completion positions: the LM head streamed over the valid
+        """The policy's sampled-token log-probs, entropies, logit gaps to the largest logit and the other tokens'
+        probability mass and sum of squares, `(B, T)` each, zero where masked, from its final hidden states at the completion positions: the LM head streamed over the valid
         tokens with the model's output transform and the sampling temperature, as TRL's forward scores them."""
         policy = self._policy()
         valid_BT = valid_mask(batch)
@@ -122,8 +124,8 @@ class StatisticsSources:
             streamed_N = token_statistics(
                 hidden_BTH[valid_BT],
                 weight_VH,
+                batch["completion_ids"][valid_BT],
                 bias_V,
-                token_ids_N=batch["completion_ids"][valid_BT],
                 temperature=self.temperature,
                 token_chunk_size=self.args.statistics_token_chunk_size,
                 vocab_chunk_size=self.args.statistics_vocab_chunk_size,
@@ -169,10 +171,12 @@ class StatisticsSources:
         needed = {*names, ROLLOUT_ENTROPY} if ROLLOUT_MEAN_ENTROPY in names else set(names)
         if ROLLOUT_ENTROPY in needed and scored_entropy_BT is not None:
             statistics.setdefault(ROLLOUT_ENTROPY, scored_entropy_BT)
-        if any(n in needed and n not in statistics for n in (ROLLOUT_LOGPS, ROLLOUT_ENTROPY, ROLLOUT_SUM_SQ_PROBS)):
+        streamed_names = (ROLLOUT_LOGPS, ROLLOUT_ENTROPY, *ROLLOUT_UNSAMPLED)
+        if any(n in needed and n not in statistics for n in streamed_names):
             if policy_hidden_BTH is None:
-                # sum_v p_v^2 is streamed from the final hidden states of TRL's forward, recorded as it runs.
-                with recorded_final_hidden(self._policy(), ROLLOUT_SUM_SQ_PROBS in needed) as hidden:
+                # The other tokens' mass and squares are streamed from the final hidden states of TRL's forward,
+                # recorded as it runs.
+                with recorded_final_hidden(self._policy(), any(n in needed for n in ROLLOUT_UNSAMPLED)) as hidden:
                     logps_BT, entropy_BT = self.policy_logps_and_entropy(batch, self._forward_batch_size())
                 statistics.setdefault(ROLLOUT_LOGPS, logps_BT)
                 statistics.setdefault(ROLLOUT_ENTROPY, entropy_BT)
@@ -182,7 +186,8 @@ class StatisticsSources:
                 streamed = self._streamed_policy_statistics(batch, policy_hidden_BTH)
                 statistics.setdefault(ROLLOUT_LOGPS, streamed.logps)
                 statistics.setdefault(ROLLOUT_ENTROPY, streamed.entropy)
-                statistics.setdefault(ROLLOUT_SUM_SQ_PROBS, streamed.sum_sq_probs)
+                statistics.setdefault(ROLLOUT_UNSAMPLED_MASS, streamed.unsampled_mass)
+                statistics.setdefault(ROLLOUT_UNSAMPLED_SUM_SQ_PROBS, streamed.unsampled_sum_sq_probs)
         mask_BT = valid_mask(batch)
         if ROLLOUT_MEAN_ENTROPY in names:  # over every valid token of every process (a collective)
             entropy_BT = statistics[ROLLOUT_ENTROPY]

@@ -67,7 +67,7 @@ PRIVATE_SURFACES = {
     "_compute_loss": "overridden: hands the micro-batch to the training-forward stage, then TRL's loss",
     "_get_per_token_logps_and_entropies": "overridden: TRL's scoring forward, whose log-probs the methods read",
     "_calculate_rewards": "overridden: keeps the rewards per function and logs the unscored answers",
-    "_save_checkpoint": "overridden: saves the previous-policy reference with the checkpoint",
+    "_save_checkpoint": "overridden: saves the previous-policy reference and the run's record with the checkpoint",
     "_load_optimizer_and_scheduler": "overridden: loads the previous-policy reference on resume",
     "_save": "overridden: gives the saved .safetensors files the mode of the other saved files",
     "_get_output_dir": "called: the folder of the checkpoint being saved",

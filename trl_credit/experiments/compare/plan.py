@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
 from ...cli import UsageError
 from ...cli.grpo_arguments import _given_options, _normalise_options
+from ...cli.parsing import read_recipe
 from ...methods import DEFAULT_COMPARISON
 
 DONE_MARKER = ".done"
@@ -257,15 +256,14 @@ def route_method_settings(methods: list[str], passthrough: list[str]) -> tuple[l
 
 
 def _recipe_keys(recipe: str | None) -> set[str]:
-    """The keys of the YAML recipe, or none when it cannot be read (`trl-credit grpo` then reports why)."""
+    """The keys of the recipe (a file or a packaged name), or none when it cannot be read (`trl-credit grpo` then
+    reports why)."""
     if recipe is None:
         return set()
     try:
-        with open(recipe) as handle:
-            content = yaml.safe_load(handle)
-    except (OSError, yaml.YAMLError):
+        return set(read_recipe(recipe)[2])
+    except UsageError:
         return set()
-    return set(content) if isinstance(content, dict) else set()
 
 
 def common_settings(config: CompareConfig, shared: list[str]) -> dict[str, str]:
@@ -278,9 +276,10 @@ def build_runs(config: CompareConfig, passthrough: list[str]) -> list[RunSpec]:
     """One `RunSpec` per (method, seed), seeds outermost so that early results already pair every method."""
     runs_dir = Path(config.output_dir) / "runs"
     shared, own = route_method_settings(config.methods, passthrough)
-    sets_saving = "save_strategy" in _option_names(shared)
-    if config.config is None and not sets_saving:
-        shared = [*RESUMABLE, *shared]
+    given = _option_names(shared)
+    if config.config is None and "save_strategy" not in given:  # a resume point, in the settings the flags leave
+        pairs = zip(RESUMABLE[::2], RESUMABLE[1::2])
+        shared = [*(arg for name, value in pairs if name[2:] not in given for arg in (name, value)), *shared]
     pinned = [arg for name, value in common_settings(config, shared).items() for arg in (f"--{name}", value)]
     return [
         RunSpec(method, seed, runs_dir / run_name(method, seed), config.config, (*pinned, *shared, *own[method]))

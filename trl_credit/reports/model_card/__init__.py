@@ -19,18 +19,18 @@ quick-start snippet prompts the model with the first training prompt when one is
   of a run, from a notebook) and `with_research_card` (a trainer class that writes it wherever TRL writes its card,
   as `trl-credit grpo` trains). A library trainer alone writes TRL's card, with its methods' tags and paper.
 
-The Jinja template is `model_cards/credit_model_card.md.j2` at the top of the source tree, installed as the package
-data folder `trl_credit/model_cards`.
+The Jinja template is `model_cards/credit_model_card.md.j2` at the top of the source tree, installed in the package
+`trl_credit.model_cards` and read with `card_template()`.
 """
 
 from .card import (
     CARD_INPUTS_NAME,
     DEFAULT_QUICK_START_QUESTION,
     CreditModelCard,
+    card_template,
     collect_upload_folder,
     generate_credit_model_card,
     regenerate_model_card,
-    template_path,
 )
 from .evaluation_results import eval_metrics, eval_results, eval_table, load_eval_summaries
 from .run_facts import base_model_reference, first_training_prompt, format_hyperparameters, scrub_secrets
@@ -48,6 +48,7 @@ __all__ = [
     "CreditModelCard",
     "ResearchCard",
     "base_model_reference",
+    "card_template",
     "collect_upload_folder",
     "eval_metrics",
     "eval_results",
@@ -59,7 +60,6 @@ __all__ = [
     "regenerate_model_card",
     "research_trainer_name",
     "scrub_secrets",
-    "template_path",
     "trainer_model_card",
     "with_research_card",
     "write_model_card",

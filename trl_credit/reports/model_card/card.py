@@ -12,7 +12,7 @@ from typing import Any
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ...resources import packaged_dir
+from ...resources import model_card_template
 from .evaluation_results import eval_results, eval_table, load_eval_summaries
 from .run_facts import (
     REDACTED,
@@ -36,9 +36,9 @@ TRL_CREDIT_URL = "https://github.com/trl-credit/trl-credit"
 BASE_TAGS = ("trl", "grpo", "trl-credit")
 
 
-def template_path() -> Path:
-    """The card template: the source checkout's `model_cards/`, else the installed package data."""
-    return packaged_dir("model_cards") / TEMPLATE_NAME
+def card_template() -> str:
+    """The card's Jinja template, shipped in the package (`model_cards/` in the repository)."""
+    return model_card_template(TEMPLATE_NAME)
 
 
 def _plot_entries(plots: Sequence[str]) -> list[dict[str, str]]:
@@ -168,7 +168,7 @@ def generate_credit_model_card(
     )
     card = ModelCard.from_template(
         card_data,
-        template_path=str(template_path()),
+        template_str=card_template(),
         base_model=base_model,
         base_model_description=base_model_description,
         result=result_line(reward_curve, eval_summary or []),

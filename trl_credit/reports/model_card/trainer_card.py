@@ -36,7 +36,8 @@ def trainer_model_card(
 
     Reads the base model from the policy's config, the set-up from `trainer.args` (clipping included), the number of
     processes, the reward functions with their weights and the number of training prompts, the methods of the stack
-    and their hyperparameters from `trainer.args`, the reward curve from `trainer.state.log_history`, and any
+    and their hyperparameters from `trainer.args` (and, for a run resumed with another stack, which steps trained with
+    which, from `trainer.run_record`), the reward curve from `trainer.state.log_history`, and any
     `trl-credit eval` summaries from `output_dir`. Writes the training plots to `output_dir/plots/` (see
     `trl_credit.reports.plots.save_training_plots`).
 
@@ -50,6 +51,7 @@ def trainer_model_card(
     from transformers import is_wandb_available
     from trl.trainer.utils import get_comet_experiment_url, get_config_model_id, get_trackio_space_url
 
+    from ...trainer.run_record import stacks_by_step
     from ..plots import save_training_plots
 
     args, state = trainer.args, trainer.state
@@ -57,6 +59,17 @@ def trainer_model_card(
     policy = trainer.accelerator.unwrap_model(trainer.model)
     base_model, base_model_description = base_model_reference(get_config_model_id(policy.config))
     methods = [step.method for step in args.credit_stack]
+    training_setup = read_training_setup(
+        args,
+        trainer.accelerator.num_processes,
+        state.global_step,
+        reward_funcs=rewards,
+        num_train_prompts=len(trainer.train_dataset) if isinstance(trainer.train_dataset, Sized) else None,
+    )
+    # A run resumed with another method stack (`resume_with_other_method`): which steps trained with which.
+    stacks = stacks_by_step(getattr(trainer, "run_record", None), state.global_step)
+    if stacks:
+        training_setup["credit_method_by_step"] = stacks
     wandb_url = None
     if is_wandb_available():
         import wandb
@@ -70,13 +83,7 @@ def trainer_model_card(
         dataset_name=dataset_name,
         method=args.credit_method,
         hyperparameters=args.credit_hyperparameters(),
-        training_setup=read_training_setup(
-            args,
-            trainer.accelerator.num_processes,
-            state.global_step,
-            reward_funcs=rewards,
-            num_train_prompts=len(trainer.train_dataset) if isinstance(trainer.train_dataset, Sized) else None,
-        ),
+        training_setup=training_setup,
         reward_curve=read_reward_curve(state.log_history, rewards),
         tags=list(dict.fromkeys([*BASE_TAGS, *(m.name for m in methods), *(tags or [])])),
         plots=save_training_plots(state.log_history, args.output_dir) if state.log_history else [],

@@ -1,0 +1,1 @@
+"""Recipes shipped with trl-credit: the package `trl_credit.configs`, read with `trl_credit.resources`."""
