@@ -8,7 +8,8 @@
 #   DRY_RUN=1 NODELIST="n1 n2 n3" bash examples/slurm_multinode.sh                # print the commands, run nothing
 #   LAUNCH=local NODELIST="127.0.0.1 127.0.0.1 127.0.0.1" bash examples/slurm_multinode.sh   # every node here
 #
-# Every extra argument is passed on to `trl-credit grpo` (e.g. `--max_steps 200 --output_dir runs/tide32b`).
+# Every extra argument is passed on to `trl-credit grpo` (e.g. `--max_steps 200 --output_dir runs/tide32b`); the options
+# the script sets itself (model, vLLM server, accelerate config) come from the variables below, given once.
 # Needs, on every node: this package with the `vllm` extra (vLLM <= 0.31 pins transformers < 5.18) and, for ZeRO,
 # the `deepspeed` extra; a shared file system for the output directory; the model in the local HF cache or a path.
 #
@@ -42,6 +43,7 @@ VLLM_DP=${VLLM_DP:-1}
 VLLM_PORT=${VLLM_PORT:-8000}
 VLLM_GROUP_PORT=${VLLM_GROUP_PORT:-51216}  # NCCL weight-sync group between trainer rank 0 and the server
 VLLM_ARGS=${VLLM_ARGS:-}                   # more `trl vllm-serve` flags, split on spaces
+VLLM_SERVER_TIMEOUT=${VLLM_SERVER_TIMEOUT:-1800}  # seconds TRL waits for the server to come up
 MAIN_PORT=${MAIN_PORT:-29500}
 RUN_DIR=${RUN_DIR:-runs/${SLURM_JOB_ID:-local}}
 LAUNCH=${LAUNCH:-srun}                     # srun, or local (every node's command here, in the background)
@@ -125,7 +127,7 @@ export ACCELERATE_BASE RUN_DIR NUM_TRAIN_NODES GPUS_PER_NODE MAIN_NODE MAIN_PORT
 TRAIN_ARGS=(
     ${METHOD:+--method "$METHOD"} --config "$RECIPE" --model_name_or_path "$MODEL"
     --use_vllm --vllm_mode server --vllm_server_host "$VLLM_NODE" --vllm_server_port "$VLLM_PORT"
-    --vllm_group_port "$VLLM_GROUP_PORT" --vllm_server_timeout 1800
+    --vllm_group_port "$VLLM_GROUP_PORT" --vllm_server_timeout "$VLLM_SERVER_TIMEOUT"
     "$@"
 )
 # What each training node runs, its machine rank in SLURM_PROCID: write its config, then launch.

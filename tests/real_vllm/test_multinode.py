@@ -63,7 +63,6 @@ TINY_RUN = {
     "save_steps": "1",
     "report_to": "none",
     "seed": "0",
-    "vllm_server_timeout": "600",
     "log_token_credit": "true",
     "reward_funcs": "multinode_fixture:row_reward",
 }
@@ -166,6 +165,7 @@ def start_script(machines, name: str, case: str, zero: int, output_dir: Path, *f
         VLLM_PORT=str(free_port()),
         MAIN_PORT=str(free_port()),
         VLLM_GROUP_PORT=str(free_port()),
+        VLLM_SERVER_TIMEOUT="600",
         **env,
     )
     log = open(folder / "script.log", "w")  # noqa: SIM115 - the child holds it; closed with the process
