@@ -51,11 +51,12 @@ def timed_parts(model, optimizer, input_ids):
     """`(step, guard_hooks)`: a forward, backward and update of `model` on `input_ids`, and the guard's two hooks,
     called as the trainer calls them around an optimizer step."""
     from accelerate import Accelerator
+    from transformers import TrainingArguments
 
     from trl_credit.trainer.run_safety import NonFiniteGuard
 
     # What the guard is given: the accelerator; at each hook, the settings and the model (no rewards here).
-    training = SimpleNamespace(output_dir="unused", **dict.fromkeys(("learning_rate", "weight_decay"), 0.0))
+    training = TrainingArguments(output_dir="unused", learning_rate=0.0, weight_decay=0.0, use_cpu=True, report_to=[])
     guard = NonFiniteGuard(Accelerator(cpu=True))
     state = SimpleNamespace(global_step=0)
 

@@ -46,7 +46,7 @@ torch.set_num_threads(1)
 
 import pytest  # noqa: E402
 from conftest import make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset  # noqa: E402
-from trainer_helpers import AdvantageRecorder, moving_settings  # noqa: E402
+from trainer_helpers import TwoProcessRecorder, moving_settings  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 import trl_credit  # noqa: E402
@@ -172,44 +172,6 @@ class _MaskRankOneCompletions(GRPOTrainer):
 
 class UnevenRecordingTrainer(RecordingTrainer, _MaskRankOneCompletions):
     """`RecordingTrainer` above `CreditGRPOTrainer` above the masking layer above TRL's `GRPOTrainer`."""
-
-
-class TwoProcessRecorder(AdvantageRecorder):
-    """`AdvantageRecorder` on one of two processes: the generation stage's reference over both processes' rows, and
-    each difference kept in `failures` instead of raised."""
-
-    def __init__(self, monkeypatch, trainer):
-        super().__init__(monkeypatch, trainer)
-        self.failures = []
-
-    def gather_rows(self, rows):
-        accelerator, pad_id = self.trainer.accelerator, self.trainer.processing_class.pad_token_id
-        gathered = {}
-        for name, value in rows.items():  # the same names in the same order on every process: collectives
-            if value.dim() == 2:
-                value = accelerator.pad_across_processes(value, dim=1, pad_index=pad_id if "ids" in name else 0)
-            gathered[name] = accelerator.gather(value.contiguous()).cpu()
-        return gathered
-
-    def first_local_row(self, rows):
-        return self.trainer.accelerator.process_index * rows  # TRL gives every process as many rows
-
-    def _keep(self, error):
-        self.failures.append(f"step {self.trainer.state.global_step}: {type(error).__name__}: {error}"[:2000])
-
-    def _expect_training_forward(self, inputs):
-        try:
-            return super()._expect_training_forward(inputs)
-        except (AssertionError, KeyError) as error:
-            self._keep(error)
-            return None
-
-    def _check(self, inputs, expected_rows):
-        if expected_rows is not None:
-            try:
-                super()._check(inputs, expected_rows)
-            except AssertionError as error:
-                self._keep(error)
 
 
 def train_registry_case(out: Path, case: str) -> None:

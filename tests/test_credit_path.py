@@ -34,13 +34,14 @@ from transformers import TrainerCallback
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from trl import GRPOTrainer
 
-from trl_credit import CreditGRPOTrainer
+from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
 from trl_credit.methods import (
     CREDIT_METHODS,
     ROLLOUT_ENTROPY,
     ROLLOUT_MEAN_ENTROPY,
     CreditBatch,
     CreditResult,
+    SettingError,
     register_credit_method,
 )
 from trl_credit.methods.registry import paper
@@ -618,3 +619,19 @@ def test_a_policy_given_by_name_is_measured_against_its_weights_loaded_as_trl_lo
     trainer.train()
     assert recorder.checked_batches == 2
     recorder.assert_credit_moved()
+
+
+def test_a_generation_batch_of_partial_groups_is_named_in_the_fields_the_user_set():
+    """TRL derives `generation_batch_size`; the error names what the user set, and which of them the command line
+    must show as given (`mentions`)."""
+    with pytest.raises(SettingError) as refused:
+        CreditGRPOConfig(
+            output_dir="/tmp/u", per_device_train_batch_size=3, num_generations=2, use_cpu=True, report_to=[]
+        )
+    assert str(refused.value) == (
+        "per_device_train_batch_size 3 is not divisible by num_generations 2: a generation batch "
+        "(per_device_train_batch_size x gradient_accumulation_steps 1 x 1 processes = 3 completions) must hold whole "
+        "groups"
+    )
+    assert refused.value.name == "per_device_train_batch_size"
+    assert refused.value.mentions == ("num_generations", "gradient_accumulation_steps")

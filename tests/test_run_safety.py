@@ -13,6 +13,7 @@ import math
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 
@@ -27,7 +28,7 @@ from trl_credit import CreditGRPOTrainer
 from trl_credit.cli import main as cli_main
 from trl_credit.experiments.lab.lab_runs import LabConfig, previous_records
 from trl_credit.trainer import run_safety
-from trl_credit.trainer.run_folder import LOCK_FILE, RunFolderBusy, run_folder_lock
+from trl_credit.trainer.run_folder import JOB_ID_ENV, LOCK_FILE, RunFolderBusy, run_folder_lock
 from trl_credit.trainer.run_safety import NonFiniteTrainingError
 
 FINAL_FILES = ("model.safetensors", "config.json", "trainer_state.json")  # `save_model` and `save_state`
@@ -213,12 +214,18 @@ with run_folder_lock(sys.argv[1]):
 
 @pytest.fixture
 def holder():
-    """`holder(folder)`: another process holding the lock of `folder` until the test ends (or it is killed)."""
+    """`holder(folder, job=None)`: another process holding the lock of `folder` until the test ends (or it is killed),
+    as a launcher of the multi-machine job `job` (`JOB_ID_ENV`) when given."""
     processes = []
 
-    def hold(folder):
+    def hold(folder, job=None):
+        env = {key: value for key, value in os.environ.items() if key != JOB_ID_ENV}
         process = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(folder)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            [sys.executable, "-c", HOLDER, str(folder)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env if job is None else {**env, JOB_ID_ENV: job},
         )
         processes.append(process)
         assert process.stdout.readline() == "held\n"
@@ -242,7 +249,8 @@ def test_a_second_run_into_a_held_folder_is_refused_before_loading_naming_the_ho
     recipe = tiny_recipe(tmp_path, tiny_model_dir)
     process = holder(tmp_path / "run")
     assert cli_main(["grpo", "--config", str(recipe)]) == 2
-    assert f"is in use by process {process.pid}, which is training into it" in _one_error_line(capsys, "grpo")
+    error = _one_error_line(capsys, "grpo")
+    assert f"is in use by process {process.pid} on {socket.gethostname()}, which is training into it" in error
     assert sorted(os.listdir(tmp_path / "run")) == [LOCK_FILE]
 
     for command, argv in (
@@ -268,10 +276,40 @@ def test_the_lock_is_reentrant_here_and_outlives_no_crash(tmp_path, holder):
     os.kill(crashed.pid, signal.SIGKILL)  # a crash: the operating system releases its lock
     crashed.wait()
     with run_folder_lock(tmp_path / "other"):
-        assert (tmp_path / "other" / LOCK_FILE).read_text().strip() == str(os.getpid())
+        assert (tmp_path / "other" / LOCK_FILE).read_text().splitlines()[:2] == [
+            str(os.getpid()),
+            socket.gethostname(),
+        ]
     with run_folder_lock(tmp_path / "empty"):  # a run that wrote nothing leaves no folder behind
         pass
     assert not (tmp_path / "empty").exists()
+
+
+def test_launchers_of_one_job_on_several_machines_share_the_folder_and_another_job_is_refused(
+    tmp_path, tiny_model_dir, holder, no_model_loading, monkeypatch, capsys
+):
+    """The first launcher of job `job-1` holds the folder; another launcher of `job-1` (another machine's) goes on
+    without taking it; a launcher of `job-2`, or of no job, is refused, naming the holder and its job."""
+    folder = tmp_path / "run"
+    process = holder(folder, job="job-1")
+    monkeypatch.setenv(JOB_ID_ENV, "job-1")
+    with run_folder_lock(folder):
+        (folder / "written by machine 1").write_text("")
+    assert (folder / LOCK_FILE).read_text().splitlines()[0] == str(process.pid)  # still the first launcher's
+
+    recipe = tiny_recipe(tmp_path, tiny_model_dir, output_dir=str(folder))
+    for job in ("job-2", None):
+        if job is None:
+            monkeypatch.delenv(JOB_ID_ENV)
+        else:
+            monkeypatch.setenv(JOB_ID_ENV, job)
+        with pytest.raises(RunFolderBusy, match=f"in use by process {process.pid} .*job job-1"):
+            with run_folder_lock(folder):
+                pass
+        assert cli_main(["grpo", "--config", str(recipe)]) == 2
+        error = _one_error_line(capsys, "grpo")
+        assert f"in use by process {process.pid} on {socket.gethostname()}" in error
+        assert f"{JOB_ID_ENV}=job-1" in error
 
 
 def test_a_finished_run_is_refused_naming_both_fixes_and_both_are_accepted(tmp_path, tiny_model_dir, holder, capsys):

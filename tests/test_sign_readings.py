@@ -72,7 +72,8 @@ def test_a_method_keeps_signs_exactly_when_its_registration_says_so(name):
 # ------------------------------------------------------------------------------------------ TRL's loss by hand
 
 OPTIONS = {
-    "off_policy_mask_threshold": {"loss_type": "grpo", "off_policy_mask_threshold": 0.0},
+    # TRL expects a positive threshold; one this small splits the run's sequences by the sign of their KL, as 0 would.
+    "off_policy_mask_threshold": {"loss_type": "grpo", "off_policy_mask_threshold": 1e-9},
     "vespo": {"loss_type": "vespo"},
     "sapo": {"loss_type": "sapo"},
 }

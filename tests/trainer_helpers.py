@@ -6,6 +6,7 @@
   reference rules of `tests/reference_credit.py` in the stage the specification puts each method (the generation
   batch for methods of rollout statistics, each micro-batch for methods of the current policy), and checks the
   advantages and the loss mask TRL's `_compute_loss` consumed against them. Nothing in it names a method.
+  `TwoProcessRecorder` does the same on each of several processes, the generation stage over every process's rows.
 - `DOCUMENTED_STACKS`, `path_cases`: the stacks the docs name, and every registered method plus those stacks, with
   the settings (`MOVING_SETTINGS`) under which each moves credit.
 - `assert_all_params_changed`: TRL's own check that a short run trained every trainable parameter.
@@ -466,6 +467,45 @@ class AdvantageRecorder:
             want_BT[p], weights_BT[p] = consumed_BT[p], loss_mask_BT[p]
         self.tie_swaps += len(swapped) // 2
         return want_BT, weights_BT
+
+
+class TwoProcessRecorder(AdvantageRecorder):
+    """`AdvantageRecorder` on one of several processes (`tests/multiproc_worker.py`, the multi-node test): the
+    generation stage's reference over every process's rows, and each difference kept in `failures` instead of raised
+    (a process that stopped would leave the others waiting in a collective)."""
+
+    def __init__(self, monkeypatch, trainer):
+        super().__init__(monkeypatch, trainer)
+        self.failures = []
+
+    def gather_rows(self, rows):
+        accelerator, pad_id = self.trainer.accelerator, self.trainer.processing_class.pad_token_id
+        gathered = {}
+        for name, value in rows.items():  # the same names in the same order on every process: collectives
+            if value.dim() == 2:
+                value = accelerator.pad_across_processes(value, dim=1, pad_index=pad_id if "ids" in name else 0)
+            gathered[name] = accelerator.gather(value.contiguous()).cpu()
+        return gathered
+
+    def first_local_row(self, rows):
+        return self.trainer.accelerator.process_index * rows  # TRL gives every process as many rows
+
+    def _keep(self, error):
+        self.failures.append(f"step {self.trainer.state.global_step}: {type(error).__name__}: {error}"[:2000])
+
+    def _expect_training_forward(self, inputs):
+        try:
+            return super()._expect_training_forward(inputs)
+        except (AssertionError, KeyError) as error:
+            self._keep(error)
+            return None
+
+    def _check(self, inputs, expected_rows):
+        if expected_rows is not None:
+            try:
+                super()._check(inputs, expected_rows)
+            except AssertionError as error:
+                self._keep(error)
 
 
 def assert_all_params_changed(before, after):
