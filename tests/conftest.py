@@ -188,6 +188,25 @@ def tiny_config(method: str, output_dir, **overrides):
     return CreditGRPOConfig(output_dir=str(output_dir), **settings)
 
 
+def tiny_trainer(
+    args, trainer_class=None, *, model=None, tokenizer=None, reward_funcs=length_reward, train_dataset=None, **kwargs
+):
+    """A trainer (`CreditGRPOTrainer` unless `trainer_class`) of `args` on a fresh tiny model of `tokenizer` (a fresh
+    one unless given) and `tiny_prompt_dataset()`, rewarded by `length_reward`: each replaceable; `kwargs` go to the
+    trainer (`peft_config`, `rollout_func`, ...)."""
+    from trl_credit import CreditGRPOTrainer
+
+    tokenizer = make_tiny_tokenizer() if tokenizer is None else tokenizer
+    return (trainer_class or CreditGRPOTrainer)(
+        model=make_tiny_model(tokenizer) if model is None else model,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=tiny_prompt_dataset() if train_dataset is None else train_dataset,
+        processing_class=tokenizer,
+        **kwargs,
+    )
+
+
 def tiny_recipe(folder, model_dir, **settings):
     """A `trl-credit grpo --config` recipe in `folder` for a one-step CPU run of the model saved at `model_dir` on 8
     addition problems (JSONL); `settings` win. The run writes to `folder / "run"`."""
@@ -239,6 +258,31 @@ def credit_method_registry():
     CREDIT_METHODS.update(registered)
 
 
+@pytest.fixture(scope="module")
+def accelerator():
+    """A CPU accelerator of one process, for code that gathers or reduces."""
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=True)
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Any attempt to resolve or load a model, or to reach the Hub, fails the test: a bad input must be refused
+    first."""
+    import huggingface_hub.constants
+    import transformers
+
+    import trl_credit.data.models
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the bad input was refused")
+
+    monkeypatch.setattr(trl_credit.data.models, "resolve_model_path", refuse)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
 @pytest.fixture
 def make_trainer(tmp_path):
     """`make_trainer(method, **overrides)`: a trainer on a fresh tiny model, tokenizer and prompt dataset, rewarded by
@@ -247,14 +291,7 @@ def make_trainer(tmp_path):
     from trl_credit import CreditGRPOTrainer
 
     def build(method: str, trainer_class=CreditGRPOTrainer, output_dir=None, **overrides):
-        tokenizer = make_tiny_tokenizer()
-        return trainer_class(
-            model=make_tiny_model(tokenizer),
-            reward_funcs=length_reward,
-            args=tiny_config(method, output_dir or tmp_path / "out", **overrides),
-            train_dataset=tiny_prompt_dataset(),
-            processing_class=tokenizer,
-        )
+        return tiny_trainer(tiny_config(method, output_dir or tmp_path / "out", **overrides), trainer_class)
 
     return build
 

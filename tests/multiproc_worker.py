@@ -45,7 +45,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 import pytest  # noqa: E402
-from conftest import make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset  # noqa: E402
+from conftest import make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_trainer  # noqa: E402
 from trainer_helpers import TwoProcessRecorder, moving_settings  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
@@ -184,13 +184,7 @@ def train_registry_case(out: Path, case: str) -> None:
             args = tiny_config(
                 case, out / case, max_steps=STEPS["registry"], num_generations=8, **moving_settings(case)
             )
-            trainer = CreditGRPOTrainer(
-                model=make_tiny_model(tokenizer),
-                reward_funcs=char_reward,
-                args=args,
-                train_dataset=tiny_prompt_dataset(),
-                processing_class=tokenizer,
-            )
+            trainer = tiny_trainer(args, tokenizer=tokenizer, reward_funcs=char_reward)
             recorder = TwoProcessRecorder(monkeypatch, trainer)
             trainer.train()
             final_state = full_state_dict(trainer.accelerator.unwrap_model(trainer.model))
@@ -220,13 +214,7 @@ def train_method(out: Path, engine: str, method: str, run_name: str | None = Non
         overrides.update(statistics_token_chunk_size=1)
     args = tiny_config(method, out / run_name, **overrides)
     trainer_class = UnevenRecordingTrainer if uneven else RecordingTrainer
-    trainer = trainer_class(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=char_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    trainer = tiny_trainer(args, trainer_class, tokenizer=tokenizer, reward_funcs=char_reward)
     accelerator = trainer.accelerator
     assert accelerator.num_processes == 2, accelerator.state
     engine_info = {"name": engine, "distributed_type": str(accelerator.distributed_type.value)}

@@ -16,7 +16,7 @@ import copy
 
 import pytest
 import torch
-from conftest import length_reward, make_tiny_tokenizer, naive_logprobs, sampled, tiny_config
+from conftest import make_tiny_tokenizer, naive_logprobs, sampled, tiny_config, tiny_trainer
 from reference_formulas import unsampled_statistics
 
 from trl_credit import CreditGRPOTrainer, register_credit_method
@@ -178,12 +178,8 @@ def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, 
         per_device_train_batch_size=8,
         num_generations=2,
     )
-    trainer = BatchKeeper(
-        model=model,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=_prompts_of_several_lengths(),
-        processing_class=tokenizer,
+    trainer = tiny_trainer(
+        args, BatchKeeper, model=model, tokenizer=tokenizer, train_dataset=_prompts_of_several_lengths()
     )
     # Which models the deviation pass runs a forward of: the policy's hidden states come from `generate`, which
     # records them only when it decodes with a KV cache; without one the policy's backbone runs again.
@@ -258,12 +254,12 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
         num_generations=2,
         **off_policy,
     )
-    trainer = BatchKeeper(
+    trainer = tiny_trainer(
+        args,
+        BatchKeeper,
         model=model,
-        reward_funcs=length_reward,
-        args=args,
+        tokenizer=tokenizer,
         train_dataset=_prompts_of_several_lengths(),
-        processing_class=tokenizer,
         rollout_func=make_rollout_func(vary_lengths=True),
     )
     if branch == "vllm":
@@ -413,12 +409,12 @@ def test_scoring_forward_is_told_apart_from_trls_peft_reference_forward(tmp_path
         per_device_train_batch_size=8,
         num_generations=2,
     )
-    trainer = BatchKeeper(
+    trainer = tiny_trainer(
+        args,
+        BatchKeeper,
         model=model,
-        reward_funcs=length_reward,
-        args=args,
+        tokenizer=tokenizer,
         train_dataset=_prompts_of_several_lengths(),
-        processing_class=tokenizer,
         rollout_func=make_rollout_func(vary_lengths=True),
         peft_config=lora,
     )

@@ -11,7 +11,8 @@ import math
 import pytest
 import torch
 from conftest import naive_logprobs, sampled, tiny_recipe, train_changing_every_parameter
-from reference_credit import ReferenceBatch, assert_credit_moved, credit_moved_share, reference_stack
+from reference_credit import ReferenceBatch, assert_credit_moved, reference_stack
+from trainer_helpers import LossRecorder
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
@@ -405,49 +406,6 @@ class ToolMasked(CreditGRPOTrainer):
         return batch
 
 
-class LossRecorder:
-    """Checks, where TRL's loss consumes them, the advantages and loss mask against the rule on full logits."""
-
-    def __init__(self, monkeypatch, trainer):
-        self.checked, self.statistics, self.moved_share = 0, None, 0.0
-        original_compute_loss, original_loss = GRPOTrainer.compute_loss, GRPOTrainer._compute_loss
-
-        def compute_loss(trainer_self, model, inputs, *args, **kwargs):
-            # Before the trainer's `_compute_loss` starts: its training forward is the only one TRL's loss sees.
-            with torch.no_grad():
-                self.statistics = _naive_statistics(trainer_self.model, inputs, trainer_self.temperature)
-            self.batch = dict(inputs)  # the micro-batch as buffered (the trainer may drop tokens from its loss mask)
-            return original_compute_loss(trainer_self, model, inputs, *args, **kwargs)
-
-        def inner_loss(trainer_self, model, inputs):
-            loss = original_loss(trainer_self, model, inputs)  # the loss forward fills in inputs["advantages"]
-            buffered = dict(inputs, completion_mask=self.batch["completion_mask"])
-            advantages, loss_mask = _expected(
-                trainer.args.credit_method, trainer.args, buffered, *self.statistics, trainer.state.global_step
-            )
-            torch.testing.assert_close(inputs["advantages"], advantages, atol=1e-4, rtol=1e-4)
-            share = credit_moved_share(
-                advantages, buffered["credit_sequence_advantages"], buffered["completion_mask"], loss_mask
-            )
-            self.moved_share = max(self.moved_share, share)
-            # TRL's loss mask, completion_mask x tool_mask, as its loss read it: the buffered one minus the drops.
-            consumed_mask = (inputs["completion_mask"] * inputs.get("tool_mask", 1)).float()
-            want_mask = self.batch["completion_mask"].float() * (1 if loss_mask is None else loss_mask)
-            torch.testing.assert_close(consumed_mask, want_mask, atol=1e-4, rtol=1e-4)
-            # TRL's own loss on the buffered batch with the rule's advantages and the dropped tokens in its tool
-            # mask (the documented semantics) equals the loss the trainer returned.
-            with torch.no_grad():
-                want_loss = original_loss(
-                    trainer_self, model, dict(self.batch, advantages=advantages, tool_mask=want_mask)
-                )
-            torch.testing.assert_close(loss.detach(), want_loss, atol=1e-6, rtol=1e-5)
-            self.checked += 1
-            return loss
-
-        monkeypatch.setattr(GRPOTrainer, "compute_loss", compute_loss)
-        monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
-
-
 @pytest.mark.parametrize(
     "method,options",
     [
@@ -477,7 +435,12 @@ def test_baseline_trains_and_trl_consumes_its_credit(monkeypatch, make_trainer, 
     options = dict(options)
     trainer_class = ToolMasked if options.pop("tool_mask", False) else CreditGRPOTrainer
     trainer = make_trainer(method, trainer_class, max_steps=2, **options)
-    recorder = LossRecorder(monkeypatch, trainer)
+
+    def expected(trainer, batch):
+        statistics = _naive_statistics(trainer.model, batch, trainer.temperature)
+        return _expected(method, trainer.args, batch, *statistics, trainer.state.global_step)
+
+    recorder = LossRecorder(monkeypatch, expected, atol=1e-4)
     train_changing_every_parameter(trainer)
     assert recorder.checked == 2
     assert_credit_moved(method, recorder.moved_share)  # the comparison above counts only where credit moved

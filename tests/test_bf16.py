@@ -7,9 +7,13 @@ import math
 
 import pytest
 import torch
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from conftest import (
+    make_tiny_model,
+    make_tiny_tokenizer,
+    tiny_config,
+    tiny_trainer,
+)
 
-from trl_credit import CreditGRPOTrainer
 from trl_credit.methods import CREDIT_METHODS
 from trl_credit.trainer.lm_head_statistics import LogitTransform, hellinger_and_entropy
 
@@ -20,13 +24,7 @@ def test_every_method_trains_a_bf16_model(tmp_path, method):
     model = make_tiny_model(tokenizer).to(torch.bfloat16)
     before = {name: param.detach().clone() for name, param in model.named_parameters()}
     args = tiny_config(method, tmp_path, bf16=True, max_steps=2)
-    trainer = CreditGRPOTrainer(
-        model=model,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    trainer = tiny_trainer(args, model=model, tokenizer=tokenizer)
     trainer.train()
 
     params = dict(model.named_parameters())

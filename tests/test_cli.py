@@ -84,17 +84,6 @@ def test_grpo_help_shows_the_stack_options_with_their_help_and_defaults(capsys, 
     assert "(default:0.01)" in flat if "taco" in stack else True
 
 
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    """Any attempt to resolve or load a model fails the test: errors must come first."""
-    import trl_credit.data.models
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the bad input was reported")
-
-    monkeypatch.setattr(trl_credit.data.models, "resolve_model_path", refuse)
-
-
 def _yaml(tmp_path, **values) -> str:
     path = tmp_path / "recipe.yaml"
     recipe = {"model_name_or_path": "smollm2-135m-instruct", "use_cpu": True, "bf16": False, **values}
@@ -600,33 +589,14 @@ def test_reward_summary_is_honest():
 
 
 def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
-    data = tmp_path / "problems.jsonl"
-    data.write_text(
-        "".join(json.dumps({"question": f"what is {a} + 1 ?", "answer": str(a + 1)}) + "\n" for a in range(8))
-    )
-    recipe = tmp_path / "recipe.yaml"
-    output_dir = tmp_path / "run"
-    recipe.write_text(
-        yaml.safe_dump(
-            {
-                "method": "taco",
-                "model_name_or_path": tiny_model_dir,
-                "dataset_name": str(data),
-                "reward_funcs": ["accuracy", "format"],
-                "output_dir": str(output_dir),
-                "use_cpu": True,
-                "bf16": False,
-                "activation_checkpointing": False,
-                "per_device_train_batch_size": 4,
-                "num_generations": 4,
-                "max_completion_length": 6,
-                "max_steps": 2,
-                "logging_steps": 1,
-                "report_to": "none",
-                "save_strategy": "no",
-                "log_token_credit": True,
-            }
-        )
+    data, output_dir = tmp_path / "problems.jsonl", tmp_path / "run"  # where `tiny_recipe` puts them
+    recipe = tiny_recipe(
+        tmp_path,
+        tiny_model_dir,
+        method="taco",
+        reward_funcs=["accuracy", "format"],
+        max_steps=2,
+        log_token_credit=True,
     )
     assert cli_main(["grpo", "--config", str(recipe), "--taco_lambda", "0.5"]) == 0
     produced = {p.name for p in output_dir.iterdir()}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import length_reward, make_tiny_model, tiny_config, tiny_prompt_dataset
+from conftest import make_tiny_model, tiny_config, tiny_trainer
 from headless_chromium import CHROMIUM, needs_chromium, read_png, run_chromium
 
 from trl_credit.cli import main as cli_main
@@ -248,7 +248,6 @@ def test_method_settings_no_compared_method_owns_are_refused(tmp_path, passthrou
 def test_disk_estimate_against_a_real_checkpoint(tmp_path, tiny_tokenizer):
     """The plan's figures against what a trainer writes: the parameters counted without loading the weights, the
     model file, and a checkpoint of weights and AdamW state (three times the model)."""
-    from trl_credit import CreditGRPOTrainer
 
     model = make_tiny_model(tiny_tokenizer, hidden_size=64)
     model_dir = tmp_path / "model"
@@ -258,13 +257,7 @@ def test_disk_estimate_against_a_real_checkpoint(tmp_path, tiny_tokenizer):
     assert count == sum(p.numel() for p in model.parameters())
 
     args = tiny_config("grpo", tmp_path / "run", max_steps=1, save_strategy="steps", save_steps=1)
-    trainer = CreditGRPOTrainer(
-        model=str(model_dir),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tiny_tokenizer,
-    )
+    trainer = tiny_trainer(args, model=str(model_dir), tokenizer=tiny_tokenizer)
     trainer.train()
     checkpoint = tmp_path / "run" / "checkpoint-1"
     weights = (checkpoint / "model.safetensors").stat().st_size

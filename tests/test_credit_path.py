@@ -28,6 +28,7 @@ from conftest import (
     on_threads_as_processes,
     tiny_config,
     tiny_prompt_dataset,
+    tiny_trainer,
 )
 from trainer_helpers import AdvantageRecorder, frozen_copy, make_rollout_func, moving_settings
 from transformers import TrainerCallback
@@ -602,12 +603,8 @@ def test_a_policy_given_by_name_is_measured_against_its_weights_loaded_as_trl_lo
     arguments (here the eager attention), so the deviation is from the initial policy (the recorder's own copy)."""
     tokenizer = make_tiny_tokenizer()
     settings = dict(max_steps=2, model_init_kwargs={"attn_implementation": "eager"})
-    trainer = CreditGRPOTrainer(
-        model=tiny_model_dir,
-        reward_funcs=length_reward,
-        args=tiny_config("tide", tmp_path / "out", **settings),
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
+    trainer = tiny_trainer(
+        tiny_config("tide", tmp_path / "out", **settings), model=tiny_model_dir, tokenizer=tokenizer
     )
     reference = trainer.deviation_reference.model_and_context()[0]
     policy = trainer.accelerator.unwrap_model(trainer.model)

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from accelerate import Accelerator
 
 from trl_credit.methods import CreditBatch, StackCredit
 from trl_credit.methods.gtpo import gtpo_advantages
@@ -48,11 +47,6 @@ def diagnostics_by_hand(incoming_BT, outgoing_BT, mask_BT):
     mean = sum(factors) / len(factors)
     std = math.sqrt(sum((f - mean) ** 2 for f in factors) / len(factors))
     return {"mean_weight": mean, "weight_std": std, "weight_max": max(factors), "mean_shift": shift}
-
-
-@pytest.fixture(scope="module")
-def accelerator():
-    return Accelerator(cpu=True)
 
 
 def logged(accelerator, incoming_BT, result, mask_BT):

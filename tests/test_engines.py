@@ -18,7 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from conftest import (
+    make_tiny_model,
+    make_tiny_tokenizer,
+    tiny_config,
+    tiny_trainer,
+)
 from trainer_helpers import (
     AdvantageRecorder,
     FakeVLLMGeneration,
@@ -112,14 +117,8 @@ def _train_through_vllm_path(monkeypatch, tmp_path, method, is_mode, **overrides
         vllm_importance_sampling_clip_max=2.0,
         **settings,
     )
-    trainer = ISRecorder(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-        rollout_func=make_rollout_func(vary_lengths=True),  # rewards that vary within groups
-    )
+    rollout_func = make_rollout_func(vary_lengths=True)  # rewards that vary within groups
+    trainer = tiny_trainer(args, ISRecorder, tokenizer=tokenizer, rollout_func=rollout_func)
     # What `use_vllm=True` would set up, minus the engine: TRL's generation-batch and loss code take the vLLM branch.
     trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
     assert trainer.vllm_importance_sampling_correction

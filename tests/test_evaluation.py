@@ -264,18 +264,6 @@ def test_cli_transformers_backend_on_a_tiny_model(tiny_model_dir, tmp_path, caps
     assert set(summary) >= {"avg@3", "pass@1", "pass@2", "pass@3", "mean_completion_length", "dropped_rows"}
 
 
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    """Fail the test if anything tries to load a model or build a backend."""
-    import transformers
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the input was checked")
-
-    monkeypatch.setattr(eval_run, "build_backend", refuse)
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
-
-
 def _bad_inputs(tmp_path, tiny_dir):
     data_file = tmp_path / "p.jsonl"
     data_file.write_text(json.dumps({"question": "1+1", "answer": "2"}) + "\n")
@@ -299,6 +287,16 @@ def _bad_inputs(tmp_path, tiny_dir):
     }
 
 
+@pytest.fixture
+def no_backend(monkeypatch):
+    """Fail the test if anything builds an evaluation backend (besides `no_model_loading`'s refusals)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a backend was built before the input was checked")
+
+    monkeypatch.setattr(eval_run, "build_backend", refuse)
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -313,7 +311,7 @@ def _bad_inputs(tmp_path, tiny_dir):
         "missing model",
     ],
 )
-def test_cli_bad_input_exits_2_with_one_line_before_loading(case, tmp_path, capsys, no_model_loading):
+def test_cli_bad_input_exits_2_with_one_line_before_loading(case, tmp_path, capsys, no_model_loading, no_backend):
     argv, expected = _bad_inputs(tmp_path, str(tmp_path))[case]
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # a model folder, never loaded
     (tmp_path / "model.safetensors").write_bytes(b"")
@@ -324,7 +322,7 @@ def test_cli_bad_input_exits_2_with_one_line_before_loading(case, tmp_path, caps
     assert captured.out == ""
 
 
-def test_cli_vllm_missing_is_bad_input(tmp_path, capsys, no_model_loading, monkeypatch):
+def test_cli_vllm_missing_is_bad_input(tmp_path, capsys, no_model_loading, no_backend, monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     (tmp_path / "model.safetensors").write_bytes(b"")

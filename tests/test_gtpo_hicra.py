@@ -16,7 +16,7 @@ from conftest import (
     train_changing_every_parameter,
 )
 from reference_formulas import gtpo_loop, hicra_loop
-from trl import GRPOTrainer
+from trainer_helpers import LossRecorder
 
 from trl_credit.methods import CREDIT_METHODS
 from trl_credit.methods.gtpo import gtpo_advantages, gtpo_conflict_runs
@@ -540,28 +540,6 @@ def _expected(method, trainer, inputs):
     return hicra_loop(adv, ids, mask, texts, hp["hicra_grams"], hp["hicra_alpha"])
 
 
-class LossRecorder:
-    """Where TRL's loss consumes them, checks the token advantages against the loops, and TRL's loss on the buffered
-    micro-batch with those advantages against the loss the trainer returned."""
-
-    def __init__(self, monkeypatch, trainer, method):
-        self.checked = 0
-        original_loss = GRPOTrainer._compute_loss
-
-        def inner_loss(trainer_self, model, inputs):
-            with torch.no_grad():
-                want = _expected(method, trainer_self, inputs)
-            loss = original_loss(trainer_self, model, inputs)
-            torch.testing.assert_close(inputs["advantages"], want, atol=1e-5, rtol=1e-5)
-            with torch.no_grad():
-                want_loss = original_loss(trainer_self, model, dict(inputs, advantages=want))
-            torch.testing.assert_close(loss.detach(), want_loss, atol=1e-6, rtol=1e-5)
-            self.checked += 1
-            return loss
-
-        monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
-
-
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 @pytest.mark.parametrize("method", ["gtpo", "hicra"])
 def test_trains_under_every_loss_type_and_trl_consumes_the_rule(monkeypatch, make_trainer, method, loss_type):
@@ -569,7 +547,7 @@ def test_trains_under_every_loss_type_and_trl_consumes_the_rule(monkeypatch, mak
     trainer = make_trainer(
         method, loss_type=loss_type, max_steps=2, per_device_train_batch_size=8, **TRAINING[method], **extra
     )
-    recorder = LossRecorder(monkeypatch, trainer, method)
+    recorder = LossRecorder(monkeypatch, lambda trainer, batch: (_expected(method, trainer, batch), None), atol=1e-5)
     train_changing_every_parameter(trainer)
     assert recorder.checked == 2
     logged = trainer.state.log_history[0]

@@ -559,22 +559,19 @@ def test_tiny_lab_run(tmp_path, capsys):
 
 
 def test_a_trainer_without_the_ground_truth_refuses_the_oracle_at_init(tmp_path):
-    from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+    from conftest import (
+        make_tiny_tokenizer,
+        tiny_config,
+        tiny_trainer,
+    )
 
     import trl_credit.experiments.lab.trainer  # noqa: F401  (registers the oracle)
-    from trl_credit import CreditGRPOTrainer
 
     tokenizer = make_tiny_tokenizer()
     with pytest.raises(
         ValueError, match=r"'oracle' reads \['task_decisive'\], which CreditGRPOTrainer does not compute"
     ):
-        CreditGRPOTrainer(
-            model=make_tiny_model(tokenizer),
-            reward_funcs=length_reward,
-            args=tiny_config("oracle", tmp_path),
-            train_dataset=tiny_prompt_dataset(),
-            processing_class=tokenizer,
-        )
+        tiny_trainer(tiny_config("oracle", tmp_path), tokenizer=tokenizer)
 
 
 def test_every_committed_report_page_is_rendered_from_the_committed_results(tmp_path, monkeypatch):

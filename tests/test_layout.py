@@ -179,6 +179,13 @@ def test_docs_layout_lists_the_layers_in_their_order():
     assert sorted(rows[LAYERS[::-1].index(None)].split(", ")) == top_level
 
 
+def test_docs_layout_has_one_row_per_trainer_module():
+    layout = (PACKAGE.parent / "docs" / "layout.md").read_text()
+    rows = re.findall(r"^\| `(\w+\.py)` \|", layout.split("| `trl_credit/trainer/` module |", 1)[1], re.M)
+    modules = [module.removeprefix("trainer/") for module in MODULES if module.startswith("trainer/")]
+    assert sorted(rows) == sorted(module for module in modules if module != "__init__.py")
+
+
 def test_the_layer_and_cycle_readers_catch_an_upward_import_and_a_cycle(tmp_path, monkeypatch):
     # A package written for the readers: `methods/a` and `methods/b` import each other (one of them only for type
     # checking), and `trainer/t` imports the command line.

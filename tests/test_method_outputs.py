@@ -8,7 +8,6 @@ and one that declares none must return none."""
 
 import pytest
 import torch
-from accelerate import Accelerator
 from conftest import PACKAGE_METHODS
 from reference_credit import (
     METRICS,
@@ -45,11 +44,6 @@ def test_the_token_statistic_is_the_one_the_docstring_defines(name, seed):
 
 
 # ------------------------------------------------------------------------------------------- the logged metrics
-
-
-@pytest.fixture(scope="module")
-def accelerator():
-    return Accelerator(cpu=True)
 
 
 def _with_tied_group_0(batch: ReferenceBatch) -> ReferenceBatch:

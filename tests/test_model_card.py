@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import length_reward, make_tiny_model, tiny_config, tiny_prompt_dataset
+from conftest import length_reward, make_tiny_model, tiny_config, tiny_prompt_dataset, tiny_trainer
 from fake_runs import write_fake_trainer_state
 from huggingface_hub import ModelCard, ModelCardData
 
@@ -379,7 +379,6 @@ def _parity_reward(completions, **kwargs):
 def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_tokenizer):
     """A stack trained for 3 steps from a folder laid out as the converted quick-start model: the card's base model,
     set-up, per-method hyperparameters and result line against the trainer's own arguments and log history."""
-    from trl_credit import CreditGRPOTrainer
     from trl_credit.data import models
 
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "cache"))
@@ -400,12 +399,12 @@ def test_the_card_of_a_real_run_states_what_trained(tmp_path, monkeypatch, tiny_
         epsilon=0.15,
         reward_weights=[1.0, 0.5],
     )
-    trainer = CreditGRPOTrainer(
+    trainer = tiny_trainer(
+        args,
         model=str(model_dir),
+        tokenizer=tiny_tokenizer,
         reward_funcs=[length_reward, _parity_reward],
-        args=args,
         train_dataset=tiny_prompt_dataset(6),
-        processing_class=tiny_tokenizer,
     )
     trainer.train()
     monkeypatch.setenv("JOB_ID", "1")  # TRL tags a card made in a Hugging Face Job: its tag logic is kept

@@ -3,12 +3,11 @@
 import pytest
 import torch
 from conftest import (
-    length_reward,
     make_tiny_model,
     make_tiny_tokenizer,
     naive_logprobs,
     tiny_config,
-    tiny_prompt_dataset,
+    tiny_trainer,
 )
 
 from trl_credit import CreditGRPOTrainer
@@ -53,14 +52,7 @@ def test_every_method_trains_lora_and_the_adapter_reloads(tmp_path, method):
     args = tiny_config(method, tmp_path / "out")
     trainer_cls = DeviationRecorder if method == "tide" else CreditGRPOTrainer
     DeviationRecorder.checked = 0
-    trainer = trainer_cls(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-        peft_config=_lora_config(),
-    )
+    trainer = tiny_trainer(args, trainer_cls, tokenizer=tokenizer, peft_config=_lora_config())
     policy = trainer.accelerator.unwrap_model(trainer.model)
     assert isinstance(policy, peft.PeftModel)
     trainable = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}

@@ -17,11 +17,14 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from conftest import (
+    make_tiny_tokenizer,
+    tiny_config,
+    tiny_trainer,
+)
 from trainer_helpers import AdvantageRecorder, moving_settings, path_cases
 from transformers import TrainerCallback
 
-from trl_credit import CreditGRPOTrainer
 from trl_credit.cli.inspect import main as inspect_main
 from trl_credit.reports import token_view
 from trl_credit.trainer.reference import PREVIOUS_POLICY_FILE as TIDE_OLD_REFERENCE_NAME
@@ -34,13 +37,7 @@ def _trainer(method, output_dir, **overrides):
     tokenizer = make_tiny_tokenizer()
     settings = dict(max_steps=4, save_strategy="steps", save_steps=2) | overrides
     args = tiny_config(method, output_dir, **settings)
-    return CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    return tiny_trainer(args, tokenizer=tokenizer)
 
 
 def _step_logs(trainer, steps):

@@ -19,7 +19,13 @@ import sys
 
 import pytest
 import torch
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset, tiny_recipe
+from conftest import (
+    length_reward,
+    make_tiny_tokenizer,
+    tiny_config,
+    tiny_recipe,
+    tiny_trainer,
+)
 from fake_runs import folder_files
 from safetensors.torch import load_file
 from trl import GRPOTrainer
@@ -37,12 +43,8 @@ FINAL_FILES = ("model.safetensors", "config.json", "trainer_state.json")  # `sav
 def _trainer(output_dir, trainer_class=CreditGRPOTrainer, reward=length_reward, **overrides):
     tokenizer = make_tiny_tokenizer()
     settings = dict(max_steps=3, save_strategy="steps", save_steps=1) | overrides
-    return trainer_class(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=reward,
-        args=tiny_config("taco", output_dir, **settings),
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
+    return tiny_trainer(
+        tiny_config("taco", output_dir, **settings), trainer_class, tokenizer=tokenizer, reward_funcs=reward
     )
 
 
@@ -122,13 +124,7 @@ def test_a_non_finite_setting_of_any_field_is_named_and_not_the_learning_rate(tm
     # Set on the config after it is built, as one that refuses NaN cannot be given it: the guard must not rely on that.
     args.entropy_coef = math.nan  # TRL's entropy bonus: the loss of step 1 is NaN
     tokenizer = make_tiny_tokenizer()
-    trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    trainer = tiny_trainer(args, tokenizer=tokenizer)
     with pytest.raises(NonFiniteTrainingError) as raised:
         trainer.train()
     assert str(raised.value).startswith("step 1: the loss is not finite (likely cause: entropy_coef=nan); ")
@@ -187,20 +183,6 @@ def test_grpo_stops_at_a_non_finite_step_exits_1_and_saves_no_final_model_or_car
     assert not [name for name in FINAL_FILES if (run / name).exists()]
     # The card (README.md, plots/) there is the one written with checkpoint-1, as TRL writes it with each checkpoint.
     assert _checkpoints(run) == ["checkpoint-1"]
-
-
-@pytest.fixture
-def no_model_loading(monkeypatch):
-    """Any attempt to resolve or load a model fails the test: the refusal must come first."""
-    import huggingface_hub.constants
-
-    import trl_credit.data.models
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was loaded before the refusal")
-
-    monkeypatch.setattr(trl_credit.data.models, "resolve_model_path", refuse)
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 HOLDER = """

@@ -20,18 +20,16 @@ import pytest
 import torch
 from conftest import (
     PACKAGE_METHODS,
-    make_tiny_model,
     make_tiny_tokenizer,
     naive_logprobs,
     sampled,
     tiny_config,
-    tiny_prompt_dataset,
+    tiny_trainer,
 )
 from reference_credit import MOVING_SETTINGS, random_reference_batch
 from trainer_helpers import make_rollout_func
 from trl import GRPOTrainer
 
-from trl_credit import CreditGRPOTrainer
 from trl_credit.methods import CREDIT_METHODS, apply_credit_method
 
 SEEDS = range(6)
@@ -125,13 +123,8 @@ def shorter_is_better(completion_ids, **kwargs):
 def otb_trainer(tmp_path, **settings):
     tokenizer = make_tiny_tokenizer()
     args = tiny_config("otb", tmp_path, num_iterations=2, max_steps=4, per_device_train_batch_size=8, **settings)
-    return CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=shorter_is_better,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-        rollout_func=make_rollout_func(vary_lengths=True),
+    return tiny_trainer(
+        args, tokenizer=tokenizer, reward_funcs=shorter_is_better, rollout_func=make_rollout_func(vary_lengths=True)
     )
 
 

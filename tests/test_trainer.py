@@ -18,6 +18,7 @@ from conftest import (
     make_tiny_tokenizer,
     tiny_config,
     tiny_prompt_dataset,
+    tiny_trainer,
 )
 from trainer_helpers import AdvantageRecorder, assert_all_params_changed
 from trl import GRPOTrainer
@@ -44,13 +45,7 @@ def run_training(monkeypatch, tmp_path, method, model=None, trainer_cls=CreditGR
     tokenizer = make_tiny_tokenizer()
     model = make_tiny_model(tokenizer) if model is None else model
     args = tiny_config(method, tmp_path / "out", **overrides) if args is None else args
-    trainer = trainer_cls(
-        model=model,
-        reward_funcs=length_reward,
-        args=args,
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    trainer = tiny_trainer(args, trainer_cls, model=model, tokenizer=tokenizer)
     recorder = AdvantageRecorder(monkeypatch, trainer)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     trainer.train()
@@ -170,6 +165,37 @@ def test_the_pairs_are_importable_by_qualified_name_and_pickle(tmp_path):
     assert trainer_pair("eapo+taco") == (CreditGRPOConfig, CreditGRPOTrainer)
 
 
+def test_the_stack_is_planned_again_only_when_its_fields_change_and_not_pickled(tmp_path):
+    """The config resolves its stack once; validating it again (as the trainer does) plans it again only when
+    `credit_method` or `credit_kwargs` changed since, even in place, and checks the new values. The pickle
+    (training_args.bin) leaves the plan, which holds the methods' functions, out: the copy plans it again."""
+    import pickle
+
+    from trl_credit.methods import SettingError
+
+    config = CreditGRPOConfig(
+        output_dir=str(tmp_path),
+        credit_method="eapo+taco",
+        credit_kwargs={"taco_alpha": 0.1},
+        use_cpu=True,
+        bf16=False,
+    )
+    plan = config.stage_plan
+    config.validate_credit_fields()
+    assert config.stage_plan is plan
+    config.credit_kwargs["taco_alpha"] = 0.3
+    config.validate_credit_fields()
+    assert config.stage_plan is not plan and config.credit_stack[1].hyperparameters["taco_alpha"] == 0.3
+    copy = pickle.loads(pickle.dumps(config))
+    assert "_stage_plan" not in vars(copy) and copy.credit_stack[1].hyperparameters == {
+        "taco_alpha": 0.3,
+        "taco_lambda": 0.9,
+    }
+    config.credit_kwargs["taco_alpha"] = "a lot"
+    with pytest.raises(SettingError, match="^taco_alpha must be a number, got 'a lot'"):
+        config.validate_credit_fields()
+
+
 def test_single_method_trainers_use_their_configs_and_paper_metadata(tmp_path):
     tokenizer = make_tiny_tokenizer()
     for trainer_cls, config_cls, method in [
@@ -188,13 +214,7 @@ def test_single_method_trainers_use_their_configs_and_paper_metadata(tmp_path):
             report_to="none",
         )
         assert args.credit_method == method and args.epsilon_high == 0.28
-        trainer = trainer_cls(
-            model=make_tiny_model(tokenizer),
-            reward_funcs=length_reward,
-            args=args,
-            train_dataset=tiny_prompt_dataset(),
-            processing_class=tokenizer,
-        )
+        trainer = tiny_trainer(args, trainer_cls, tokenizer=tokenizer)
         assert method in trainer._tag_names and trainer._paper["id"]
         with pytest.raises(ValueError, match=f"trains with credit_method='{method}'"):
             other = "taco" if method != "taco" else "eapo"
@@ -388,13 +408,7 @@ def test_unscored_answers_are_logged_from_the_rewards_that_count_them(tmp_path):
 
     def run(reward_funcs):
         args = tiny_config("grpo", tmp_path, max_steps=2)
-        trainer = CreditGRPOTrainer(
-            model=make_tiny_model(tokenizer),
-            reward_funcs=reward_funcs,
-            args=args,
-            train_dataset=tiny_prompt_dataset(),
-            processing_class=tokenizer,
-        )
+        trainer = tiny_trainer(args, tokenizer=tokenizer, reward_funcs=reward_funcs)
         trainer.train()
         return [entry for entry in trainer.state.log_history if "reward" in entry]
 
@@ -454,12 +468,10 @@ def test_extra_forwards_logged_are_the_policy_forwards_that_ran(monkeypatch, tmp
     setting = dict(setting)
     trainer_class, rollout_func = setting.pop("trainer_class", CreditGRPOTrainer), setting.pop("rollout_func", None)
     tokenizer = make_tiny_tokenizer()
-    trainer = trainer_class(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=tiny_config(method, tmp_path / "out", max_steps=2, **setting),
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
+    trainer = tiny_trainer(
+        tiny_config(method, tmp_path / "out", max_steps=2, **setting),
+        trainer_class,
+        tokenizer=tokenizer,
         rollout_func=rollout_func,
     )
     forwards, per_step_counts = [], []
@@ -485,13 +497,7 @@ def test_extra_forwards_logged_are_the_policy_forwards_that_ran(monkeypatch, tmp
 
 def test_tide_logs_its_reference_forward_apart(tmp_path):
     tokenizer = make_tiny_tokenizer()
-    trainer = CreditGRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=tiny_config("tide", tmp_path / "out", max_steps=2),
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    trainer = tiny_trainer(tiny_config("tide", tmp_path / "out", max_steps=2), tokenizer=tokenizer)
     reference_backbone = trainer.deviation_reference.model_and_context()[0].model
     # One forward of the reference over a batch is two calls of its backbone with a KV cache: each distinct prompt,
     # then the completions on the repeated cache.

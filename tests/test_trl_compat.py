@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 import trl
-from conftest import length_reward, make_tiny_model, make_tiny_tokenizer, tiny_config, tiny_prompt_dataset
+from conftest import (
+    make_tiny_model,
+    make_tiny_tokenizer,
+    tiny_config,
+    tiny_prompt_dataset,
+    tiny_trainer,
+)
 from trl import GRPOTrainer
 from trl.trainer import utils as trl_utils
 
@@ -210,13 +216,7 @@ def test_fallback_without_valid_tokens_stays_in_the_graph():
 
 def _tiny_trainer(tmp_path, trainer_class=GRPOTrainer, method="grpo", **overrides):
     tokenizer = make_tiny_tokenizer()
-    return trainer_class(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=tiny_config(method, tmp_path, **overrides),
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    return tiny_trainer(tiny_config(method, tmp_path, **overrides), trainer_class, tokenizer=tokenizer)
 
 
 class _AfterTheForward(GRPOTrainer):
@@ -394,16 +394,10 @@ def test_every_private_trl_or_transformers_surface_the_package_touches_is_listed
     `trl_credit/` must be in `trl_compat.PRIVATE_SURFACES`, and every listed one must exist."""
     import transformers
 
-    tokenizer = make_tiny_tokenizer()
-    trainer = GRPOTrainer(
-        model=make_tiny_model(tokenizer),
-        reward_funcs=length_reward,
-        args=trl.GRPOConfig(
-            output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4, num_generations=4
-        ),
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4, num_generations=4
     )
+    trainer = tiny_trainer(args, GRPOTrainer)
     owners = (
         GRPOTrainer,
         trl.GRPOConfig,

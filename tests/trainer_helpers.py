@@ -508,6 +508,44 @@ class TwoProcessRecorder(AdvantageRecorder):
                 self._keep(error)
 
 
+class LossRecorder:
+    """Checks, where TRL's loss consumes them, the token advantages and the loss mask TRL's loss read against
+    `expected(trainer, micro_batch) -> (advantages_BT, loss_mask_BT or None)`, worked out (after TRL's loss, by then the
+    micro-batch holds GRPO's sequence advantages) on the micro-batch with its buffered completion mask, and TRL's own
+    loss on that micro-batch with those advantages and the dropped tokens in its tool mask (the documented semantics)
+    against the loss the trainer returned. `moved_share`: the largest share of tokens whose credit moved
+    (`credit_moved_share`), for `assert_credit_moved`."""
+
+    def __init__(self, monkeypatch, expected, atol):
+        self.checked, self.moved_share = 0, 0.0
+        original_compute_loss, original_loss = GRPOTrainer.compute_loss, GRPOTrainer._compute_loss
+
+        def compute_loss(trainer, model, inputs, *args, **kwargs):
+            self.batch = dict(inputs)  # the micro-batch as buffered (the trainer may drop tokens from its loss mask)
+            return original_compute_loss(trainer, model, inputs, *args, **kwargs)
+
+        def inner_loss(trainer, model, inputs):
+            loss = original_loss(trainer, model, inputs)  # the loss forward fills in inputs["advantages"]
+            with torch.no_grad():  # the policy has not moved: the optimizer steps after the backward pass
+                advantages, loss_mask = expected(trainer, dict(inputs, completion_mask=self.batch["completion_mask"]))
+            torch.testing.assert_close(inputs["advantages"], advantages, atol=atol, rtol=atol)
+            buffered_mask = self.batch["completion_mask"]
+            share = credit_moved_share(advantages, inputs["credit_sequence_advantages"], buffered_mask, loss_mask)
+            self.moved_share = max(self.moved_share, share)
+            # TRL's loss mask, completion_mask x tool_mask, as its loss read it: the buffered one minus the drops.
+            consumed_mask = (inputs["completion_mask"] * inputs.get("tool_mask", 1)).float()
+            want_mask = buffered_mask.float() * (1 if loss_mask is None else loss_mask)
+            torch.testing.assert_close(consumed_mask, want_mask, atol=1e-4, rtol=1e-4)
+            with torch.no_grad():
+                want_loss = original_loss(trainer, model, dict(self.batch, advantages=advantages, tool_mask=want_mask))
+            torch.testing.assert_close(loss.detach(), want_loss, atol=1e-6, rtol=1e-5)
+            self.checked += 1
+            return loss
+
+        monkeypatch.setattr(GRPOTrainer, "compute_loss", compute_loss)
+        monkeypatch.setattr(GRPOTrainer, "_compute_loss", inner_loss)
+
+
 def assert_all_params_changed(before, after):
     unchanged = [name for name, param in before.items() if torch.equal(param, after[name].detach())]
     assert not unchanged, f"parameters that did not change: {unchanged}"

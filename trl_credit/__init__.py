@@ -48,10 +48,10 @@ __all__ = [*_METHOD_EXPORTS, *_TRAINER_EXPORTS]
 
 def __getattr__(name: str):
     if name in _METHOD_EXPORTS:
-        methods = importlib.import_module(".methods", __name__)
-        if name.endswith("_advantages"):  # a method on plain tensors: `taco_advantages` is TACO's `on_tensors`
-            return methods.get_credit_method(name.removesuffix("_advantages")).on_tensors
-        return getattr(methods, name)
+        # A method on plain tensors is named in its own file (`methods/taco.py`: `taco_advantages`); the rest is the
+        # registry's.
+        module = f".methods.{name.removesuffix('_advantages')}" if name.endswith("_advantages") else ".methods"
+        return getattr(importlib.import_module(module, __name__), name)
     if name in _TRAINER_EXPORTS:
         return getattr(importlib.import_module(".trainer", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -134,7 +134,13 @@ class CreditBatch:
         """The batch a stack starts from: every valid token carries its response's advantage, as in GRPO."""
         mask_BT = mask_BT.bool()
         advantages_B = advantages_B.float()
-        return cls(advantages_B.unsqueeze(1) * mask_BT, advantages_B, mask_BT, **kwargs)
+        return cls(token_advantages(advantages_B, mask_BT), advantages_B, mask_BT, **kwargs)
+
+
+def token_advantages(advantages: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """`(B, T)` token advantages: `advantages` as they are when already per token, else each row's `(B,)` advantage on
+    every token of `mask_BT` (zero elsewhere), as GRPO spreads it."""
+    return advantages if advantages.dim() == 2 else advantages.unsqueeze(1) * mask_BT
 
 
 # A per-token metric: a `(B, T)` tensor averaged over valid tokens, a `(numerator_BT, denominator_BT)` pair of

@@ -247,13 +247,13 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
         """Run `steps` on TRL's `inputs` (`run_stack`), from their advantages and TRL's loss mask (completion mask x
         tool mask, soft where an earlier stage weighed tokens), with `statistics` and those that travel with the batch.
         Logs each method's metrics (and, at the `last_stage`, `credit/adv_abs_mean`) when `record_metrics`."""
-        weights_BT = (inputs["completion_mask"] * inputs.get("tool_mask", 1.0)).float()  # `loss_weights`, inline
+        # `loss_weights` and `token_advantages` written out: two calls would widen the seam (`tests/test_seam.py`).
+        weights_BT = (inputs["completion_mask"] * inputs.get("tool_mask", 1.0)).float()
         mask_BT = weights_BT.bool()
-        sequence_B = inputs.get(SEQUENCE_ADVANTAGES, inputs["advantages"]).float()
-        advantages_BT = inputs["advantages"].float()
+        advantages = inputs["advantages"].float()
         batch = CreditBatch(
-            advantages_BT if advantages_BT.dim() == 2 else sequence_B.unsqueeze(1) * mask_BT,
-            sequence_B,
+            advantages if advantages.dim() == 2 else advantages.unsqueeze(1) * mask_BT,
+            inputs.get(SEQUENCE_ADVANTAGES, inputs["advantages"]).float(),
             mask_BT,
             statistics={**{name: inputs[key] for name, key in self.stage_plan.batch_statistics.items()}, **statistics},
             vocab_size=self._vocab_size,

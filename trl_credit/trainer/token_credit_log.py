@@ -18,6 +18,7 @@ import torch
 from transformers import TrainerCallback
 from transformers.utils import logging
 
+from ..methods.batch import token_advantages
 from .batch_layout import REWARDS, SEQUENCE_ADVANTAGES, valid_mask
 from .token_credit_records import append_token_credit, drop_token_credit_after, token_credit_records_from_batch
 from .trl_compat import MULTIMODAL_KEYS
@@ -123,7 +124,7 @@ class TokenCreditLog(TrainerCallback):
         rows = {key: value.cpu() for key, value in preview.batch.items()}
         mask_bT = valid_mask(rows)
         advantages_b = rows.get(SEQUENCE_ADVANTAGES, rows["advantages"])
-        advantages_bT = rows["advantages"] if rows["advantages"].dim() == 2 else advantages_b.unsqueeze(1) * mask_bT
+        advantages_bT = token_advantages(rows["advantages"], mask_bT)
         tokenizer = self.tokenizer
 
         def decode(ids_bT, m_bT):

@@ -22,7 +22,7 @@ import torch
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOTrainer
-from trl_credit.trainer.batch_layout import statistic_key
+from trl_credit.trainer.batch_layout import loss_weights, statistic_key
 
 from . import oracle  # noqa: F401  (registers the `oracle` credit method)
 from .metrics import add_sums, credit_mass
@@ -61,9 +61,7 @@ class _AdvantageRecorder(GRPOTrainer):
         return torch.tensor(decisive, device=device), torch.tensor(implausible, device=device)
 
     def _record_micro_batch(self, model, inputs, loss) -> None:
-        mask_BT = inputs["completion_mask"]
-        if "tool_mask" in inputs:
-            mask_BT = mask_BT * inputs["tool_mask"]
+        mask_BT = loss_weights(inputs)
         decisive_BT, implausible_BT = inputs[DECISIVE_KEY], inputs[IMPLAUSIBLE_KEY]
         advantages = inputs["advantages"]
         add_sums(self.lab_decisive, credit_mass(advantages, mask_BT, decisive_BT))
