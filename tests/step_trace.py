@@ -102,15 +102,25 @@ def trace_training_step(trainer, target: str) -> StepTrace:
 def count_calls(run: Callable[[], object], outside: Callable[[tuple[str, str]], bool]) -> Counter:
     """Run `run()` under `sys.setprofile`: how often each package function was called, by `(file, qualname)`, leaving
     out the calls made while a frame for which `outside(key)` holds is on the stack (that frame's own call too)."""
-    calls = Counter()
+    calls, keys = (
+        Counter(),
+        {},
+    )  # keys: each code object's key, None outside the package (profiling every call is slow)
+
+    def key_of(frame):
+        code = frame.f_code
+        if code not in keys:
+            key = _frame_key(frame)
+            keys[code] = None if key[0].startswith("/") or key[1].endswith(_COMPREHENSIONS) else key
+        return keys[code]
 
     def profile(frame, event, arg):
-        key = _frame_key(frame)
-        if event != "call" or key[0].startswith("/") or key[1].endswith(_COMPREHENSIONS):
+        key = key_of(frame) if event == "call" else None
+        if key is None:
             return
         caller = frame
         while caller is not None:
-            if outside(_frame_key(caller)):
+            if key_of(caller) is not None and outside(key_of(caller)):
                 return
             caller = caller.f_back
         calls[key] += 1
