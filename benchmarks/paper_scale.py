@@ -105,7 +105,8 @@ SOURCES = {
     "policy_logit_gap": "`token_statistics` stream over the training forward's hidden states",
     "rollout_logps": "TRL's old-log-prob forward",
     "rollout_entropy": "entropies of TRL's old-log-prob forward (recorded), or TIDE's stream",
-    "rollout_sum_sq_probs": "`token_statistics` stream over the old-log-prob forward's hidden states (recorded)",
+    "rollout_unsampled_mass": "`token_statistics` stream over the old-log-prob forward's hidden states (recorded)",
+    "rollout_unsampled_sum_sq_probs": "the same stream",
     "rollout_mean_entropy": "those entropies, all-reduced",
     "reference_deviation": "reference forward (`completion_hidden`) + `hellinger_and_entropy` over both heads",
 }
