@@ -491,3 +491,14 @@ def test_no_tensors_and_empty_tensors_are_finite():
     assert run_safety._all_finite([], cpu).item() is True
     assert run_safety._all_finite([torch.empty(0), torch.ones(2)], cpu).item() is True
     assert run_safety._all_finite([torch.empty(0), torch.tensor([1.0, math.nan])], cpu).item() is False
+
+
+def test_a_sharded_parameter_is_checked_through_the_shard_this_process_holds():
+    """DeepSpeed ZeRO-3 empties a parameter and keeps this process's shard in `ds_tensor`: the guard reads the shard
+    (a NaN there is this process's to report), a plain parameter as it is."""
+    shard = torch.tensor([1.0, float("nan")])
+    partitioned = torch.nn.Parameter(torch.empty(0))
+    partitioned.ds_tensor = shard
+    assert run_safety._local(partitioned) is shard
+    plain = torch.nn.Parameter(torch.ones(2))
+    assert run_safety._local(plain) is plain
