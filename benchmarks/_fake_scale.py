@@ -9,7 +9,8 @@ dtypes, no data), small ones stay real, and one dispatch mode counts the bytes e
   fake tensor (`.item()`) is answered with 1 and counted (`answered_reads`): on the paths measured here such values
   set numbers, never shapes;
 * an operation on real tensors only runs for real, unless its output would exceed `real_limit` bytes (asked of
-  `FakeTensorMode` first): then its fake output is returned (transformers' 4-D attention masks at 16k tokens). With
+  `FakeTensorMode` first): then its fake output is returned (transformers' 4-D attention masks at 16k tokens). A real
+  buffer allocated uninitialised (`torch.empty`) is zeroed: fake values copied into it write nothing. With
   `real_limit=None` every such operation runs for real (the mode then only counts).
 
 Every output that does not alias an input (the aten schema says which) is a new allocation: its storage's bytes are
@@ -33,6 +34,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 aten = torch.ops.aten
 _INDEXING = (aten.index.Tensor, aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default)
+_UNINITIALISED = (
+    aten.empty.memory_format,
+    aten.empty_like.default,
+    aten.empty_strided.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+)
 
 
 class PaperScaleMode(TorchDispatchMode):
@@ -79,7 +87,13 @@ class PaperScaleMode(TorchDispatchMode):
             return func(*args, **kwargs)
         if _bytes(sized) > self.real_limit:
             return sized
-        return func(*args, **kwargs)
+        output = func(*args, **kwargs)
+        if func in _UNINITIALISED:
+            # A real buffer that fake values are later copied into keeps what it was allocated with; zeros, not
+            # whatever memory it reused, so that a comparison of two such buffers (the recorders' `torch.equal`)
+            # answers the same on every run.
+            output.zero_()
+        return output
 
     def _count(self, output) -> None:
         for tensor in pytree.tree_leaves(output):
