@@ -77,14 +77,15 @@ def test_eval_cli_with_the_vllm_backend_samples_what_transformers_does(tmp_path,
 
 def test_grpo_cli_asks_vllm_about_its_settings_before_any_model(tmp_path, vllm_model_dir):
     """With `--use_vllm true`, vLLM's own checks (its engine config, `SamplingParams`) refuse, when the arguments are
-    parsed, what they would refuse once the engine starts; `--top_p 0`, which transformers' sampling accepts, is one."""
+    parsed, what they would refuse once the engine starts or samples; `--top_p 1.5` is one (our own field check leaves
+    values above 1 to the sampler that reads them)."""
     recipe = tiny_recipe(tmp_path, vllm_model_dir, max_steps=1)
     cases = {
         (
             "--vllm_gpu_memory_utilization",
             "1.5",
         ): "vLLM's CacheConfig refuses: Input should be less than or equal to 1",
-        ("--top_p", "0"): "--top_p is 0.0, which vLLM's SamplingParams refuses: top_p must be in (0, 1]",
+        ("--top_p", "1.5"): "--top_p is 1.5, which vLLM's SamplingParams refuses: top_p must be in (0, 1]",
         ("--repetition_penalty", "0"): "--repetition_penalty is 0.0, which vLLM's SamplingParams refuses: ",
     }
     from trl_credit.cli import UsageError

@@ -21,10 +21,13 @@ TEST_DIR = Path(os.environ.get("MULTINODE_TEST_DIR", "."))
 
 
 def row_reward(completions, **kwargs):
-    """Each completion's row in the generation batch (TRL gives process `RANK` the rows `RANK * n ... RANK * n + n - 1`
-    of it): distinct within every prompt group whatever was generated, so every group's advantages are non-zero."""
+    """From each completion's row in the generation batch (TRL gives process `RANK` the rows `RANK * n ... RANK * n + n
+    - 1` of it): 2 on odd rows and 0 on even ones, plus row / 1000. Distinct within every prompt group whatever was
+    generated, so every group's advantages are non-zero; and every group of two or more rows, a split one too, has
+    rewards on both sides of any threshold between 0.5 and 1.5, so a method that sorts completions into correct and
+    wrong (KTAE) finds both in every group on every process."""
     first = int(os.environ.get("RANK", "0")) * len(completions)
-    return [float(first + row) for row in range(len(completions))]
+    return [2.0 * ((first + row) % 2) + (first + row) / 1000 for row in range(len(completions))]
 
 
 def reload_weights_transport(vllm_client_module) -> None:
