@@ -20,8 +20,10 @@ The TACO repository's AR-Lopti, STAPO, TAMPO and min-p are blocks inside its act
 the loop's variables. GTPO's `build_conflict_mask` prints debugging output (every token, as text) and is timed twice:
 as it is (to /dev/null) and with its `print` statements removed; the latter is the algorithm's cost.
 
-Per method and size, round-robin (ours first, the other two in alternating order): ours (`CreditMethod.on_tensors`, checks and metrics included), the official code,
-and the official code again under another name (the control: its ratio to the first is this run's noise floor);
+Per method and size, round-robin (ours first, the other two in alternating order, our rule alone last): ours
+(`CreditMethod.on_tensors`, checks and metrics included), the official code, the official code again under another
+name (the control: its ratio to the first is this run's noise floor), and our registered function alone on the batch
+`on_tensors` hands it (ours minus it is what the input and result checks cost);
 the ratio of the fastest calls, and the median of the per-round ratios. Extra peak memory as in `scaling.py`: resident-set
 high-water mark above the resident set before the call, in a child process whose large allocations go back to the
 kernel when freed. Hyperparameters: the official defaults (ours share them).
@@ -348,7 +350,7 @@ def batch_for(rows: int, length: int, group_size: int, vocab: int) -> dict:
 
 
 def pair_calls(official: dict, batch: dict, names: list[str]) -> dict:
-    """For each name: (ours, official, control) callables on `batch`."""
+    """For each name: (ours, official, control, our rule alone) callables on `batch`."""
     from trl_credit.methods import CREDIT_METHODS
 
     named = {k: v for k, v in batch.items() if k not in ("advantages_B", "mask_BT", "sum_pi_squared")}
@@ -356,12 +358,24 @@ def pair_calls(official: dict, batch: dict, names: list[str]) -> dict:
     for name in names:
         method = CREDIT_METHODS[OFFICIAL_OF.get(name, name)]
         incoming = None if method.estimates_advantages else batch["advantages_B"]
+        arguments = arguments_for(method, named)
         pairs[name] = (
-            lambda m=method, a=incoming: m.on_tensors(a, batch["mask_BT"], **arguments_for(m, named)),
+            lambda m=method, a=incoming, kw=arguments: m.on_tensors(a, batch["mask_BT"], **kw),
             lambda fn=official[name]: fn(batch),
             lambda fn=official[name]: fn(batch),
+            rule_alone(method, incoming, batch["mask_BT"], arguments),
         )
     return pairs
+
+
+def rule_alone(method, incoming, mask_BT, arguments):
+    """Our registered function without the checks `on_tensors` runs around it: called on the batch that `on_tensors`
+    hands it, built and checked once here, outside the timing. Ours minus this is what the checks cost."""
+    from trl_credit.methods.registry import _tensor_stack  # what `on_tensors` runs: the batch the function sees
+
+    _, seen_batch, _ = _tensor_stack([method], incoming, mask_BT, arguments).results[-1]
+    hyperparameters = method.hyperparameters({k: v for k, v in arguments.items() if k in method.argument_names})
+    return lambda: method.function(seen_batch, **hyperparameters)
 
 
 def jobs(args) -> list[tuple[list[str], tuple[int, int, int], int]]:
@@ -390,7 +404,7 @@ def memory_worker(args) -> None:
     official = official_functions(Path(args.official_root))
     for names, size, vocab in jobs(args):
         pairs = pair_calls(official, batch_for(*size, vocab), names)
-        for name, (ours, theirs, _) in pairs.items():
+        for name, (ours, theirs, _, _) in pairs.items():
             for side, fn in (("ours", ours), ("official", theirs)):
                 fn()
                 print(json.dumps({"size": list(size), "name": name, "side": side, "bytes": extra_peak_bytes(fn)}))
@@ -425,16 +439,16 @@ def main():
         for fns in pairs.values():
             for fn in fns:
                 fn()
-        samples = {name: [[], [], []] for name in pairs}
+        samples = {name: [[], [], [], []] for name in pairs}
         for round_index in range(repeats):
             for name, fns in pairs.items():
                 # Ours first, then the official code and its control in alternating order: each of the two follows
-                # ours (and pays for the switch of function) in half the rounds.
-                for index in (0, 1, 2) if round_index % 2 else (0, 2, 1):
+                # ours (and pays for the switch of function) in half the rounds; our rule alone last.
+                for index in (0, 1, 2, 3) if round_index % 2 else (0, 2, 1, 3):
                     begin = time.perf_counter()
                     fns[index]()
                     samples[name][index].append(time.perf_counter() - begin)
-        for name, (ours, theirs, control) in samples.items():
+        for name, (ours, theirs, control, alone) in samples.items():
             results.append(
                 {
                     "name": name,
@@ -445,6 +459,8 @@ def main():
                     # Minimum times: on a shared machine the least-disturbed call of each is the steadiest estimate.
                     "ratio": min(ours) / min(theirs),
                     "control": min(control) / min(theirs),
+                    "alone": min(alone) / min(theirs),
+                    "checks_s": min(ours) - min(alone),
                     "median_ratio": statistics.median(o / t for o, t in zip(ours, theirs)),
                 }
             )
@@ -489,6 +505,8 @@ def main():
                 f"{r['ratio']:.2f}x",
                 f"{r['control']:.2f}x",
                 f"{r['median_ratio']:.2f}x",
+                f"{r['alone']:.2f}x",
+                f"{r['checks_s'] * 1e3:.1f} ms",
                 f"{r['ours_s'] * 1e3:.1f} ms / {r['official_s'] * 1e3:.1f} ms",
                 f"{ours_bytes / their_bytes:.2f}x" if their_bytes else "-",
                 f"{mib(ours_bytes)} / {mib(their_bytes)}",
@@ -502,6 +520,8 @@ def main():
             "time ours / official (fastest calls)",
             "control / official",
             "median per-round ratio",
+            "our rule alone / official (fastest calls)",
+            "our checks (fastest calls)",
             "times (ours / official)",
             "extra peak memory ours / official",
             "extra peak memory (ours / official)",
@@ -514,7 +534,8 @@ script's docstring); {_common.machine_note()}; whole run {elapsed / 60:.1f} min;
 start, {load_after[0]:.1f} at the end (2 cores shared with other jobs).
 
 Same batches for both (`benchmarks/_method_inputs.py`), one process, {args.repeats} rounds (3 for GTPO and KTAE),
-each calling ours, then the official code and the official code again (the control) in alternating order. The time
+each calling ours, then the official code and the official code again (the control) in alternating order, then our
+rule alone (the registered function on the batch `on_tensors` hands it, without the checks around it). The time
 ratio is that of the fastest call of each (the least disturbed on a shared machine); the median of the per-round
 ratios is given beside it. The control's distance from 1.00x is this run's noise floor. Ours is `CreditMethod.on_tensors`
 as the trainer runs it (input and result checks, metrics); the official code as its repository runs it (metrics
