@@ -340,10 +340,19 @@ class AdvantageRecorder:
         if not self.forward_stage:
             return candidates
         trainer = self.trainer
-        first = [row[0] for row in candidates]  # rows repeated in one micro-batch are the same completion
+        # A completion sampled twice has one candidate per copy, and the copies' rewards (so their advantages) may
+        # differ: each row's is the candidate with the sequence advantage TRL carries for it.
+        carried_B = inputs.get("credit_sequence_advantages", inputs["advantages"]).double().cpu()
+        first = [
+            min(rows, key=lambda row, a=carried_B[i]: abs(float(row["sequence_advantages_B"]) - float(a)))
+            for i, rows in enumerate(candidates)
+        ]
         stack = {name: torch.stack([row[name] for row in first]) for name in first[0] if name != "statistics"}
         mask_BT = stack["mask_BT"]
         incoming_BT = stack["advantages_BT"]
+        # The policy's forward (a collective under ZeRO-3) before any check that may raise: a process whose check
+        # fails (`TwoProcessRecorder` keeps the failure and goes on) must still run every collective the others run.
+        values, _ = policy_statistics(trainer.model, inputs, trainer.temperature, stack["base_mask"].bool())
         if self.generation_stage:
             # The generation stage's output, as the batch carries it (float32), once it equals the reference's: a
             # selection of the next stage (STAPO's positive tokens) must see the same numbers as the trainer's, and
@@ -352,7 +361,6 @@ class AdvantageRecorder:
             assert_within(carried_BT, incoming_BT, stack["slack_BT"], self.atol, "the generation stage's advantages")
             self.max_difference = max(self.max_difference, (carried_BT - incoming_BT).abs().max().item())
             incoming_BT = carried_BT
-        values, _ = policy_statistics(trainer.model, inputs, trainer.temperature, stack["base_mask"].bool())
         statistics = {name: torch.stack([row["statistics"][name] for row in first]) for name in first[0]["statistics"]}
         statistics.update(
             {f"policy_{name}": torch.where(mask_BT, values[name], 0.0) for name in ("logps", "entropy", "logit_gap")}
