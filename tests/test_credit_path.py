@@ -59,7 +59,7 @@ from trl_credit.trainer.batch_layout import (
 )
 from trl_credit.trainer.diagnostics import credit_metrics, gather_all, unscored_answers
 from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, GenerationHidden, ScoringForward
-from trl_credit.trainer.reference import copy_initial_model
+from trl_credit.trainer.reference import PREVIOUS_POLICY_FILE, copy_initial_model
 from trl_credit.trainer.run_safety import NonFiniteGuard
 from trl_credit.trainer.statistics_sources import StatisticsSources
 from trl_credit.trainer.token_credit_records import method_statistic_name
@@ -517,6 +517,17 @@ def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(t
     for got, want in zip([r for r in records if r["step"] == 2], before):
         assert got["token_ids"] == want["token_ids"]
         assert got["weights"] == pytest.approx(want["weights"], abs=1e-5)
+
+    # A checkpoint without the previous policy (an older version's) resumes from the resumed policy, and says so.
+    checkpoint = tmp_path / "run" / "checkpoint-1"
+    (checkpoint / PREVIOUS_POLICY_FILE).unlink()
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        _trainer("tide", tmp_path / "older", **settings).train(resume_from_checkpoint=str(checkpoint))
+    assert (
+        f"{checkpoint} has no {PREVIOUS_POLICY_FILE}: the previous-policy reference starts from the resumed policy "
+        "instead of the policy of the previous generation batch."
+    ) in caplog.text
 
 
 @pytest.mark.parametrize("method", ["grpo", "taco", "eapo"])

@@ -420,6 +420,16 @@ def test_unscored_answers_are_logged_from_the_rewards_that_count_them(tmp_path):
     no_answer = sum(extract_answer(text) is None for text in accuracy.texts)
     assert sum(entry["rewards/no_answer"] for entry in logged) == no_answer
 
+    # Counted during an evaluation, they are the evaluation's (`eval_...`), not the next training log's.
+    accuracy = _ObservedAccuracy()
+    args = tiny_config("grpo", tmp_path, max_steps=1, per_device_eval_batch_size=4)
+    trainer = tiny_trainer(
+        args, tokenizer=tokenizer, reward_funcs=[length_reward, accuracy], eval_dataset=tiny_prompt_dataset()
+    )
+    evaluated = trainer.evaluate()
+    assert evaluated["eval_rewards/no_answer"] == sum(extract_answer(text) is None for text in accuracy.texts)
+    assert "rewards/no_answer" not in trainer._metrics["train"]
+
 
 # ------------------------------------------------------------------------------------- forwards the methods add
 
