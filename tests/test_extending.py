@@ -175,7 +175,10 @@ def test_a_hyperparameter_is_named_after_its_method_so_nothing_else_can_set_it(t
         register_credit_method("warm", arguments=_arguments(warm_up_alpha=0.9))(identity)
     # ... and with TRL's config only through a method named like a prefix of its fields: refused before training.
     register_credit_method("top", arguments=_arguments(top_k=3))(identity)
-    with pytest.raises(ValueError, match=r"credit method 'top' declares \['top_k'\], which CreditGRPOConfig"):
+    taken = (
+        r"credit method 'top' declares \['top_k'\], which CreditGRPOConfig \(TRL's GRPOConfig\) also declares: rename"
+    )
+    with pytest.raises(ValueError, match=taken):
         CreditGRPOConfig(output_dir=str(tmp_path), credit_method="top", use_cpu=True, bf16=False)
     with pytest.raises(ValueError, match="hyperparameter 'warm_table' has type <class 'NoneType'>"):
         register_credit_method("warm", arguments=_arguments(warm_table=None))(identity)

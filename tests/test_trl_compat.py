@@ -77,7 +77,7 @@ def test_a_new_multimodal_keyword_of_the_scoring_forward_is_caught(monkeypatch):
 
 def test_a_compute_loss_with_another_signature_is_caught(monkeypatch):
     monkeypatch.setattr(GRPOTrainer, "_compute_loss", lambda self, model, inputs, num_items_in_batch: None)
-    _fails_naming_the_range(r"_compute_loss that does not take \(model, inputs\)")
+    _fails_naming_the_range(r"trl \S+ has a GRPOTrainer\._compute_loss that does not take \(model, inputs\)\. Install")
 
 
 def test_trl_is_checked_without_reading_its_source(monkeypatch):
