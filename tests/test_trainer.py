@@ -272,7 +272,11 @@ def test_plain_grpo_config_is_refused(tmp_path):
     "method,settings,message",
     [
         ("ppo", {}, "unknown credit method 'ppo'; registered: grpo, "),
-        ("taco+eapo", {}, r"must come before methods that read the training forward \(taco: training forward, eapo: "),
+        (
+            "taco+eapo",
+            {},
+            r"must come before methods that read the training forward \(taco: training forward, eapo: generation batch\)",
+        ),
         ("taco", {"taco_alpha": 0.0}, r"taco_alpha must be in \(0, 1\]"),
         ("taco", {"taco_lambda": 1.2}, r"taco_lambda must be in \[0, 1\]"),
         ("eapo", {"eapo_kappa": -0.1}, "eapo_kappa must be finite and >= 0"),
