@@ -355,3 +355,25 @@ def test_the_supported_hyperparameter_types_are_the_documented_ones():
 
     assert all(supported_type(t) for t in (bool, int, float, str, Literal["a", "b"], int | None, list[float]))
     assert not any(supported_type(t) for t in (dict, list, list[dict], dict[str, int], tuple[int, int], bytes))
+
+
+def test_a_bounded_statistic_rounded_just_outside_its_range_is_taken_and_further_out_refused():
+    """A streamed statistic may round past its bound (a squared Hellinger distance of 1 + 5e-5): the stage's check
+    takes it within its tolerance (1e-4) and refuses a value beyond it, naming the statistic."""
+    from reference_credit import random_reference_batch
+
+    method = CREDIT_METHODS["tide"]
+    batch = random_reference_batch()
+    advantages_B, mask_BT, named = batch.package_inputs()
+    reads = method.statistics_for(method.hyperparameters())
+    named = {key: value for key, value in named.items() if key not in batch.statistics or key in reads}
+    position = mask_BT.bool().nonzero()[0].tolist()
+    for deviation, accepted in ((1 + 5e-5, True), (1 + 1e-3, False)):
+        deviation_BT = named["reference_deviation"].clone().float()
+        deviation_BT[tuple(position)] = deviation
+        call = {**named, "reference_deviation": deviation_BT}
+        if accepted:
+            assert torch.isfinite(method.on_tensors(advantages_B, mask_BT, **call).advantages_BT).all()
+        else:
+            with pytest.raises(ValueError, match="statistic 'reference_deviation'"):
+                method.on_tensors(advantages_B, mask_BT, **call)
