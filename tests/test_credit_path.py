@@ -578,6 +578,10 @@ def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(mo
             assert record["statistic"] == pytest.approx(risk.tolist(), abs=1e-4)
         moved += max(want) - min(want) > 1e-3
     assert bool(moved) == (method != "grpo")  # the method moved the credit of some completion
+    if method != "grpo":  # the last stage (TACO's is the training forward) logs mean |A| after the whole stack
+        [logged] = [entry for entry in trainer.state.log_history if "loss" in entry]
+        want = advantages_BT[mask_BT].abs().mean().item()
+        assert logged["credit/adv_abs_mean"] == pytest.approx(want, rel=1e-5)
 
 
 def test_a_generation_stage_method_that_drops_tokens_recounts_trls_normaliser(monkeypatch, tmp_path):

@@ -377,3 +377,22 @@ def test_a_bounded_statistic_rounded_just_outside_its_range_is_taken_and_further
         else:
             with pytest.raises(ValueError, match="statistic 'reference_deviation'"):
                 method.on_tensors(advantages_B, mask_BT, **call)
+
+
+def test_the_same_function_registered_again_is_accepted_and_another_refused():
+    """A method module imported again (a reload, or one file under two module names) registers its function again:
+    accepted, while another function under the taken name is refused."""
+
+    def twice(batch):
+        """Never called."""
+
+    def other(batch):
+        """Never called."""
+
+    try:
+        register_credit_method("registered_twice")(twice)
+        register_credit_method("registered_twice")(twice)
+        with pytest.raises(ValueError, match="'registered_twice' is already registered by "):
+            register_credit_method("registered_twice")(other)
+    finally:
+        CREDIT_METHODS.pop("registered_twice", None)
