@@ -5,17 +5,15 @@ trl-credit grpo --method examples/custom_credit_method.py:surprise_boost --surpr
 trl-credit grpo --method eapo+examples/custom_credit_method.py:surprise_boost   # stacked after EAPO
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from trl_credit import CreditBatch, CreditResult, register_credit_method
-from trl_credit.methods import ROLLOUT_LOGPS, check_fields
+from trl_credit.methods import ROLLOUT_LOGPS, check_fields, hyperparameter
 
 
 @dataclass
 class SurpriseBoostArguments:
-    surprise_boost_max: float = field(
-        default=1.5, metadata={"help": "Largest weight, given to the most surprising token (>= 1)."}
-    )
+    surprise_boost_max: float = hyperparameter(1.5, "Largest weight, given to the most surprising token (>= 1).")
 
     def __post_init__(self):
         check_fields(self, surprise_boost_max=(lambda b: b >= 1.0, ">= 1"))

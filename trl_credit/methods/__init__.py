@@ -38,7 +38,7 @@ from .registry import (
     register_credit_method,
     resolve_stack,
 )
-from .settings import SettingError, check_fields, in_range
+from .settings import SettingError, check_fields, hyperparameter, in_range
 from .stack import StackCredit, StackStep, run_stack
 
 # The modules of this folder that are not methods: what every method is registered, checked and run with.
@@ -77,6 +77,7 @@ __all__ = [
     "apply_credit_method",
     "apply_credit_stack",
     "check_fields",
+    "hyperparameter",
     "get_credit_method",
     "in_range",
     "other_paper",

@@ -17,11 +17,11 @@ no-grad forward (verl's `old_log_prob` is the same quantity: the policy that gen
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .batch import ROLLOUT_LOGPS, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import check_fields, in_range
+from .settings import check_fields, hyperparameter, in_range
 
 AR_LOPTI_PAPER = paper(
     "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs",
@@ -36,12 +36,10 @@ AR_LOPTI_PAPER = paper(
 class ARLoptiArguments:
     """AR-Lopti advantage reweighting's hyperparameter (the TACO repository's default)."""
 
-    ar_lopti_alpha: float = field(
-        default=0.1,
-        metadata={
-            "help": "AR-Lopti: token weight (1 - alpha) + alpha * p_rollout on every advantage. In [0, 1]; 0 is GRPO. "
-            "AR-Lopti's own scripts use 0.2."
-        },
+    ar_lopti_alpha: float = hyperparameter(
+        0.1,
+        "AR-Lopti: token weight (1 - alpha) + alpha * p_rollout on every advantage. In [0, 1]; 0 is GRPO. "
+        "AR-Lopti's own scripts use 0.2.",
     )
 
     def __post_init__(self):

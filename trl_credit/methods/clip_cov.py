@@ -29,13 +29,13 @@ micro-batch's shape and valid-token count, so a rerun or a resumed run draws the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import POLICY_LOGPS, ROLLOUT_LOGPS, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import SettingError, check_fields
+from .settings import SettingError, check_fields, hyperparameter
 
 CLIP_COV_PAPER = paper(
     "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models",
@@ -52,20 +52,18 @@ CLIP_COV_PAPER = paper(
 class ClipCovArguments:
     """Clip-Cov's hyperparameters (verl's defaults)."""
 
-    clip_cov_ratio: float = field(
-        default=0.0002,
-        metadata={
-            "help": "Clip-Cov: fraction of a micro-batch's valid tokens whose gradient is detached (at least 1). In (0, 1]."
-        },
+    clip_cov_ratio: float = hyperparameter(
+        0.0002,
+        "Clip-Cov: fraction of a micro-batch's valid tokens whose gradient is detached (at least 1). In (0, 1].",
     )
-    clip_cov_lb: float = field(
-        default=1.0, metadata={"help": "Clip-Cov: lower bound (exclusive) of the covariance of a candidate token."}
+    clip_cov_lb: float = hyperparameter(
+        1.0, "Clip-Cov: lower bound (exclusive) of the covariance of a candidate token."
     )
-    clip_cov_ub: float = field(
-        default=5.0, metadata={"help": "Clip-Cov: upper bound (exclusive) of the covariance of a candidate token."}
+    clip_cov_ub: float = hyperparameter(
+        5.0, "Clip-Cov: upper bound (exclusive) of the covariance of a candidate token."
     )
-    clip_cov_seed: int = field(
-        default=0, metadata={"help": "Clip-Cov: seed of the random draw (combined with the step and the micro-batch)."}
+    clip_cov_seed: int = hyperparameter(
+        0, "Clip-Cov: seed of the random draw (combined with the step and the micro-batch)."
     )
 
     def __post_init__(self):

@@ -15,14 +15,14 @@ Statistics: the rollout policy's entropy, once per generation batch, before TRL 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import ROLLOUT_ENTROPY, CreditBatch, CreditResult
 from .names import other_paper
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import FINITE_NON_NEGATIVE, check_fields
+from .settings import FINITE_NON_NEGATIVE, check_fields, hyperparameter
 
 _EPS = 1e-8
 
@@ -38,17 +38,14 @@ EAPO_PAPER = paper(
 class EAPOArguments:
     """EAPO's hyperparameters (paper defaults)."""
 
-    eapo_kappa: float = field(
-        default=math.log(4),
-        metadata={"help": "EAPO strength kappa (>= 0): max/min weight ratio in a response <= exp(kappa). 0 is GRPO."},
+    eapo_kappa: float = hyperparameter(
+        math.log(4), "EAPO strength kappa (>= 0): max/min weight ratio in a response <= exp(kappa). 0 is GRPO."
     )
-    eapo_kappa_decay_steps: int = field(
-        default=0,
-        metadata={"help": "EAPO: decay kappa linearly to 0 over this many optimizer steps (0 = constant)."},
+    eapo_kappa_decay_steps: int = hyperparameter(
+        0, "EAPO: decay kappa linearly to 0 over this many optimizer steps (0 = constant)."
     )
-    eapo_quantiles: list[float] = field(
-        default_factory=lambda: [0.1, 0.9],
-        metadata={"help": "EAPO entropy quantiles (lo, hi), batch-global over all processes, mapped to 0 and 1."},
+    eapo_quantiles: list[float] = hyperparameter(
+        [0.1, 0.9], "EAPO entropy quantiles (lo, hi), batch-global over all processes, mapped to 0 and 1."
     )
 
     def __post_init__(self):

@@ -17,13 +17,13 @@ advantage (GRPO's `A_i`, or a previous method's output).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import POLICY_ENTROPY, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import FINITE_NON_NEGATIVE, check_fields
+from .settings import FINITE_NON_NEGATIVE, check_fields, hyperparameter
 
 ENTROPY_ADV_PAPER = paper(
     "Reasoning with Exploration: An Entropy Perspective",
@@ -39,15 +39,11 @@ ENTROPY_ADV_PAPER = paper(
 class EntropyAdvArguments:
     """EntropyAdv's hyperparameters (the paper's GRPO setting)."""
 
-    entropy_adv_alpha: float = field(
-        default=0.4,
-        metadata={
-            "help": "EntropyAdv: entropy coefficient alpha (>= 0; 0 is GRPO). The paper uses 0.4 with GRPO, 0.1 with PPO."
-        },
+    entropy_adv_alpha: float = hyperparameter(
+        0.4, "EntropyAdv: entropy coefficient alpha (>= 0; 0 is GRPO). The paper uses 0.4 with GRPO, 0.1 with PPO."
     )
-    entropy_adv_kappa: float = field(
-        default=2.0,
-        metadata={"help": "EntropyAdv: the bonus is at most |A| / kappa. > 1, so no advantage changes sign."},
+    entropy_adv_kappa: float = hyperparameter(
+        2.0, "EntropyAdv: the bonus is at most |A| / kappa. > 1, so no advantage changes sign."
     )
 
     def __post_init__(self):

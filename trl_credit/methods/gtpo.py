@@ -37,14 +37,14 @@ optimizer step per generation) that is the same policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import ROLLOUT_ENTROPY, CreditBatch, CreditResult
 from .names import other_paper
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE, check_fields
+from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE, check_fields, hyperparameter
 
 GTPO_PAPER = paper(
     "GTPO: Trajectory-Based Policy Optimization in Large Language Models",
@@ -62,36 +62,26 @@ _MAX_EXACT_ID = 2**24
 class GTPOArguments:
     """GTPO's hyperparameters (the official code's defaults)."""
 
-    gtpo_conflict_weight: float = field(
-        default=2.0,
-        metadata={
-            "help": "GTPO weight W of the conflict tokens of positive-advantage completions (official W_RAW). > 0."
-        },
+    gtpo_conflict_weight: float = hyperparameter(
+        2.0, "GTPO weight W of the conflict tokens of positive-advantage completions (official W_RAW). > 0."
     )
-    gtpo_entropy_threshold: float = field(
-        default=0.7,
-        metadata={
-            "help": "GTPO entropy threshold tau (nats): a completion whose mean entropy exceeds it gets no update "
-            "(official ENT_THRESHOLD). >= 0; inf filters nothing."
-        },
+    gtpo_entropy_threshold: float = hyperparameter(
+        0.7,
+        "GTPO entropy threshold tau (nats): a completion whose mean entropy exceeds it gets no update "
+        "(official ENT_THRESHOLD). >= 0; inf filters nothing.",
     )
-    gtpo_entropy_scale: float = field(
-        default=0.1,
-        metadata={
-            "help": "GTPO entropy shaping gamma: the advantage becomes A - gamma * mean entropy (official ENT_SCALE). "
-            "Finite and >= 0."
-        },
+    gtpo_entropy_scale: float = hyperparameter(
+        0.1,
+        "GTPO entropy shaping gamma: the advantage becomes A - gamma * mean entropy (official ENT_SCALE). "
+        "Finite and >= 0.",
     )
-    gtpo_conflict_normalization: bool = field(
-        default=True,
-        metadata={"help": "GTPO: divide each completion's advantages by its number of conflict tokens (at least 1)."},
+    gtpo_conflict_normalization: bool = hyperparameter(
+        True, "GTPO: divide each completion's advantages by its number of conflict tokens (at least 1)."
     )
-    gtpo_pad_id: int | None = field(
-        default=None,
-        metadata={
-            "help": "GTPO: token id that never counts as a conflict (official PAD_ID); the conflicts are keyed on the "
-            "completion ids as TRL padded them whatever it is. Default: the tokenizer's pad token id."
-        },
+    gtpo_pad_id: int | None = hyperparameter(
+        None,
+        "GTPO: token id that never counts as a conflict (official PAD_ID); the conflicts are keyed on the "
+        "completion ids as TRL padded them whatever it is. Default: the tokenizer's pad token id.",
     )
 
     def __post_init__(self):

@@ -26,13 +26,13 @@ from __future__ import annotations
 import bisect
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import check_fields, in_range
+from .settings import check_fields, hyperparameter, in_range
 
 HICRA_PAPER = paper(
     "Emergent Hierarchical Reasoning in LLMs through Reinforcement Learning",
@@ -50,16 +50,13 @@ HICRA_PAPER_GRAMS = ("we can use the fact that", "let's try a different approach
 class HICRAArguments:
     """HICRA's hyperparameters (the paper's defaults)."""
 
-    hicra_alpha: float = field(
-        default=0.2,
-        metadata={"help": "HICRA amplification alpha of planning tokens: A + alpha * |A|. In [0, 1); 0 is GRPO."},
+    hicra_alpha: float = hyperparameter(
+        0.2, "HICRA amplification alpha of planning tokens: A + alpha * |A|. In [0, 1); 0 is GRPO."
     )
-    hicra_grams: list[str] = field(
-        default_factory=lambda: list(HICRA_PAPER_GRAMS),
-        metadata={
-            "help": "HICRA strategic grams (phrases) whose tokens are planning tokens; matched case-insensitively as "
-            "whole words. Default: the paper's three examples."
-        },
+    hicra_grams: list[str] = hyperparameter(
+        list(HICRA_PAPER_GRAMS),
+        "HICRA strategic grams (phrases) whose tokens are planning tokens; matched case-insensitively as "
+        "whole words. Default: the paper's three examples.",
     )
 
     def __post_init__(self):

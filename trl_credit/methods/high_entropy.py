@@ -25,13 +25,13 @@ neither).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import POLICY_ENTROPY, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import check_fields, in_range
+from .settings import check_fields, hyperparameter, in_range
 
 HIGH_ENTROPY_PAPER = paper(
     "Beyond the 80/20 Rule: High-Entropy Minority Tokens Drive Effective Reinforcement Learning for LLM Reasoning",
@@ -48,12 +48,10 @@ HIGH_ENTROPY_PAPER = paper(
 class HighEntropyArguments:
     """80/20's hyperparameter (the paper's recipes)."""
 
-    high_entropy_top_ratio: float = field(
-        default=0.2,
-        metadata={
-            "help": "80/20: fraction rho of a micro-batch's valid tokens, by highest entropy, that keep their policy "
-            "gradient (at least one). In [0, 1]; 1 is GRPO."
-        },
+    high_entropy_top_ratio: float = hyperparameter(
+        0.2,
+        "80/20: fraction rho of a micro-batch's valid tokens, by highest entropy, that keep their policy "
+        "gradient (at least one). In [0, 1]; 1 is GRPO.",
     )
 
     def __post_init__(self):

@@ -44,13 +44,13 @@ Statistics: none from the model; the completion ids and the raw rewards, at gene
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE, SettingError, check_fields
+from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE, SettingError, check_fields, hyperparameter
 
 KTAE_PAPER = paper(
     "KTAE: A Model-Free Algorithm to Key-Tokens Advantage Estimation in Mathematical Reasoning",
@@ -75,34 +75,25 @@ _MAX_COUNT = 55_107
 class KTAEArguments:
     """KTAE's hyperparameters (the official code's values)."""
 
-    ktae_alpha: float = field(
-        default=1.0,
-        metadata={"help": "KTAE weight alpha of the Fisher exact test's score exp(-2 p). Finite and >= 0."},
+    ktae_alpha: float = hyperparameter(
+        1.0, "KTAE weight alpha of the Fisher exact test's score exp(-2 p). Finite and >= 0."
     )
-    ktae_beta: float = field(
-        default=1.0,
-        metadata={"help": "KTAE weight beta of the information gain. Finite and >= 0; alpha + beta > 0."},
+    ktae_beta: float = hyperparameter(
+        1.0, "KTAE weight beta of the information gain. Finite and >= 0; alpha + beta > 0."
     )
-    ktae_term_frequency: bool = field(
-        default=True,
-        metadata={"help": "KTAE: add the BM25 term-frequency ratio to Cohen's h in the direction score (official)."},
+    ktae_term_frequency: bool = hyperparameter(
+        True, "KTAE: add the BM25 term-frequency ratio to Cohen's h in the direction score (official)."
     )
-    ktae_scale: float = field(
-        default=1.0,
-        metadata={
-            "help": "KTAE bound of the key-token value added to each advantage (official `top`). Finite and > 0."
-        },
+    ktae_scale: float = hyperparameter(
+        1.0, "KTAE bound of the key-token value added to each advantage (official `top`). Finite and > 0."
     )
-    ktae_correct_threshold: float = field(
-        default=0.0,
-        metadata={"help": "KTAE: a completion is correct when its raw reward exceeds this (official: > 0). Finite."},
+    ktae_correct_threshold: float = hyperparameter(
+        0.0, "KTAE: a completion is correct when its raw reward exceeds this (official: > 0). Finite."
     )
-    ktae_unscored_id: int | None = field(
-        default=None,
-        metadata={
-            "help": "KTAE: token id that gets no key-token value (the official code hard-codes Qwen's pad and base "
-            "EOS id, 151643). Default: the tokenizer's pad token id."
-        },
+    ktae_unscored_id: int | None = hyperparameter(
+        None,
+        "KTAE: token id that gets no key-token value (the official code hard-codes Qwen's pad and base "
+        "EOS id, 151643). Default: the tokenizer's pad token id.",
     )
 
     def __post_init__(self):

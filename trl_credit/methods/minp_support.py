@@ -26,13 +26,13 @@ usual min-p sampling value, our choice. Pass the value of the run you reproduce.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import POLICY_LOGIT_GAP, CreditBatch, CreditResult
 from .registry import get_credit_method, register_credit_method
-from .settings import FINITE_POSITIVE, check_fields, in_range
+from .settings import FINITE_POSITIVE, check_fields, hyperparameter, in_range
 from .taco import TACO_PAPER
 
 
@@ -40,24 +40,19 @@ from .taco import TACO_PAPER
 class MinPSupportArguments:
     """Min-p support weighting's hyperparameters (the TACO repository's `support_set_*` options)."""
 
-    minp_support_min_p: float = field(
-        default=0.1,
-        metadata={
-            "help": "Min-p support: a token is in the support set when p >= min_p * max p. In (0, 1). No official "
-            "default (the option is off unless set); 0.1 is the usual min-p value."
-        },
+    minp_support_min_p: float = hyperparameter(
+        0.1,
+        "Min-p support: a token is in the support set when p >= min_p * max p. In (0, 1). No official "
+        "default (the option is off unless set); 0.1 is the usual min-p value.",
     )
-    minp_support_tau: float = field(
-        default=0.2,
-        metadata={"help": "Min-p support: decay temperature of the weight outside the set, in logit margin. > 0."},
+    minp_support_tau: float = hyperparameter(
+        0.2, "Min-p support: decay temperature of the weight outside the set, in logit margin. > 0."
     )
-    minp_support_min_weight: float = field(
-        default=0.2,
-        metadata={"help": "Min-p support: lower bound of the weight far outside the set. In [0, 1]."},
+    minp_support_min_weight: float = hyperparameter(
+        0.2, "Min-p support: lower bound of the weight far outside the set. In [0, 1]."
     )
-    minp_support_only_positive_advantage: bool = field(
-        default=True,
-        metadata={"help": "Min-p support: weight only positive-advantage tokens (others keep weight 1)."},
+    minp_support_only_positive_advantage: bool = hyperparameter(
+        True, "Min-p support: weight only positive-advantage tokens (others keep weight 1)."
     )
 
     def __post_init__(self):

@@ -30,12 +30,13 @@ pi_t. Where verl's `w_t` is well-conditioned the two agree to float32 rounding (
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import ROLLOUT_UNSAMPLED_MASS, ROLLOUT_UNSAMPLED_SUM_SQ_PROBS, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
+from .settings import hyperparameter
 
 _EPS = 1e-8  # verl's `epsilon` in the baseline's denominator
 
@@ -52,12 +53,10 @@ OTB_PAPER = paper(
 class OTBArguments:
     """OTB's options (verl's defaults)."""
 
-    otb_handle_zero_tail: bool = field(
-        default=True,
-        metadata={
-            "help": "OTB: give no baseline to the part of a group's single longest response beyond the second-longest "
-            "(verl's default)."
-        },
+    otb_handle_zero_tail: bool = hyperparameter(
+        True,
+        "OTB: give no baseline to the part of a group's single longest response beyond the second-longest "
+        "(verl's default).",
     )
 
 

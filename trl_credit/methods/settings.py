@@ -1,5 +1,5 @@
-"""A method's hyperparameters as settings: [`SettingError`], the checks an arguments dataclass runs in its
-`__post_init__` ([`check_fields`]), and the conversion of values that no argument parser has read.
+"""A method's hyperparameters as settings: their declaration ([`hyperparameter`]), [`SettingError`], the checks an
+arguments dataclass runs in its `__post_init__` ([`check_fields`]), and the conversion of values that no argument parser has read.
 
 Flags and YAML keys reach a method's arguments dataclass through TRL's parser, which converts them to the declared
 types. `credit_kwargs` from Python or JSON does not pass a parser: [`resolve_settings`] converts what JSON and YAML
@@ -17,6 +17,15 @@ from typing import Any, Literal
 
 # A check of one hyperparameter: a predicate and the allowed values in words ("in (0, 1]").
 Check = tuple[Callable[[Any], bool], str]
+
+
+def hyperparameter(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    """A field of a method's arguments dataclass: its default, its `--help` text and, for a string, its `choices`, in
+    the field metadata that TRL's parser and the docs tables read. A list default is copied for each instance."""
+    metadata = {"help": help} if choices is None else {"help": help, "choices": list(choices)}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 class SettingError(ValueError):

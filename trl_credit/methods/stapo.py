@@ -15,12 +15,12 @@ micro-batch and per process, as the official code does (`torch.quantile` over th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .batch import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult
 from .eapo import quantile_linear
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import check_fields, in_range
+from .settings import check_fields, hyperparameter, in_range
 
 STAPO_PAPER = paper(
     "STAPO: Stabilizing Reinforcement Learning for LLMs by Silencing Rare Spurious Tokens",
@@ -35,22 +35,16 @@ STAPO_PAPER = paper(
 class STAPOArguments:
     """STAPO's hyperparameters (defaults of the TACO repository's `stapo_*` options)."""
 
-    stapo_prob_threshold: float = field(
-        default=0.002,
-        metadata={
-            "help": "STAPO: a candidate token is spurious when its current-policy probability is below this. In (0, 1)."
-        },
+    stapo_prob_threshold: float = hyperparameter(
+        0.002, "STAPO: a candidate token is spurious when its current-policy probability is below this. In (0, 1)."
     )
-    stapo_entropy_quantile: float = field(
-        default=0.1,
-        metadata={
-            "help": "STAPO: ... and its entropy is below this quantile of the candidates' entropies in the micro-batch. "
-            "In (0, 1)."
-        },
+    stapo_entropy_quantile: float = hyperparameter(
+        0.1,
+        "STAPO: ... and its entropy is below this quantile of the candidates' entropies in the micro-batch. "
+        "In (0, 1).",
     )
-    stapo_only_positive_advantage: bool = field(
-        default=True,
-        metadata={"help": "STAPO: only positive-advantage tokens are candidates (else every valid token)."},
+    stapo_only_positive_advantage: bool = hyperparameter(
+        True, "STAPO: only positive-advantage tokens are candidates (else every valid token)."
     )
 
     def __post_init__(self):

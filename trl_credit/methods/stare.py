@@ -22,14 +22,14 @@ rollout policy's entropy over the whole generation batch, as the official traine
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from .batch import POLICY_LOGPS, ROLLOUT_MEAN_ENTROPY, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import check_fields, in_range
+from .settings import check_fields, hyperparameter, in_range
 
 STARE_PAPER = paper(
     "STARE: Surprisal-Guided Token-Level Advantage Reweighting for Policy Entropy Stability",
@@ -43,34 +43,26 @@ STARE_PAPER = paper(
 class STAREArguments:
     """STARE's hyperparameters (the official recipe's defaults for 7B models)."""
 
-    stare_variant: Literal["O1", "C2"] = field(
-        default="O1",
-        metadata={
-            "help": "STARE variant: O1 amplifies the high-surprisal positive-advantage tokens (W); C2 also attenuates "
-            "the high-surprisal negative-advantage tokens (M)."
-        },
+    stare_variant: Literal["O1", "C2"] = hyperparameter(
+        "O1",
+        "STARE variant: O1 amplifies the high-surprisal positive-advantage tokens (W); C2 also attenuates "
+        "the high-surprisal negative-advantage tokens (M).",
     )
-    stare_top_p_ratio: float = field(
-        default=0.1,
-        metadata={
-            "help": "STARE: share P of each advantage sign's tokens (highest surprisal -log p) that are reweighted, "
-            "per micro-batch. In [0, 1]; 0 is GRPO."
-        },
+    stare_top_p_ratio: float = hyperparameter(
+        0.1,
+        "STARE: share P of each advantage sign's tokens (highest surprisal -log p) that are reweighted, "
+        "per micro-batch. In [0, 1]; 0 is GRPO.",
     )
-    stare_reweight_w: float = field(
-        default=1.1,
-        metadata={"help": "STARE weight W of the selected positive-advantage tokens (> 0; the paper uses W > 1)."},
+    stare_reweight_w: float = hyperparameter(
+        1.1, "STARE weight W of the selected positive-advantage tokens (> 0; the paper uses W > 1)."
     )
-    stare_reweight_m: float = field(
-        default=0.9,
-        metadata={"help": "STARE weight M of the selected negative-advantage tokens, variant C2 (> 0; M < 1)."},
+    stare_reweight_m: float = hyperparameter(
+        0.9, "STARE weight M of the selected negative-advantage tokens, variant C2 (> 0; M < 1)."
     )
-    stare_target_entropy: float = field(
-        default=0.3,
-        metadata={
-            "help": "STARE target entropy (nats): reweighting is on only while the generation batch's mean rollout "
-            "entropy is below it. >= 0; inf keeps it always on."
-        },
+    stare_target_entropy: float = hyperparameter(
+        0.3,
+        "STARE target entropy (nats): reweighting is on only while the generation batch's mean rollout "
+        "entropy is below it. >= 0; inf keeps it always on.",
     )
 
     def __post_init__(self):

@@ -16,13 +16,13 @@ Statistics: the current policy, from the training forward that also gives the PP
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import check_fields, in_range
+from .settings import check_fields, hyperparameter, in_range
 
 TACO_PAPER = paper(
     "When Implausible Tokens Get Reinforced: Tail-Aware Credit Calibration for LLM Reinforcement Learning",
@@ -37,13 +37,11 @@ TACO_PAPER = paper(
 class TACOArguments:
     """TACO's hyperparameters (paper defaults)."""
 
-    taco_alpha: float = field(
-        default=0.01,
-        metadata={"help": "TACO tail threshold alpha: a token is in the tail when p < alpha * exp(-H). In (0, 1]."},
+    taco_alpha: float = hyperparameter(
+        0.01, "TACO tail threshold alpha: a token is in the tail when p < alpha * exp(-H). In (0, 1]."
     )
-    taco_lambda: float = field(
-        default=0.9,
-        metadata={"help": "TACO maximal shrinkage lambda of tail tokens' positive credit. In [0, 1]; 0 is GRPO."},
+    taco_lambda: float = hyperparameter(
+        0.9, "TACO maximal shrinkage lambda of tail tokens' positive credit. In [0, 1]; 0 is GRPO."
     )
 
     def __post_init__(self):

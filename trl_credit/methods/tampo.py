@@ -13,11 +13,11 @@ STAPO nothing depends on how the batch is split.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .batch import POLICY_ENTROPY, POLICY_LOGPS, CreditBatch, CreditResult
 from .registry import get_credit_method, register_credit_method
-from .settings import FINITE_NON_NEGATIVE, check_fields, in_range
+from .settings import FINITE_NON_NEGATIVE, check_fields, hyperparameter, in_range
 from .taco import TACO_PAPER
 
 
@@ -25,15 +25,11 @@ from .taco import TACO_PAPER
 class TAMPOArguments:
     """TAMPO-style truncation's hyperparameters (defaults of the TACO repository's `tampo_*` options)."""
 
-    tampo_prob_threshold: float = field(
-        default=0.002,
-        metadata={
-            "help": "TAMPO: truncate positive-advantage tokens whose current-policy probability is <= this. In (0, 1]."
-        },
+    tampo_prob_threshold: float = hyperparameter(
+        0.002, "TAMPO: truncate positive-advantage tokens whose current-policy probability is <= this. In (0, 1]."
     )
-    tampo_entropy_threshold: float = field(
-        default=0.5,
-        metadata={"help": "TAMPO: ... and whose current-policy entropy (nats) is <= this. >= 0."},
+    tampo_entropy_threshold: float = hyperparameter(
+        0.5, "TAMPO: ... and whose current-policy entropy (nats) is <= this. >= 0."
     )
 
     def __post_init__(self):

@@ -16,13 +16,13 @@ Statistics: the deviation of the policy from a frozen reference and the policy's
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .batch import PREVIOUS_POLICY_DEVIATION, REFERENCE_DEVIATION, ROLLOUT_ENTROPY, CreditBatch, CreditResult
 from .registry import get_credit_method, paper, register_credit_method
-from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE, check_fields
+from .settings import FINITE_NON_NEGATIVE, FINITE_POSITIVE, check_fields, hyperparameter
 
 DISTANCES = ("squared_hellinger", "hellinger")
 REFERENCES = ("ref", "old")
@@ -39,25 +39,18 @@ TIDE_PAPER = paper(
 class TIDEArguments:
     """TIDE's hyperparameters (paper defaults; `tide_distance` and `tide_reference` are the open choices)."""
 
-    tide_tau: float = field(
-        default=0.5,
-        metadata={"help": "TIDE softmax temperature tau (> 0) over the gated deviation scores of a response."},
+    tide_tau: float = hyperparameter(
+        0.5, "TIDE softmax temperature tau (> 0) over the gated deviation scores of a response."
     )
-    tide_kappa: float = field(
-        default=1.0,
-        metadata={"help": "TIDE exponent kappa (>= 0) of the normalised-entropy gate; 0 turns the gate off."},
+    tide_kappa: float = hyperparameter(
+        1.0, "TIDE exponent kappa (>= 0) of the normalised-entropy gate; 0 turns the gate off."
     )
-    tide_distance: str = field(
-        default="squared_hellinger",
-        metadata={"help": "TIDE deviation measure.", "choices": list(DISTANCES)},
-    )
-    tide_reference: str = field(
-        default="ref",
-        metadata={
-            "help": "TIDE reference: 'ref' = frozen initial model (PEFT: adapter disabled), 'old' = the policy at "
-            "the previous training generation batch.",
-            "choices": list(REFERENCES),
-        },
+    tide_distance: str = hyperparameter("squared_hellinger", "TIDE deviation measure.", choices=DISTANCES)
+    tide_reference: str = hyperparameter(
+        "ref",
+        "TIDE reference: 'ref' = frozen initial model (PEFT: adapter disabled), 'old' = the policy at the previous "
+        "training generation batch.",
+        choices=REFERENCES,
     )
 
     def __post_init__(self):
