@@ -339,7 +339,7 @@ def _uneven_mask_statistics(policy, reference, input_ids, rank):
     )
     context._forward_batch_size = lambda: 1
     context.forward_counts = Counter()  # the deviation pass counts its forwards there
-    context.deviation_reference = SimpleNamespace(model_and_context=lambda: (reference, nullcontext()))
+    context.deviation_reference = SimpleNamespace(model_and_context=lambda policy: (reference, nullcontext()))
     deviation_BT, _ = context._deviation_and_entropy(batch)
     return int((deviation_BT > 0).sum())
 

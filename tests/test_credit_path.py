@@ -621,8 +621,8 @@ def test_a_policy_given_by_name_is_measured_against_its_weights_loaded_as_trl_lo
     trainer = tiny_trainer(
         tiny_config("tide", tmp_path / "out", **settings), model=tiny_model_dir, tokenizer=tokenizer
     )
-    reference = trainer.deviation_reference.model_and_context()[0]
     policy = trainer.accelerator.unwrap_model(trainer.model)
+    reference = trainer.deviation_reference.model_and_context(policy)[0]
     assert reference is not policy and reference.config._attn_implementation == "eager"
     assert reference.dtype == policy.dtype and not any(p.requires_grad for p in reference.parameters())
     for name, value in policy.state_dict().items():

@@ -512,7 +512,7 @@ def test_extra_forwards_logged_are_the_policy_forwards_that_ran(monkeypatch, tmp
 def test_tide_logs_its_reference_forward_apart(tmp_path):
     tokenizer = make_tiny_tokenizer()
     trainer = tiny_trainer(tiny_config("tide", tmp_path / "out", max_steps=2), tokenizer=tokenizer)
-    reference_backbone = trainer.deviation_reference.model_and_context()[0].model
+    reference_backbone = trainer.deviation_reference.model_and_context(trainer.model)[0].model
     # One forward of the reference over a batch is two calls of its backbone with a KV cache: each distinct prompt,
     # then the completions on the repeated cache.
     cached_calls = []

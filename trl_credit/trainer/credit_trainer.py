@@ -165,8 +165,13 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
             super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
         check_trainer_attributes(self)
         deviation = self.stage_plan.deviation
-        self.deviation_reference = DeviationReference(self, initial_copy, deviation) if deviation else None
-        self._vocab_size = vocab_size(self.accelerator.unwrap_model(self.model))
+        policy = self.accelerator.unwrap_model(self.model)
+        self.deviation_reference = (
+            DeviationReference(deviation, policy, initial_copy, self.ref_model, self.accelerator, args)
+            if deviation
+            else None
+        )
+        self._vocab_size = vocab_size(policy)
         self._token_texts = TokenTexts(self.processing_class)  # completion ids -> token texts (HICRA's grams)
         self._unscored_counters = unscored_counters(self.reward_funcs)
         # Forwards the credit methods run, counted where they run (`_count_forward`), logged once per step.
@@ -216,7 +221,7 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
             statistics = self._generation_batch_statistics(batch, names, generation, scoring)
             batch.update({statistic_key(name): value for name, value in statistics.items()})
             if self.deviation_reference is not None:
-                self.deviation_reference.after_batch(training=self.model.training)
+                self.deviation_reference.after_batch(self._policy(), training=self.model.training)
         statistic_BT = None
         if self.stage_plan.generation:
             last_stage = not self.stage_plan.training_forward
@@ -385,7 +390,7 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None and self.deviation_reference is not None:
-            self.deviation_reference.load(checkpoint)
+            self.deviation_reference.load(checkpoint, self._policy())
 
     # ---------------------------------------------------------------------------------------------- logging
 

@@ -42,78 +42,76 @@ def copy_initial_model(model, args, peft_config, statistics):
 
 
 class DeviationReference:
-    """The reference model of a deviation statistic, prepared like TRL prepares its own reference model."""
+    """The reference model of a deviation statistic, prepared like TRL prepares its own reference model.
 
-    def __init__(self, trainer, initial_copy, statistic: str):
-        self.trainer = trainer
+    It is given what it reads: TRL's reference model (`None` when `beta == 0`), the accelerator and the training
+    arguments when it is built, and the unwrapped policy at each call.
+    """
+
+    def __init__(self, statistic: str, policy, initial_copy, ref_model, accelerator, args):
         self.previous_policy = statistic == PREVIOUS_POLICY_DEVIATION
-        policy = trainer.accelerator.unwrap_model(trainer.model)
-        self.model = None  # None: TRL's reference model, or the policy with its adapter disabled
-        if self.previous_policy and (is_peft_model(policy) or trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled):
+        self.ref_model, self.accelerator = ref_model, accelerator
+        # As `Trainer` decides `is_deepspeed_enabled` and `is_fsdp_enabled`:
+        deepspeed = getattr(accelerator.state, "deepspeed_plugin", None) is not None
+        fsdp = getattr(accelerator.state, "fsdp_plugin", None) is not None
+        if self.previous_policy and (is_peft_model(policy) or deepspeed or fsdp):
             raise ValueError(
                 f"{statistic} (tide_reference='old') keeps a full copy of the policy that is refreshed every "
                 "generation batch; it is supported without PEFT, DeepSpeed and FSDP. Use tide_reference='ref' there."
             )
-        if self.previous_policy or (trainer.ref_model is None and not is_peft_model(policy)):
-            self.model = self._prepare(initial_copy if initial_copy is not None else self._load(policy))
+        self.model = None  # None: TRL's reference model, or the policy with its adapter disabled
+        if self.previous_policy or (ref_model is None and not is_peft_model(policy)):
+            model = initial_copy if initial_copy is not None else _load_initial_model(policy, args)
+            model.requires_grad_(False)
+            disable_dropout_in_model(model)
+            if deepspeed:
+                self.model = prepare_deepspeed(model, accelerator)
+            elif fsdp:
+                self.model = prepare_fsdp(model, accelerator)
+            else:
+                self.model = accelerator.prepare_model(model, evaluation_mode=True)
 
-    def _load(self, policy):
-        """The initial weights loaded again from the policy's name, with the arguments TRL loads its reference with."""
-        args = self.trainer.args
-        init_kwargs = dict(args.model_init_kwargs or {})
-        if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
-            init_kwargs["device_map"] = None  # distributed training requires it ("auto" fails)
-        init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
-        init_kwargs.setdefault("dtype", policy.dtype)
-        init_kwargs.setdefault("attn_implementation", policy.config._attn_implementation)
-        return create_model_from_path(get_config_model_id(policy.config), **init_kwargs)
-
-    def _prepare(self, model):
-        trainer = self.trainer
-        model.requires_grad_(False)
-        disable_dropout_in_model(model)
-        if trainer.is_deepspeed_enabled:
-            return prepare_deepspeed(model, trainer.accelerator)
-        if trainer.is_fsdp_enabled:
-            return prepare_fsdp(model, trainer.accelerator)
-        return trainer.accelerator.prepare_model(model, evaluation_mode=True)
-
-    def model_and_context(self):
+    def model_and_context(self, policy):
         """The (unwrapped) reference model and the context in which calling it computes the reference."""
-        unwrap = self.trainer.accelerator.unwrap_model
         if self.model is not None:
-            return unwrap(self.model), nullcontext()
-        if self.trainer.ref_model is not None:
-            return unwrap(self.trainer.ref_model), nullcontext()
-        policy = unwrap(self.trainer.model)  # PEFT: the initial model is the policy without its adapter
+            return self.accelerator.unwrap_model(self.model), nullcontext()
+        if self.ref_model is not None:
+            return self.accelerator.unwrap_model(self.ref_model), nullcontext()
+        # PEFT: the initial model is the policy without its adapter
         return policy, use_adapter(policy, adapter_name="ref" if "ref" in policy.peft_config else None)
 
-    def after_batch(self, training: bool) -> None:
+    def after_batch(self, policy, training: bool) -> None:
         """The next training batch measures deviation from the policy as it is now (evaluation changes nothing)."""
         if self.previous_policy and training:
-            policy = self.trainer.accelerator.unwrap_model(self.trainer.model)
             self.model.load_state_dict(policy.state_dict())
 
     def save(self, checkpoint_dir: str) -> None:
         if self.previous_policy:
-            save_model(
-                self.trainer.accelerator.unwrap_model(self.model), os.path.join(checkpoint_dir, PREVIOUS_POLICY_FILE)
-            )
+            save_model(self.accelerator.unwrap_model(self.model), os.path.join(checkpoint_dir, PREVIOUS_POLICY_FILE))
 
-    def load(self, checkpoint_dir: str) -> None:
+    def load(self, checkpoint_dir: str, policy) -> None:
         if not self.previous_policy:
             return
         path = os.path.join(checkpoint_dir, PREVIOUS_POLICY_FILE)
         if os.path.exists(path):
-            load_model(
-                self.trainer.accelerator.unwrap_model(self.model), path, device=str(self.trainer.accelerator.device)
-            )
+            load_model(self.accelerator.unwrap_model(self.model), path, device=str(self.accelerator.device))
         else:
             logger.warning(
                 f"{checkpoint_dir} has no {PREVIOUS_POLICY_FILE}: the previous-policy reference starts from the resumed "
                 "policy instead of the policy of the previous generation batch."
             )
-            self.model.load_state_dict(self.trainer.accelerator.unwrap_model(self.trainer.model).state_dict())
+            self.model.load_state_dict(policy.state_dict())
+
+
+def _load_initial_model(policy, args):
+    """The initial weights loaded again from the policy's name, with the arguments TRL loads its reference with."""
+    init_kwargs = dict(args.model_init_kwargs or {})
+    if args.distributed_state.distributed_type in ["MULTI_GPU", "DEEPSPEED"]:
+        init_kwargs["device_map"] = None  # distributed training requires it ("auto" fails)
+    init_kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    init_kwargs.setdefault("dtype", policy.dtype)
+    init_kwargs.setdefault("attn_implementation", policy.config._attn_implementation)
+    return create_model_from_path(get_config_model_id(policy.config), **init_kwargs)
 
 
 def same_mode_as_training_args(folder: str) -> None:

@@ -204,7 +204,7 @@ class StatisticsSources:
         or generation recorded them; otherwise the policy's backbone runs here.
         """
         policy = self._policy()
-        reference_model, reference_context = self.deviation_reference.model_and_context()
+        reference_model, reference_context = self.deviation_reference.model_and_context(policy)
         multimodal = {key: value for key, value in sequence_inputs(batch)[2].items() if key not in _ROW_COUNTS}
         valid_BT = valid_mask(batch)
         deviation_BT = torch.zeros(valid_BT.shape, device=valid_BT.device)
