@@ -201,7 +201,9 @@ def trainer_class():
             # ZeRO-3 both are `prepare_deepspeed`'s partitioned model): accelerate cannot move fake weights.
             self.ref_model = reference
             deviation = self.stage_plan.deviation
-            self.deviation_reference = DeviationReference(self, None, deviation) if deviation else None
+            self.deviation_reference = (
+                DeviationReference(deviation, policy, None, reference, self.accelerator, args) if deviation else None
+            )
 
     return PaperScaleTrainer
 
