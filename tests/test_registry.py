@@ -92,6 +92,32 @@ def test_every_registration_is_complete(name):
     assert set(statistics) <= set(STATISTICS)
 
 
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_no_two_settings_of_a_method_share_a_mutable_default(name):
+    """A list hyperparameter (EAPO's quantiles, HICRA's grams) is a fresh list in every instance of the arguments:
+    one run changing it in place leaves the next run's default alone."""
+    method = CREDIT_METHODS[name]
+    first, second = method.arguments(), method.arguments()
+    for field in method.argument_fields():
+        value = getattr(first, field.name)
+        assert value == getattr(second, field.name)
+        if isinstance(value, list):
+            assert value is not getattr(second, field.name), f"{name}.{field.name}"
+
+
+def test_a_string_setting_with_choices_is_refused_by_the_parser_naming_them(capsys):
+    """`hyperparameter(..., choices=...)` puts its choices where TRL's parser reads them: the flag refuses another
+    value before any check of ours, naming the choices."""
+    from trl import TrlParser
+
+    from trl_credit.methods.tide import TIDEArguments
+
+    with pytest.raises(SystemExit):
+        TrlParser((TIDEArguments,)).parse_args_into_dataclasses(["--tide_distance", "l2"])
+    error = capsys.readouterr().err
+    assert "invalid choice: 'l2' (choose from 'squared_hellinger', 'hellinger')" in error
+
+
 def every_statistic(B=3, T=5, seed=0):
     """Plain tensors of every statistic, each in its range, with a padded mask."""
     g = torch.Generator().manual_seed(seed)
