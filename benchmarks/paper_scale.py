@@ -178,7 +178,6 @@ def trainer_class():
     from accelerate import Accelerator
     from trl import GRPOTrainer
 
-    from trl_credit.trainer.reference import DeviationReference
     from trl_credit.trainer.statistics_sources import StatisticsSources
 
     class PaperScaleTrainer(StatisticsSources):
@@ -200,10 +199,7 @@ def trainer_class():
             # The frozen reference as TRL's own reference model (prepared by TRL like the copy `beta = 0` makes, under
             # ZeRO-3 both are `prepare_deepspeed`'s partitioned model): accelerate cannot move fake weights.
             self.ref_model = reference
-            deviation = self.stage_plan.deviation
-            self.deviation_reference = (
-                DeviationReference(deviation, policy, None, reference, self.accelerator, args) if deviation else None
-            )
+            self.deviation_reference = self._deviation_reference(None)
 
     return PaperScaleTrainer
 

@@ -32,7 +32,7 @@ from conftest import (
 )
 from trainer_helpers import AdvantageRecorder, frozen_copy, make_rollout_func, moving_settings
 from transformers import TrainerCallback
-from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPast
 from trl import GRPOTrainer
 
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
@@ -62,6 +62,7 @@ from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, GenerationHidden,
 from trl_credit.trainer.reference import PREVIOUS_POLICY_FILE, copy_initial_model
 from trl_credit.trainer.run_safety import NonFiniteGuard
 from trl_credit.trainer.statistics_sources import StatisticsSources
+from trl_credit.trainer.token_credit_log import token_credit_step
 from trl_credit.trainer.token_credit_records import method_statistic_name
 
 
@@ -331,6 +332,56 @@ def test_generate_s_hidden_states_cover_the_completion_positions_they_scored():
     assert record.completion_hidden({**batch, "prompt_ids": torch.zeros(2, 2, dtype=torch.long)}) is None
     other_rows = {key: value[:1] for key, value in batch.items()}
     assert record.completion_hidden(other_rows) is None
+
+
+def test_a_backbone_output_without_a_kv_cache_field_is_not_a_generation_step():
+    """An output class with no cache field at all (`BaseModelOutput`, as a model without a KV cache returns) holds
+    no cache: the record skips it instead of failing inside `generate`."""
+    record = GenerationHidden()
+    record(None, (), BaseModelOutput(last_hidden_state=torch.randn(2, 3, 4)))
+    assert trl_compat.output_cache(BaseModelOutput(last_hidden_state=torch.randn(2, 3, 4))) is None
+    assert record.length == 0 and record.last_hidden == []
+
+
+@pytest.mark.parametrize(
+    "global_step, logging_steps, logging_first_step, want",
+    [
+        (0, 1, False, 1),  # step 1 is logged and trains on the batch
+        (0, 2, False, None),  # the batch serves step 1 alone; step 2's log reports the next batch
+        (0, 2, True, 1),  # TRL logs the first step
+        (1, 2, False, 2),
+        (2, 2, False, 4),  # the batch serves steps 3 and 4 (two iterations): step 4's log reports it
+    ],
+)
+def test_a_generation_batch_is_recorded_under_the_logged_step_it_serves(
+    global_step, logging_steps, logging_first_step, want
+):
+    """Steps 1-based as TRL logs them: a batch generated after `global_step` optimizer steps trains the next
+    `steps_per_generation * num_iterations / gradient_accumulation_steps` steps (1 here, 2 in the last case)."""
+    args = SimpleNamespace(
+        steps_per_generation=2, gradient_accumulation_steps=2, logging_first_step=logging_first_step
+    )
+    state = SimpleNamespace(global_step=global_step, logging_steps=logging_steps)
+    assert token_credit_step(args, state, num_iterations=2 if global_step == 2 else 1) == want
+
+
+def test_tide_against_the_previous_policy_is_refused_under_peft_naming_what_works(tmp_path):
+    """A copy of the whole policy per generation batch is not made for a LoRA run: the error says where it works."""
+    peft = pytest.importorskip("peft")
+    tokenizer = make_tiny_tokenizer()
+    with pytest.raises(ValueError) as error:
+        CreditGRPOTrainer(
+            model=make_tiny_model(tokenizer),
+            reward_funcs=length_reward,
+            args=tiny_config("tide", tmp_path / "out", tide_reference="old"),
+            train_dataset=tiny_prompt_dataset(),
+            processing_class=tokenizer,
+            peft_config=peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+        )
+    assert str(error.value) == (
+        "previous_policy_deviation (tide_reference='old') keeps a full copy of the policy that is refreshed every "
+        "generation batch; it is supported without PEFT, DeepSpeed and FSDP. Use tide_reference='ref' there."
+    )
 
 
 def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():

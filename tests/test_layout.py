@@ -82,9 +82,10 @@ def test_no_module_is_over_400_lines(module):
 
 # What every method is registered, checked and run with; its code apart from its prose (docstrings, comments). 450
 # until two registration facts a method declares joined it (`keeps_signs`, what TRL's sign-reading options read after
-# it; `not_to_be_confused_with`, the other papers of its name): 455 with them.
+# it; `not_to_be_confused_with`, the other papers of its name): 455 with them; 465 since `settings.hyperparameter`
+# (5 lines) declares each method's fields (the method files lost 129).
 REGISTRY_MACHINERY = ("methods/registry.py", "methods/settings.py", "methods/stack.py", "methods/batch.py")
-MAX_MACHINERY_CODE_LINES = 460
+MAX_MACHINERY_CODE_LINES = 465
 
 
 def code_lines(source: str) -> int:
@@ -104,7 +105,7 @@ def code_lines(source: str) -> int:
     )
 
 
-def test_the_registry_machinery_is_at_most_460_lines_of_code():
+def test_the_registry_machinery_is_at_most_465_lines_of_code():
     counts = {module: code_lines((PACKAGE / module).read_text()) for module in REGISTRY_MACHINERY}
     assert sum(counts.values()) <= MAX_MACHINERY_CODE_LINES, counts
 

@@ -24,7 +24,7 @@ def hyperparameter(default: Any, help: str, choices: tuple[str, ...] | None = No
     the field metadata that TRL's parser and the docs tables read. A list default is copied for each instance."""
     metadata = {"help": help} if choices is None else {"help": help, "choices": list(choices)}
     if isinstance(default, list):
-        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+        return dataclasses.field(default_factory=default.copy, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 

@@ -46,7 +46,7 @@ from .diagnostics import (
 )
 from .model_parts import vocab_size
 from .recorders import recorded_final_hidden
-from .reference import DeviationReference, copy_initial_model, same_mode_as_training_args
+from .reference import copy_initial_model, same_mode_as_training_args
 from .run_folder import run_folder_lock
 from .run_record import NothingToTrainCheck, start_run, write_run_record
 from .run_safety import NonFiniteGuard
@@ -164,14 +164,8 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
             )
             super().__init__(model, reward_funcs, args, *pos_args, **kwargs)
         check_trainer_attributes(self)
-        deviation = self.stage_plan.deviation
-        policy = self.accelerator.unwrap_model(self.model)
-        self.deviation_reference = (
-            DeviationReference(deviation, policy, initial_copy, self.ref_model, self.accelerator, args)
-            if deviation
-            else None
-        )
-        self._vocab_size = vocab_size(policy)
+        self.deviation_reference = self._deviation_reference(initial_copy)
+        self._vocab_size = vocab_size(self._policy())
         self._token_texts = TokenTexts(self.processing_class)  # completion ids -> token texts (HICRA's grams)
         self._unscored_counters = unscored_counters(self.reward_funcs)
         # Forwards the credit methods run, counted where they run (`_count_forward`), logged once per step.

@@ -67,6 +67,14 @@ class StatisticsSources:
     def _policy(self):
         return self.accelerator.unwrap_model(self.model)
 
+    def _deviation_reference(self, initial_copy) -> DeviationReference | None:
+        """The reference model of the stack's deviation statistic, or None when no method reads one; `initial_copy`:
+        the policy copied before TRL wrapped it (`reference.copy_initial_model`), if one was taken."""
+        deviation = self.stage_plan.deviation
+        if deviation is None:
+            return None
+        return DeviationReference(deviation, self._policy(), initial_copy, self.ref_model, self.accelerator, self.args)
+
     def _recorded_rollout(self):
         """A context manager yielding the records of TRL's generation of a batch that the generation statistics can
         use (`recorders.recorded_rollout`); `(None, None)` without generation statistics."""

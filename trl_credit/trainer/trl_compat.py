@@ -141,7 +141,8 @@ def runs_scoring_forward(args, num_iterations: int, use_vllm: bool, vllm_importa
 
 
 def output_cache(output):
-    """The KV cache a backbone returned: `cache` from transformers 5.24, `past_key_values` before."""
+    """The KV cache a backbone returned: `cache` from transformers 5.24, `past_key_values` before; None from an
+    output class with no cache field (a model without a KV cache)."""
     names = {f.name for f in dataclasses.fields(output)}
     return getattr(output, "cache" if "cache" in names else "past_key_values", None)
 
