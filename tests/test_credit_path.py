@@ -581,6 +581,29 @@ def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(t
     ) in caplog.text
 
 
+def test_the_token_credit_log_changes_no_logged_credit_metric(tmp_path):
+    """The preview credits a few rows of the batch as the training forward will, without logging their metrics: a
+    run with the log and the same run without it log the same (the forwards are counted apart)."""
+    logged = []
+    for log_token_credit in (False, True):
+        output_dir = tmp_path / str(log_token_credit)
+        trainer = _trainer("taco", output_dir, max_steps=1, log_token_credit=log_token_credit, token_credit_samples=2)
+        trainer.train()
+        [entry] = [entry for entry in trainer.state.log_history if "loss" in entry]
+        logged.append({k: v for k, v in entry.items() if k != "step_time" and "forwards" not in k})
+    assert "taco/tail_fraction" in logged[0] and logged[0] == logged[1]
+
+
+def test_two_stacked_methods_that_drop_tokens_in_the_training_forward_are_named_in_one_warning(tmp_path):
+    with pytest.warns(UserWarning) as warned:
+        _trainer("tampo+stapo", tmp_path / "out", max_steps=1)
+    assert [str(w.message) for w in warned if "normaliser" in str(w.message)] == [
+        "credit_method 'tampo+stapo': the tokens that tampo, stapo drop from the loss in the training forward still "
+        "count in the normaliser of loss_type='dapo', which TRL counts when the batch is generated. Use "
+        "loss_type='bnpo' to reproduce the official per-micro-batch token mean."
+    ]
+
+
 @pytest.mark.parametrize("method", ["grpo", "taco", "eapo"])
 def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(monkeypatch, tmp_path, method):
     """Every row of a step's batch (token_credit_samples = the batch), as TRL's loss consumed it: each token's weight

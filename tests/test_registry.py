@@ -118,6 +118,20 @@ def test_a_string_setting_with_choices_is_refused_by_the_parser_naming_them(caps
     assert "invalid choice: 'l2' (choose from 'squared_hellinger', 'hellinger')" in error
 
 
+@pytest.mark.parametrize(
+    "name, settings", [(name, {}) for name in BUILT_IN] + [("tide", {"tide_reference": "old"})], ids=str
+)
+def test_the_stage_a_registration_reports_is_the_stage_the_trainer_plans(name, settings):
+    """`reads_training_forward` (what the benchmarks and the docs ask of a method) agrees with the stage the trainer's
+    plan gives it, for a method whose statistics depend on its settings too (TIDE's reference)."""
+    from trl_credit.trainer.config import plan_stages
+
+    method = CREDIT_METHODS[name]
+    plan = plan_stages(name, resolve_stack([method], settings))
+    assert method.reads_training_forward(method.hyperparameters(settings)) == bool(plan.training_forward)
+    assert bool(plan.training_forward) != bool(plan.generation)
+
+
 def every_statistic(B=3, T=5, seed=0):
     """Plain tensors of every statistic, each in its range, with a padded mask."""
     g = torch.Generator().manual_seed(seed)
