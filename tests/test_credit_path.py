@@ -55,6 +55,7 @@ from trl_credit.trainer.batch_layout import (
     SEQUENCE_ADVANTAGES,
     groups_and_rewards,
     loss_weights,
+    sequence_inputs,
     valid_mask,
 )
 from trl_credit.trainer.diagnostics import credit_metrics, gather_all, unscored_answers
@@ -407,6 +408,23 @@ def test_loss_weights_are_the_completion_mask_times_the_tool_mask():
     assert torch.equal(loss_weights(batch), torch.tensor([[1.0, 0.0, 0.5, 0.0]]))
     assert torch.equal(valid_mask(batch), torch.tensor([[True, False, True, False]]))
     assert torch.equal(valid_mask({"completion_mask": batch["completion_mask"]}), batch["completion_mask"].bool())
+    assert torch.equal(
+        loss_weights({"completion_mask": batch["completion_mask"]}), torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    )
+
+
+def test_the_models_inputs_are_prompt_then_completion_with_the_image_inputs_the_batch_holds():
+    batch = {
+        "prompt_ids": torch.tensor([[5, 6]]),
+        "completion_ids": torch.tensor([[7, 8, 0]]),
+        "prompt_mask": torch.tensor([[0, 1]]),
+        "completion_mask": torch.tensor([[1, 1, 0]]),
+        "pixel_values": torch.ones(1, 3, 4, 4),
+        "image_grid_thw": None,  # what TRL leaves for a model without it
+    }
+    input_ids, attention_mask, multimodal = sequence_inputs(batch)
+    assert input_ids.tolist() == [[5, 6, 7, 8, 0]] and attention_mask.tolist() == [[0, 1, 1, 1, 0]]
+    assert multimodal.keys() == {"pixel_values"} and multimodal["pixel_values"] is batch["pixel_values"]
 
 
 def test_trl_1_15s_fused_head_fallback_scores_as_trls_kernel(tmp_path):

@@ -436,3 +436,45 @@ def test_the_same_function_registered_again_is_accepted_and_another_refused():
             register_credit_method("registered_twice")(other)
     finally:
         CREDIT_METHODS.pop("registered_twice", None)
+
+
+# ------------------------------------------------------------------------------ the batch a method sees
+
+
+def test_sequence_advantages_spread_on_the_valid_tokens_and_token_advantages_pass_through():
+    from trl_credit.methods.batch import token_advantages
+
+    mask_BT = torch.tensor([[True, True, False], [True, False, False]])
+    assert token_advantages(torch.tensor([2.0, -1.0]), mask_BT).tolist() == [[2.0, 2.0, 0.0], [-1.0, 0.0, 0.0]]
+    per_token_BT = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    assert token_advantages(per_token_BT, mask_BT) is per_token_BT
+
+
+def test_the_next_method_of_a_stack_sees_the_weights_multiplied_and_the_dropped_tokens_zeroed():
+    """`followed_by`, worked by hand: an earlier method's soft loss weight (0.5) times the next result's loss mask; a
+    token whose weight reaches 0 leaves the mask, and its advantage and every statistic are 0 there."""
+    import dataclasses
+
+    from trl_credit.methods import CreditBatch, CreditResult
+
+    mask_BT = torch.tensor([[True, True, True, False]])
+    entropy_BT = torch.tensor([[0.1, 0.2, 0.3, 0.0]])
+    batch = CreditBatch.from_sequence_advantages(torch.tensor([2.0]), mask_BT, statistics={POLICY_ENTROPY: entropy_BT})
+    batch = dataclasses.replace(batch, loss_weights_BT=torch.tensor([[0.5, 1.0, 1.0, 0.0]]))
+    result = CreditResult(torch.tensor([[3.0, 4.0, 5.0, 0.0]]), loss_mask_BT=torch.tensor([[1.0, 0.0, 0.5, 0.0]]))
+    following = batch.followed_by(result)
+    assert following.mask_BT.tolist() == [[True, False, True, False]]
+    assert following.loss_weights_BT.tolist() == [[0.5, 0.0, 0.5, 0.0]]
+    assert following.advantages_BT.tolist() == [[3.0, 0.0, 5.0, 0.0]]
+    assert torch.equal(following[POLICY_ENTROPY], torch.tensor([[0.1, 0.0, 0.3, 0.0]]))
+
+
+def test_a_statistic_the_method_did_not_declare_is_a_clear_error():
+    from trl_credit.methods import CreditBatch
+
+    batch = CreditBatch.from_sequence_advantages(torch.tensor([1.0]), torch.tensor([[True]]))
+    with pytest.raises(KeyError) as error:
+        batch[POLICY_ENTROPY]
+    assert error.value.args == (
+        f"statistic {POLICY_ENTROPY!r} was not requested; the method's `statistics` must list it",
+    )
