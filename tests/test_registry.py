@@ -105,6 +105,27 @@ def test_no_two_settings_of_a_method_share_a_mutable_default(name):
             assert value is not getattr(second, field.name), f"{name}.{field.name}"
 
 
+def test_a_hyperparameter_declares_its_default_its_help_and_its_choices():
+    """`hyperparameter` as a user's method file calls it (the built-in methods call it at import, before a test can
+    switch a mutant on): the default, the help and the choices in the field's metadata, a list copied per instance."""
+    import dataclasses
+
+    from trl_credit.methods import hyperparameter
+
+    @dataclasses.dataclass
+    class Arguments:
+        scale: float = hyperparameter(0.5, "Scale (> 0).")
+        mode: str = hyperparameter("a", "Mode.", choices=("a", "b"))
+        grams: list[str] = hyperparameter(["x"], "Grams.")
+
+    fields = {field.name: field for field in dataclasses.fields(Arguments)}
+    assert fields["scale"].default == 0.5 and dict(fields["scale"].metadata) == {"help": "Scale (> 0)."}
+    assert fields["mode"].default == "a" and dict(fields["mode"].metadata) == {"help": "Mode.", "choices": ["a", "b"]}
+    assert dict(fields["grams"].metadata) == {"help": "Grams."}
+    first, second = Arguments(), Arguments()
+    assert first.grams == ["x"] and first.grams is not second.grams
+
+
 def test_a_string_setting_with_choices_is_refused_by_the_parser_naming_them(capsys):
     """`hyperparameter(..., choices=...)` puts its choices where TRL's parser reads them: the flag refuses another
     value before any check of ours, naming the choices."""
