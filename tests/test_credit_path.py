@@ -60,7 +60,7 @@ from trl_credit.trainer.batch_layout import (
 )
 from trl_credit.trainer.diagnostics import credit_metrics, gather_all, unscored_answers
 from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, GenerationHidden, ScoringForward
-from trl_credit.trainer.reference import PREVIOUS_POLICY_FILE, copy_initial_model
+from trl_credit.trainer.reference import PREVIOUS_POLICY_FILE, copy_initial_model, same_mode_as_training_args
 from trl_credit.trainer.run_safety import NonFiniteGuard
 from trl_credit.trainer.statistics_sources import StatisticsSources
 from trl_credit.trainer.token_credit_log import token_credit_step
@@ -403,6 +403,33 @@ def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
     assert record.statistics({}) is None
 
 
+def test_saved_weights_take_the_mode_of_training_args_and_a_folder_without_it_is_left_alone(tmp_path):
+    """safetensors writes through a temporary file (mode 0600); the trainer gives the `.safetensors` files of a saved
+    folder the mode of the `training_args.bin` beside them, and changes nothing where that file is absent."""
+    saved, other = tmp_path / "saved", tmp_path / "other"
+    for folder in (saved, other):
+        folder.mkdir()
+        for name in ("model.safetensors", PREVIOUS_POLICY_FILE, "notes.txt"):
+            (folder / name).write_bytes(b"")
+            (folder / name).chmod(0o600)
+    (saved / "training_args.bin").write_bytes(b"")
+    (saved / "training_args.bin").chmod(0o640)
+    same_mode_as_training_args(str(saved))
+    same_mode_as_training_args(str(other))
+    modes = {path.relative_to(tmp_path).as_posix(): path.stat().st_mode & 0o777 for path in tmp_path.rglob("*")}
+    assert modes == {
+        "saved": modes["saved"],
+        "other": modes["other"],
+        "saved/model.safetensors": 0o640,
+        f"saved/{PREVIOUS_POLICY_FILE}": 0o640,
+        "saved/notes.txt": 0o600,
+        "saved/training_args.bin": 0o640,
+        "other/model.safetensors": 0o600,
+        f"other/{PREVIOUS_POLICY_FILE}": 0o600,
+        "other/notes.txt": 0o600,
+    }
+
+
 def test_loss_weights_are_the_completion_mask_times_the_tool_mask():
     batch = {"completion_mask": torch.tensor([[1, 1, 1, 0]]), "tool_mask": torch.tensor([[1.0, 0.0, 0.5, 1.0]])}
     assert torch.equal(loss_weights(batch), torch.tensor([[1.0, 0.0, 0.5, 0.0]]))
@@ -701,6 +728,16 @@ def test_a_generation_stage_method_that_drops_tokens_recounts_trls_normaliser(mo
     want_BT[:, 0] = 0.0
     torch.testing.assert_close(batch["tool_mask"] * batch["completion_mask"], want_BT)
     assert batch["num_items_in_batch"].item() == want_BT.sum().item()
+
+
+def test_with_a_kl_term_the_deviation_is_measured_from_trls_own_reference_model(tmp_path, tiny_model_dir):
+    """`beta != 0`: TRL keeps a reference model, and TIDE reads it (no copy of its own)."""
+    tokenizer = make_tiny_tokenizer()
+    trainer = tiny_trainer(tiny_config("tide", tmp_path / "out", beta=0.04), model=tiny_model_dir, tokenizer=tokenizer)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    reference, _ = trainer.deviation_reference.model_and_context(policy)
+    assert trainer.deviation_reference.model is None and trainer.ref_model is not None
+    assert reference is trainer.accelerator.unwrap_model(trainer.ref_model) and reference is not policy
 
 
 def test_a_policy_given_by_name_is_measured_against_its_weights_loaded_as_trl_loads_it(
