@@ -415,7 +415,22 @@ def test_the_supported_hyperparameter_types_are_the_documented_ones():
     from trl_credit.methods.settings import supported_type
 
     assert all(supported_type(t) for t in (bool, int, float, str, Literal["a", "b"], int | None, list[float]))
-    assert not any(supported_type(t) for t in (dict, list, list[dict], dict[str, int], tuple[int, int], bytes))
+    unsupported = (dict, list, list[dict], dict[str, int], tuple[int, int], bytes, int | str, dict | None)
+    assert not any(supported_type(t) for t in unsupported)
+
+
+def test_a_value_that_cannot_be_its_declared_type_is_named_with_what_is_allowed():
+    from typing import Literal
+
+    from trl_credit.methods.settings import SettingError, coerce_value
+
+    for value, declared, problem in [
+        ("c", Literal["a", "b"], "must be one of ['a', 'b'], got 'c'"),
+        (["0.1", "high"], list[float], "must be a number, got 'high'"),
+    ]:
+        with pytest.raises(SettingError) as error:
+            coerce_value("setting", value, declared)
+        assert (error.value.name, error.value.problem) == ("setting", problem)
 
 
 def test_a_bounded_statistic_rounded_just_outside_its_range_is_taken_and_further_out_refused():
