@@ -280,6 +280,9 @@ def test_the_initial_policy_is_copied_only_for_a_deviation_without_trls_referenc
     if copied:
         assert copy is not model and torch.equal(copy.lm_head.weight, model.lm_head.weight)
     assert copy_initial_model("some/model", SimpleNamespace(beta=0.0), None, ("previous_policy_deviation",)) is None
+    # A LoRA run: the initial model is the policy with its adapter disabled, so nothing is copied.
+    lora = object()  # any PEFT config: only whether one is given counts
+    assert copy_initial_model(model, SimpleNamespace(beta=beta), lora, statistics) is None
 
 
 def test_a_config_records_its_stack_and_every_hyperparameter_that_trains(tmp_path):
