@@ -743,6 +743,34 @@ def test_with_a_kl_term_the_deviation_is_measured_from_trls_own_reference_model(
     assert reference is trainer.accelerator.unwrap_model(trainer.ref_model) and reference is not policy
 
 
+def test_a_policy_that_arrives_with_a_trained_adapter_is_measured_from_trls_copy_of_it(tmp_path):
+    """A PeftModel with a non-zero adapter and `beta != 0`: TRL copies the adapter as "ref", and TIDE's reference is
+    the model under that copy (the initial adapter), not the base model with adapters disabled."""
+    peft = pytest.importorskip("peft")
+    tokenizer = make_tiny_tokenizer()
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = peft.get_peft_model(make_tiny_model(tokenizer), lora)
+    trainer = CreditGRPOTrainer(
+        model=model,
+        reward_funcs=length_reward,
+        args=tiny_config("tide", tmp_path / "out", beta=0.04),
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    assert "ref" in policy.peft_config
+    input_ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        adapted = policy(input_ids=input_ids).logits
+        with policy.disable_adapter():
+            base = policy(input_ids=input_ids).logits
+        reference, context = trainer.deviation_reference.model_and_context(policy)
+        with context:
+            measured = reference(input_ids=input_ids).logits
+    assert not torch.allclose(adapted, base)
+    torch.testing.assert_close(measured, adapted)
+
+
 def test_a_policy_given_by_name_is_measured_against_its_weights_loaded_as_trl_loads_it(
     monkeypatch, tmp_path, tiny_model_dir
 ):
