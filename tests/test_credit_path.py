@@ -771,6 +771,19 @@ def test_a_policy_that_arrives_with_a_trained_adapter_is_measured_from_trls_copy
     torch.testing.assert_close(measured, adapted)
 
 
+def test_a_reference_reloaded_by_name_takes_the_policys_dtype_not_the_checkpoints(tmp_path):
+    """A bfloat16 checkpoint that TRL loads in float32 here: the weights loaded again for TIDE's reference are float32
+    too (transformers alone would load the checkpoint's bfloat16)."""
+    tokenizer = make_tiny_tokenizer()
+    path = tmp_path / "bf16-model"
+    make_tiny_model(tokenizer).to(torch.bfloat16).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    trainer = tiny_trainer(tiny_config("tide", tmp_path / "out"), model=str(path), tokenizer=tokenizer)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    reference, _ = trainer.deviation_reference.model_and_context(policy)
+    assert policy.dtype == torch.float32 and reference.dtype == torch.float32
+
+
 def test_a_policy_given_by_name_is_measured_against_its_weights_loaded_as_trl_loads_it(
     monkeypatch, tmp_path, tiny_model_dir
 ):
