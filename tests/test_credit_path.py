@@ -371,7 +371,8 @@ def test_a_generation_batch_is_recorded_under_the_logged_step_it_serves(
 
 def test_tide_against_the_previous_policy_is_refused_under_peft_naming_what_works(tmp_path):
     """A copy of the whole policy per generation batch is not made for a LoRA run: the error says where it works."""
-    peft = pytest.importorskip("peft")
+    import peft  # a declared test dependency (the `test` extra)
+
     tokenizer = make_tiny_tokenizer()
     with pytest.raises(ValueError) as error:
         CreditGRPOTrainer(
@@ -746,7 +747,8 @@ def test_with_a_kl_term_the_deviation_is_measured_from_trls_own_reference_model(
 def test_a_policy_that_arrives_with_a_trained_adapter_is_measured_from_trls_copy_of_it(tmp_path):
     """A PeftModel with a non-zero adapter and `beta != 0`: TRL copies the adapter as "ref", and TIDE's reference is
     the model under that copy (the initial adapter), not the base model with adapters disabled."""
-    peft = pytest.importorskip("peft")
+    import peft  # a declared test dependency (the `test` extra)
+
     tokenizer = make_tiny_tokenizer()
     lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
     model = peft.get_peft_model(make_tiny_model(tokenizer), lora)
