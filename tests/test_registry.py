@@ -400,6 +400,8 @@ def test_loss_weights_handed_to_a_stack_outside_zero_one_are_refused_naming_them
         (["1", 2], list[int], [1, 2]),
         (None, float | None, None),
         ("2", int | None, 2),
+        ("squared_hellinger", str, "squared_hellinger"),
+        ("5", str, "5"),  # a string that reads as a number stays that string
     ],
 )
 def test_a_hyperparameter_is_coerced_to_its_declared_type(value, declared, want):
@@ -419,6 +421,17 @@ def test_the_supported_hyperparameter_types_are_the_documented_ones():
     assert not any(supported_type(t) for t in unsupported)
 
 
+def test_a_check_that_cannot_compare_the_value_fails_it():
+    """`check_fields`: a check that raises on the value (a string against a range) counts as failed, naming the field."""
+    from types import SimpleNamespace
+
+    from trl_credit.methods.settings import SettingError, check_fields, in_range
+
+    with pytest.raises(SettingError) as error:
+        check_fields(SimpleNamespace(alpha="high"), alpha=in_range(0.0, 1.0))
+    assert str(error.value) == "alpha must be in [0, 1], got 'high'"
+
+
 def test_a_value_that_cannot_be_its_declared_type_is_named_with_what_is_allowed():
     from typing import Literal
 
@@ -427,6 +440,8 @@ def test_a_value_that_cannot_be_its_declared_type_is_named_with_what_is_allowed(
     for value, declared, problem in [
         ("c", Literal["a", "b"], "must be one of ['a', 'b'], got 'c'"),
         (["0.1", "high"], list[float], "must be a number, got 'high'"),
+        ("high", float | None, "must be a number, got 'high'"),
+        ([0.1], float, "must be a number, got [0.1]"),
     ]:
         with pytest.raises(SettingError) as error:
             coerce_value("setting", value, declared)
