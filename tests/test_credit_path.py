@@ -48,7 +48,7 @@ from trl_credit.methods import (
 from trl_credit.methods.registry import paper
 from trl_credit.methods.stack import StackCredit
 from trl_credit.reports.token_view import read_token_credit
-from trl_credit.trainer import trl_compat
+from trl_credit.trainer import token_credit_log, trl_compat
 from trl_credit.trainer.batch_layout import (
     GROUP_INDEX,
     REWARDS,
@@ -367,6 +367,48 @@ def test_a_generation_batch_is_recorded_under_the_logged_step_it_serves(
     )
     state = SimpleNamespace(global_step=global_step, logging_steps=logging_steps)
     assert token_credit_step(args, state, num_iterations=2 if global_step == 2 else 1) == want
+
+
+def test_steps_served_are_whole_optimizer_steps():
+    """3 micro-batches per generation at 2 per optimizer step serve 1 whole step: step 2's log reports the next batch."""
+    args = SimpleNamespace(steps_per_generation=3, gradient_accumulation_steps=2, logging_first_step=False)
+    assert token_credit_step(args, SimpleNamespace(global_step=0, logging_steps=2), num_iterations=1) is None
+
+
+@pytest.mark.parametrize("recorded_hidden", [True, False])
+def test_the_preview_of_a_batch_with_images_scores_every_row_and_keeps_the_sampled_ones(recorded_hidden):
+    """Image inputs are not laid out per row: the preview scores the whole batch (with its images) and hands the
+    training-forward stage the sampled rows' log-probs, entropies and recorded hidden states (None when none were)."""
+    batch = {
+        "prompt_ids": torch.arange(8).view(4, 2),
+        "completion_ids": torch.arange(12).view(4, 3),
+        "prompt_mask": torch.ones(4, 2, dtype=torch.long),
+        "completion_mask": torch.ones(4, 3, dtype=torch.long),
+        "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        "pixel_values": torch.ones(4, 3, 2, 2),
+    }
+    logps_BT, entropy_BT = -torch.rand(4, 3), torch.rand(4, 3)
+    hidden_BTH = torch.randn(4, 3, 2)
+    scored, handed = [], {}
+
+    def score(inputs):
+        scored.append(inputs)
+        return logps_BT, entropy_BT, list(hidden_BTH.split(2)) if recorded_hidden else None
+
+    def credit(rows, logps_bT, entropy_bT, hidden):
+        handed.update(rows=rows, logps=logps_bT, entropy=entropy_bT, hidden=hidden)
+        return CreditResult(rows["advantages"].unsqueeze(1) * rows["completion_mask"])
+
+    preview = token_credit_log.preview_token_credit(batch, None, step=3, samples=2, score=score, credit=credit)
+    rows = [0, 3]
+    assert scored == [batch] and torch.equal(handed["rows"]["completion_ids"], batch["completion_ids"][rows])
+    assert "pixel_values" not in handed["rows"] and preview.step == 3
+    assert torch.equal(handed["logps"], logps_BT[rows]) and torch.equal(preview.entropy_bT, entropy_BT[rows])
+    if recorded_hidden:
+        [hidden_bTH] = handed["hidden"]
+        assert torch.equal(hidden_bTH, hidden_BTH[rows])
+    else:
+        assert handed["hidden"] is None
 
 
 def test_tide_against_the_previous_policy_is_refused_under_peft_naming_what_works(tmp_path):
