@@ -722,6 +722,9 @@ def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(mo
     logps_BT = logp_BTV.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
     records = read_token_credit(tmp_path / "run")
     assert [(r["step"], r["method"]) for r in records] == [(1, method)] * 4
+    # The texts as a reader wants them: the user's question without the chat template's special tokens.
+    questions = {row["prompt"][-1]["content"] for row in tiny_prompt_dataset()}
+    assert all(record["prompt"] in questions for record in records)
     moved = 0
     for record in records:
         i = next(i for i in range(4) if batch["completion_ids"][i][mask_BT[i]].tolist() == record["token_ids"])
