@@ -375,40 +375,62 @@ def test_steps_served_are_whole_optimizer_steps():
     assert token_credit_step(args, SimpleNamespace(global_step=0, logging_steps=2), num_iterations=1) is None
 
 
-@pytest.mark.parametrize("recorded_hidden", [True, False])
-def test_the_preview_of_a_batch_with_images_scores_every_row_and_keeps_the_sampled_ones(recorded_hidden):
-    """Image inputs are not laid out per row: the preview scores the whole batch (with its images) and hands the
-    training-forward stage the sampled rows' log-probs, entropies and recorded hidden states (None when none were)."""
+@pytest.mark.parametrize("images, recorded_hidden", [(True, True), (True, False), (False, True)])
+def test_the_preview_scores_the_sampled_rows_or_with_images_every_row(images, recorded_hidden):
+    """The preview scores only the sampled rows; image inputs are not laid out per row, so with them it scores the
+    whole batch (with its images) and keeps the sampled rows' log-probs, entropies and recorded hidden states (None
+    when none were). The generation stage's statistic stands where the training-forward stage shows none."""
     batch = {
         "prompt_ids": torch.arange(8).view(4, 2),
         "completion_ids": torch.arange(12).view(4, 3),
         "prompt_mask": torch.ones(4, 2, dtype=torch.long),
         "completion_mask": torch.ones(4, 3, dtype=torch.long),
         "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
-        "pixel_values": torch.ones(4, 3, 2, 2),
+        **({"pixel_values": torch.ones(4, 3, 2, 2)} if images else {}),
     }
-    logps_BT, entropy_BT = -torch.rand(4, 3), torch.rand(4, 3)
-    hidden_BTH = torch.randn(4, 3, 2)
+    rows = [0, 3]  # 2 samples spread over 4 rows
+    logps_BT, entropy_BT, hidden_BTH = -torch.rand(4, 3), torch.rand(4, 3), torch.randn(4, 3, 2)
+    generation_statistic_BT = torch.rand(4, 3)
     scored, handed = [], {}
 
     def score(inputs):
         scored.append(inputs)
-        return logps_BT, entropy_BT, list(hidden_BTH.split(2)) if recorded_hidden else None
+        scored_rows = slice(None) if images else rows
+        hidden = list(hidden_BTH[scored_rows].split(2)) if recorded_hidden else None
+        return logps_BT[scored_rows], entropy_BT[scored_rows], hidden
 
-    def credit(rows, logps_bT, entropy_bT, hidden):
-        handed.update(rows=rows, logps=logps_bT, entropy=entropy_bT, hidden=hidden)
-        return CreditResult(rows["advantages"].unsqueeze(1) * rows["completion_mask"])
+    def credit(sampled, logps_bT, entropy_bT, hidden):
+        handed.update(rows=sampled, logps=logps_bT, entropy=entropy_bT, hidden=hidden)
+        return CreditResult(sampled["advantages"].unsqueeze(1) * sampled["completion_mask"])
 
-    preview = token_credit_log.preview_token_credit(batch, None, step=3, samples=2, score=score, credit=credit)
-    rows = [0, 3]
-    assert scored == [batch] and torch.equal(handed["rows"]["completion_ids"], batch["completion_ids"][rows])
+    preview = token_credit_log.preview_token_credit(
+        batch, generation_statistic_BT, step=3, samples=2, score=score, credit=credit
+    )
+    [scored_inputs] = scored
+    assert (
+        scored_inputs is batch
+        if images
+        else torch.equal(scored_inputs["completion_ids"], batch["completion_ids"][rows])
+    )
+    assert torch.equal(handed["rows"]["completion_ids"], batch["completion_ids"][rows])
     assert "pixel_values" not in handed["rows"] and preview.step == 3
     assert torch.equal(handed["logps"], logps_BT[rows]) and torch.equal(preview.entropy_bT, entropy_BT[rows])
+    assert torch.equal(preview.statistic_bT, generation_statistic_BT[rows])
     if recorded_hidden:
         [hidden_bTH] = handed["hidden"]
         assert torch.equal(hidden_bTH, hidden_BTH[rows])
     else:
         assert handed["hidden"] is None
+
+
+def test_with_logging_every_two_steps_the_token_credit_log_records_the_logged_steps_batches(tmp_path):
+    """The batch of step 1 is not reported by a log entry (logging_steps=2): nothing is written at step 1's end, and
+    step 2's batch is recorded under step 2."""
+    trainer = _trainer(
+        "grpo", tmp_path / "run", max_steps=2, logging_steps=2, log_token_credit=True, token_credit_samples=2
+    )
+    trainer.train()
+    assert [record["step"] for record in read_token_credit(tmp_path / "run")] == [2, 2]
 
 
 def test_tide_against_the_previous_policy_is_refused_under_peft_naming_what_works(tmp_path):
