@@ -92,3 +92,14 @@ def test_ordinary_advantages_keep_every_token_in_the_factor(accelerator):
     assert got["mean_weight"] == pytest.approx(factors.mean().item(), rel=1e-5)
     assert got["weight_std"] == pytest.approx(factors.std(unbiased=False).item(), rel=1e-4)
     assert got["weight_max"] == pytest.approx(factors.max().item(), rel=1e-5)
+
+
+def test_a_token_exactly_at_the_floor_carries_no_factor(accelerator):
+    """A weight is defined where |in| exceeds WEIGHT_FLOOR times the largest |in| or |out| (here 2000): a token at
+    exactly that share (|in| = 2) has none, so the mean weight is the first token's 2."""
+    from trl_credit.methods import CreditResult
+    from trl_credit.trainer.diagnostics import WEIGHT_FLOOR
+
+    incoming_BT, mask_BT = torch.tensor([[1000.0, 2.0]]), torch.ones(1, 2, dtype=torch.bool)
+    got = logged(accelerator, incoming_BT, CreditResult(torch.tensor([[2000.0, 0.0]])), mask_BT)
+    assert WEIGHT_FLOOR * 2000.0 == 2.0 and got["mean_weight"] == 2.0 and got["weight_max"] == 2.0
