@@ -12,6 +12,7 @@ run in milliseconds come first, so that a mutant they kill costs no training run
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from types import SimpleNamespace
@@ -851,6 +852,54 @@ def test_a_reference_reloaded_by_name_takes_the_policys_dtype_not_the_checkpoint
     policy = trainer.accelerator.unwrap_model(trainer.model)
     reference, _ = trainer.deviation_reference.model_and_context(policy)
     assert policy.dtype == torch.float32 and reference.dtype == torch.float32
+
+
+def test_a_reference_reloaded_by_name_gets_the_users_model_init_arguments(tmp_path, tiny_model_dir):
+    """A `model_init_kwargs` entry that transformers reads into the model's config and that the policy's own
+    attributes do not restore: the weights loaded again for TIDE's reference get it, as TRL's policy did."""
+    config = tiny_config("tide", tmp_path / "out", model_init_kwargs={"attention_dropout": 0.25})
+    trainer = tiny_trainer(config, model=tiny_model_dir, tokenizer=make_tiny_tokenizer())
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    reference, _ = trainer.deviation_reference.model_and_context(policy)
+    assert reference is not policy
+    assert policy.config.attention_dropout == 0.25 and reference.config.attention_dropout == 0.25
+
+
+REMOTE_CODE = """
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+
+class RemoteTinyConfig(Qwen2Config):
+    model_type = "remote-tiny"
+
+
+class RemoteTinyForCausalLM(Qwen2ForCausalLM):
+    config_class = RemoteTinyConfig
+"""
+
+
+def test_a_reference_reloaded_by_name_trusts_remote_code_as_trl_does(tmp_path):
+    """A model whose code ships with its checkpoint (`auto_map`): with `trust_remote_code` TRL loads the policy, and
+    TIDE's reference is loaded again from the same code (transformers refuses it without the flag)."""
+    tokenizer = make_tiny_tokenizer()
+    path = tmp_path / f"remote-tiny-{tmp_path.name}"  # transformers caches the code under the folder's name
+    make_tiny_model(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    (path / "modeling_remote_tiny.py").write_text(REMOTE_CODE)
+    saved = json.loads((path / "config.json").read_text())
+    saved["model_type"], saved["architectures"] = "remote-tiny", ["RemoteTinyForCausalLM"]
+    saved["auto_map"] = {
+        "AutoConfig": "modeling_remote_tiny.RemoteTinyConfig",
+        "AutoModelForCausalLM": "modeling_remote_tiny.RemoteTinyForCausalLM",
+    }
+    (path / "config.json").write_text(json.dumps(saved))
+    config = tiny_config("tide", tmp_path / "out", trust_remote_code=True)
+    trainer = tiny_trainer(config, model=str(path), tokenizer=tokenizer)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    reference, _ = trainer.deviation_reference.model_and_context(policy)
+    assert type(policy).__name__ == type(reference).__name__ == "RemoteTinyForCausalLM"
+    for name, value in policy.state_dict().items():
+        assert torch.equal(reference.state_dict()[name], value), name
 
 
 def test_a_policy_given_by_name_is_measured_against_its_weights_loaded_as_trl_loads_it(
