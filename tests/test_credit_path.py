@@ -39,6 +39,7 @@ from trl import GRPOTrainer
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
 from trl_credit.methods import (
     CREDIT_METHODS,
+    PREVIOUS_POLICY_DEVIATION,
     ROLLOUT_ENTROPY,
     ROLLOUT_MEAN_ENTROPY,
     CreditBatch,
@@ -61,7 +62,12 @@ from trl_credit.trainer.batch_layout import (
 )
 from trl_credit.trainer.diagnostics import credit_metrics, gather_all, unscored_answers
 from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, GenerationHidden, ScoringForward
-from trl_credit.trainer.reference import PREVIOUS_POLICY_FILE, copy_initial_model, same_mode_as_training_args
+from trl_credit.trainer.reference import (
+    PREVIOUS_POLICY_FILE,
+    DeviationReference,
+    copy_initial_model,
+    same_mode_as_training_args,
+)
 from trl_credit.trainer.run_safety import NonFiniteGuard
 from trl_credit.trainer.statistics_sources import StatisticsSources
 from trl_credit.trainer.token_credit_log import token_credit_step
@@ -452,6 +458,20 @@ def test_tide_against_the_previous_policy_is_refused_under_peft_naming_what_work
         "previous_policy_deviation (tide_reference='old') keeps a full copy of the policy that is refreshed every "
         "generation batch; it is supported without PEFT, DeepSpeed and FSDP. Use tide_reference='ref' there."
     )
+
+
+@pytest.mark.parametrize("engine_plugin", ["deepspeed_plugin", "fsdp_plugin"])
+def test_tide_against_the_previous_policy_is_refused_under_deepspeed_and_fsdp(engine_plugin):
+    """The engine is read from accelerate's state as `Trainer` reads it (a plugin set or None), before anything is
+    copied. The state is a stand-in with accelerate's two attributes: a real plugin needs processes of its own, and
+    `tests/test_multiprocess.py` runs TIDE under each engine there."""
+    state = SimpleNamespace(deepspeed_plugin=None, fsdp_plugin=None)
+    setattr(state, engine_plugin, object())
+    policy = make_tiny_model(make_tiny_tokenizer())
+    with pytest.raises(ValueError, match=r"it is supported without PEFT, DeepSpeed and FSDP\."):
+        DeviationReference(
+            PREVIOUS_POLICY_DEVIATION, policy, frozen_copy(policy), None, SimpleNamespace(state=state), None
+        )
 
 
 def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
