@@ -950,6 +950,13 @@ def test_a_policy_given_by_name_is_measured_against_its_weights_loaded_as_trl_lo
     recorder.assert_credit_moved()
 
 
+def test_an_integer_sampling_setting_becomes_the_float_transformers_wants(tmp_path):
+    """YAML reads `temperature: 1` as an int; transformers' sampling checks want floats."""
+    config = tiny_config("grpo", tmp_path, temperature=1, top_p=1, repetition_penalty=2)
+    for name, value in (("temperature", 1.0), ("top_p", 1.0), ("repetition_penalty", 2.0)):
+        assert type(getattr(config, name)) is float and getattr(config, name) == value, name
+
+
 def test_a_generation_batch_of_partial_groups_is_named_in_the_fields_the_user_set():
     """TRL derives `generation_batch_size`; the error names what the user set, and which of them the command line
     must show as given (`mentions`)."""

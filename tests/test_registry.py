@@ -369,6 +369,23 @@ def test_the_stack_runner_names_the_method_and_what_is_wrong():
         run_stack(resolve_stack([method], {}), batch)
 
 
+def test_a_metric_its_registration_does_not_declare_is_refused_saying_where_to_declare_it(credit_method_registry):
+    from trl_credit import CreditResult
+    from trl_credit.methods import apply_credit_method
+
+    @register_credit_method("registry_test_undeclared_metric")
+    def undeclared_metric(batch):
+        """Logs a metric that no `Metrics:` section declares."""
+        return CreditResult(batch.advantages_BT, metrics={"surprise": 1.0})
+
+    with pytest.raises(ValueError) as error:
+        apply_credit_method("registry_test_undeclared_metric", torch.ones(2), torch.ones(2, 3, dtype=torch.bool))
+    assert str(error.value) == (
+        "credit method 'registry_test_undeclared_metric' logged metrics ['surprise'] that its registration does not "
+        "declare; list them under 'Metrics:' in the function's docstring"
+    )
+
+
 def test_every_statistic_range_holds_zero():
     """`run_stack` checks a statistic's range with one min/max pass over its values zeroed at masked positions."""
     from trl_credit.methods.batch import STATISTIC_RANGES
