@@ -476,6 +476,26 @@ def test_tide_against_the_previous_policy_is_refused_under_deepspeed_and_fsdp(en
         )
 
 
+def test_eapo_reads_trls_old_log_prob_forward_without_a_forward_of_its_own(monkeypatch, tmp_path):
+    """With `num_iterations=2` TRL scores each generation batch once more (its old-log-prob forward), and a rollout
+    function leaves no `generate` to record: EAPO's entropies are that forward's, which stays the only no-grad policy
+    forward, and `credit/extra_forwards` is 0."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
+    trainer = _trainer("eapo", tmp_path, max_steps=2, num_iterations=2, rollout_func=make_rollout_func())
+    scoring_forwards = []
+
+    def count(module, args, kwargs, output):
+        if kwargs.get("fused_lm_head") and not torch.is_grad_enabled():
+            scoring_forwards.append(1)
+
+    trainer.model.register_forward_hook(count, with_kwargs=True)
+    trainer.train()
+    logged = [
+        entry["credit/extra_forwards"] for entry in trainer.state.log_history if "credit/extra_forwards" in entry
+    ]
+    assert logged == [0, 0] and len(scoring_forwards) == 1  # one generation batch for both steps
+
+
 def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
     """Calls recorded in order: another forward's (of 2 rows, whose log-probs are not the batch's), then TRL's
     old-log-prob forward of the batch's 3 rows in two row chunks; the record is the latter's entropies and hidden

@@ -34,7 +34,7 @@ def _policy_backbone_hook(policy, hook):
 
 
 @contextmanager
-def recorded_final_hidden(policy, enabled: bool = True):
+def recorded_final_hidden(policy, enabled: bool):
     """Yield a list that receives the `(b, L, H)` final hidden states (detached) of every forward of the policy's
     backbone run inside the block, in call order; TRL's fused LM head calls the backbone once per row chunk, so
     concatenating the list gives the batch's hidden states. Records nothing when not `enabled`."""
@@ -86,7 +86,7 @@ class GenerationHidden:
 
 
 @contextmanager
-def recorded_generation_hidden(policy, enabled: bool = True):
+def recorded_generation_hidden(policy, enabled: bool):
     """Yield a `GenerationHidden` that records the policy's backbone during `generate` inside the block (or None
     when not `enabled`)."""
     record = GenerationHidden() if enabled else None
@@ -149,7 +149,7 @@ class ScoringForward:
 
 
 @contextmanager
-def recorded_scoring_forward(model, policy, enabled: bool = True, keep_hidden: bool = False):
+def recorded_scoring_forward(model, policy, enabled: bool, keep_hidden: bool):
     """Yield a `ScoringForward` that records the fused-LM-head forwards of `model` (the module TRL's scoring forward
     calls) inside the block, with the final hidden states of `policy`'s backbone (or None when not `enabled`)."""
     if not enabled:
@@ -171,7 +171,7 @@ def recorded_rollout(
     statistics: tuple[str, ...],
     one_generate_call: bool,
     scoring_forward: bool,
-    keep_hidden: bool = False,
+    keep_hidden: bool,
 ):
     """Yield `(GenerationHidden or None, ScoringForward or None)`: the records of TRL's generation of a batch inside
     the block that the generation-batch `statistics` can use. `generate` is recorded where TRL samples in one call
