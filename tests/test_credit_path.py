@@ -496,6 +496,20 @@ def test_eapo_reads_trls_old_log_prob_forward_without_a_forward_of_its_own(monke
     assert logged == [0, 0] and len(scoring_forwards) == 1  # one generation batch for both steps
 
 
+def test_a_scoring_record_without_the_hidden_states_it_must_keep_is_not_used():
+    """With `keep_hidden`, a call whose log-probs are the batch's but whose backbone output was not recorded gives no
+    statistics (the caller then runs a forward of its own); with its hidden states the same call is used."""
+    generator = torch.Generator().manual_seed(0)
+    logps, entropy, hidden = torch.randn(2, 5, generator=generator), torch.rand(2, 5), torch.randn(2, 5, 3)
+    batch = {"old_per_token_logps": logps[:, 1:]}
+    record = ScoringForward(keep_hidden=True)
+    record.calls = [(logps, entropy, None)]
+    assert record.statistics(batch) is None
+    record.calls = [(logps, entropy, hidden)]
+    entropy_BT, hidden_BTH = record.statistics(batch)
+    assert torch.equal(entropy_BT, entropy[:, 1:]) and torch.equal(hidden_BTH, hidden[:, 1:])
+
+
 def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
     """Calls recorded in order: another forward's (of 2 rows, whose log-probs are not the batch's), then TRL's
     old-log-prob forward of the batch's 3 rows in two row chunks; the record is the latter's entropies and hidden
@@ -975,6 +989,13 @@ def test_an_integer_sampling_setting_becomes_the_float_transformers_wants(tmp_pa
     config = tiny_config("grpo", tmp_path, temperature=1, top_p=1, repetition_penalty=2)
     for name, value in (("temperature", 1.0), ("top_p", 1.0), ("repetition_penalty", 2.0)):
         assert type(getattr(config, name)) is float and getattr(config, name) == value, name
+
+
+def test_trls_refusal_before_it_derives_the_generation_batch_reaches_the_user_as_trl_wrote_it(tmp_path):
+    """TRL refuses `auto_find_batch_size` before it derives `generation_batch_size`: the generation-batch message is
+    for a partial group only, and TRL's own error passes through."""
+    with pytest.raises(ValueError, match=r"^auto_find_batch_size is not supported by GRPO, because the generation"):
+        tiny_config("grpo", tmp_path, auto_find_batch_size=True)
 
 
 def test_a_generation_batch_of_partial_groups_is_named_in_the_fields_the_user_set():
