@@ -998,6 +998,15 @@ def test_trls_refusal_before_it_derives_the_generation_batch_reaches_the_user_as
         tiny_config("grpo", tmp_path, auto_find_batch_size=True)
 
 
+@pytest.mark.parametrize(
+    "name", ["statistics_token_chunk_size", "statistics_vocab_chunk_size", "token_credit_samples"]
+)
+def test_a_chunk_size_or_sample_count_of_one_is_taken_and_zero_refused(tmp_path, name):
+    assert getattr(tiny_config("grpo", tmp_path, **{name: 1}), name) == 1
+    with pytest.raises(SettingError, match=rf"{name}.* must be an integer >= 1, got 0$"):
+        tiny_config("grpo", tmp_path, **{name: 0})
+
+
 def test_a_generation_batch_of_partial_groups_is_named_in_the_fields_the_user_set():
     """TRL derives `generation_batch_size`; the error names what the user set, and which of them the command line
     must show as given (`mentions`)."""
