@@ -43,6 +43,7 @@ from trl_credit.methods import (
     CREDIT_METHODS,
     PREVIOUS_POLICY_DEVIATION,
     ROLLOUT_ENTROPY,
+    ROLLOUT_LOGPS,
     ROLLOUT_MEAN_ENTROPY,
     CreditBatch,
     CreditResult,
@@ -63,7 +64,7 @@ from trl_credit.trainer.batch_layout import (
     valid_mask,
 )
 from trl_credit.trainer.diagnostics import credit_metrics, gather_all, unscored_answers
-from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, GenerationHidden, ScoringForward
+from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, GenerationHidden, ScoringForward, recorded_rollout
 from trl_credit.trainer.reference import (
     PREVIOUS_POLICY_FILE,
     DeviationReference,
@@ -508,6 +509,23 @@ def test_a_scoring_record_without_the_hidden_states_it_must_keep_is_not_used():
     record.calls = [(logps, entropy, hidden)]
     entropy_BT, hidden_BTH = record.statistics(batch)
     assert torch.equal(entropy_BT, entropy[:, 1:]) and torch.equal(hidden_BTH, hidden[:, 1:])
+
+
+@pytest.mark.parametrize(
+    "statistics,scoring_forward,recorded",
+    [((ROLLOUT_ENTROPY,), True, True), ((ROLLOUT_ENTROPY,), False, False), ((ROLLOUT_LOGPS,), True, False)],
+)
+def test_trls_scoring_forward_is_recorded_where_it_runs_and_a_statistic_reads_the_full_distribution(
+    statistics, scoring_forward, recorded
+):
+    """The sampled tokens' log-probs are TRL's own `old_per_token_logps`: no record of its forward is kept for them."""
+    tokenizer = make_tiny_tokenizer()
+    policy = make_tiny_model(tokenizer)
+    with recorded_rollout(policy, policy, statistics, False, scoring_forward, keep_hidden=False) as (
+        generation,
+        scoring,
+    ):
+        assert generation is None and (scoring is not None) == recorded
 
 
 def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
@@ -1005,6 +1023,25 @@ def test_a_chunk_size_or_sample_count_of_one_is_taken_and_zero_refused(tmp_path,
     assert getattr(tiny_config("grpo", tmp_path, **{name: 1}), name) == 1
     with pytest.raises(SettingError, match=rf"{name}.* must be an integer >= 1, got 0$"):
         tiny_config("grpo", tmp_path, **{name: 0})
+
+
+def test_a_credit_method_given_as_a_list_is_the_stack_of_its_names(tmp_path):
+    """A list from Python or YAML (`credit_method: [taco, tampo]`) is the `+` stack."""
+    assert tiny_config(["taco", "tampo"], tmp_path).credit_method == "taco+tampo"
+
+
+def test_every_advantage_estimator_after_the_first_method_is_named(tmp_path, credit_method_registry):
+    @register_credit_method("estimator_by_a_test", estimates_advantages=True)
+    def estimator_by_a_test(batch):
+        """Estimates nothing: it is registered as an estimator."""
+        return batch.advantages_BT
+
+    with pytest.raises(ValueError) as error:
+        tiny_config("eapo+otb+estimator_by_a_test", tmp_path)
+    assert str(error.value) == (
+        "credit_method 'eapo+otb+estimator_by_a_test': otb, estimator_by_a_test computes the token advantages from "
+        "the rewards, replacing what came before it: it must come first in the stack"
+    )
 
 
 def test_a_generation_batch_of_partial_groups_is_named_in_the_fields_the_user_set():
