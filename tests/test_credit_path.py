@@ -477,12 +477,16 @@ def test_tide_against_the_previous_policy_is_refused_under_deepspeed_and_fsdp(en
         )
 
 
-def test_eapo_reads_trls_old_log_prob_forward_without_a_forward_of_its_own(monkeypatch, tmp_path):
+@pytest.mark.parametrize("method", ["eapo", "otb", "tide"])
+def test_rollout_statistics_read_trls_old_log_prob_forward_without_a_forward_of_their_own(
+    monkeypatch, tmp_path, method
+):
     """With `num_iterations=2` TRL scores each generation batch once more (its old-log-prob forward), and a rollout
-    function leaves no `generate` to record: EAPO's entropies are that forward's, which stays the only no-grad policy
-    forward, and `credit/extra_forwards` is 0."""
+    function leaves no `generate` to record: EAPO's entropies are that forward's, and OTB's other-token mass and TIDE's
+    policy side are streamed from the final hidden states recorded with it. That forward stays the only no-grad
+    forward of the policy, and `credit/extra_forwards` is 0."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
-    trainer = _trainer("eapo", tmp_path, max_steps=2, num_iterations=2, rollout_func=make_rollout_func())
+    trainer = _trainer(method, tmp_path, max_steps=2, num_iterations=2, rollout_func=make_rollout_func())
     scoring_forwards = []
 
     def count(module, args, kwargs, output):
@@ -1023,6 +1027,26 @@ def test_a_chunk_size_or_sample_count_of_one_is_taken_and_zero_refused(tmp_path,
     assert getattr(tiny_config("grpo", tmp_path, **{name: 1}), name) == 1
     with pytest.raises(SettingError, match=rf"{name}.* must be an integer >= 1, got 0$"):
         tiny_config("grpo", tmp_path, **{name: 0})
+
+
+def test_a_config_checked_again_keeps_its_plan_until_its_credit_fields_change(tmp_path):
+    """The stack is resolved and planned once: checking the config again (as the trainer does) keeps the plan, and a
+    change of `credit_kwargs` plans again with the new value."""
+    config = tiny_config("taco", tmp_path)
+    plan = config.stage_plan
+    config.validate_credit_fields()
+    assert config.stage_plan is plan
+    config.credit_kwargs = {"taco_alpha": 0.02}
+    config.validate_credit_fields()
+    assert config.stage_plan is not plan and config.credit_stack[0].hyperparameters["taco_alpha"] == 0.02
+
+
+def test_a_missing_attribute_of_a_config_is_named(tmp_path):
+    """Python's own message for a name that is no field and no method's hyperparameter."""
+    config = tiny_config("grpo", tmp_path)
+    with pytest.raises(AttributeError) as error:
+        _ = config.no_such_field
+    assert str(error.value) == "'CreditGRPOConfig' object has no attribute 'no_such_field'"
 
 
 def test_a_credit_method_given_as_a_list_is_the_stack_of_its_names(tmp_path):
