@@ -33,7 +33,7 @@ from conftest import (
     tiny_prompt_dataset,
     tiny_trainer,
 )
-from trainer_helpers import AdvantageRecorder, frozen_copy, make_rollout_func, moving_settings
+from trainer_helpers import AdvantageRecorder, engine_rollout, frozen_copy, make_rollout_func, moving_settings
 from transformers import TrainerCallback
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPast
 from trl import GRPOTrainer
@@ -482,11 +482,11 @@ def test_rollout_statistics_read_trls_old_log_prob_forward_without_a_forward_of_
     monkeypatch, tmp_path, method
 ):
     """With `num_iterations=2` TRL scores each generation batch once more (its old-log-prob forward), and a rollout
-    function leaves no `generate` to record: EAPO's entropies are that forward's, and OTB's other-token mass and TIDE's
+    function like an inference engine's leaves no `generate` to record: EAPO's entropies are that forward's, and OTB's other-token mass and TIDE's
     policy side are streamed from the final hidden states recorded with it. That forward stays the only no-grad
     forward of the policy, and `credit/extra_forwards` is 0."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
-    trainer = _trainer(method, tmp_path, max_steps=2, num_iterations=2, rollout_func=make_rollout_func())
+    trainer = _trainer(method, tmp_path, max_steps=2, num_iterations=2, rollout_func=engine_rollout)
     scoring_forwards = []
 
     def count(module, args, kwargs, output):

@@ -20,7 +20,7 @@ from conftest import (
     tiny_prompt_dataset,
     tiny_trainer,
 )
-from trainer_helpers import AdvantageRecorder, assert_all_params_changed
+from trainer_helpers import AdvantageRecorder, assert_all_params_changed, engine_rollout
 from trl import GRPOTrainer
 
 from trl_credit import (
@@ -448,23 +448,12 @@ class _ToolMasked(CreditGRPOTrainer):
         return batch
 
 
-def _rollout(prompts, trainer):
-    """Completions from outside `generate` (as an inference engine returns them): TRL then has no decode to record."""
-    tokenizer, generator = trainer.processing_class, torch.Generator().manual_seed(len(prompts))
-    prompt_ids = [
-        tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
-        for prompt in prompts
-    ]
-    completion_ids = [torch.randint(7, len(tokenizer), (5,), generator=generator).tolist() for _ in prompts]
-    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": [[0.0] * 5 for _ in prompts]}
-
-
 @pytest.mark.parametrize(
     "method,setting,per_step",
     [
         ("taco", {}, 0),  # TRL's loss forward
         ("eapo", {}, 0),  # the hidden states `generate` computed
-        ("eapo", {"rollout_func": _rollout}, 1),  # no scoring forward to reuse: one forward of the batch
+        ("eapo", {"rollout_func": engine_rollout}, 1),  # no scoring forward to reuse: one forward of the batch
         (
             "stapo",
             {"trainer_class": _ToolMasked, "gradient_accumulation_steps": 2, "per_device_train_batch_size": 2},

@@ -569,6 +569,18 @@ class FakeVLLMGeneration:
         self.syncs += 1
 
 
+def engine_rollout(prompts, trainer):
+    """Completions from outside `generate`, as an inference engine returns them: drawn without calling the policy, so
+    TRL has no decode to record and its scoring forward is the policy's first forward of the batch."""
+    tokenizer, generator = trainer.processing_class, torch.Generator().manual_seed(len(prompts))
+    prompt_ids = [
+        tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        for prompt in prompts
+    ]
+    completion_ids = [torch.randint(7, len(tokenizer), (5,), generator=generator).tolist() for _ in prompts]
+    return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": [[0.0] * 5 for _ in prompts]}
+
+
 def make_rollout_func(max_tokens=6, noise=0.3, vary_lengths=False):
     """Completions sampled from the policy, with log-probs perturbed like an inference engine's (bf16 kernels...).
 
