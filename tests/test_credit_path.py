@@ -534,14 +534,15 @@ def test_trls_scoring_forward_is_recorded_where_it_runs_and_a_statistic_reads_th
 
 def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
     """Calls recorded in order: another forward's (of 2 rows, whose log-probs are not the batch's), then TRL's
-    old-log-prob forward of the batch's 3 rows in two row chunks; the record is the latter's entropies and hidden
-    states, found past the calls that do not add up to the batch."""
+    old-log-prob forward of the batch's 3 rows in two row chunks, then the other forward again (TRL's reference forward
+    with PEFT comes after it); the record is the old-log-prob forward's entropies and hidden states, found past the
+    calls that do not add up to the batch."""
     generator = torch.Generator().manual_seed(0)
     other = (torch.randn(2, 5, generator=generator), torch.rand(2, 5, generator=generator), torch.randn(2, 5, 2))
     chunks = [(torch.randn(rows, 5, generator=generator), torch.rand(rows, 5, generator=generator)) for rows in (2, 1)]
     hidden = [torch.randn(rows, 5, 2, generator=generator) for rows in (2, 1)]
     record = ScoringForward(keep_hidden=True)
-    record.calls = [other, *((logps, entropy, h) for (logps, entropy), h in zip(chunks, hidden))]
+    record.calls = [other, *((logps, entropy, h) for (logps, entropy), h in zip(chunks, hidden)), other]
     old_BT = torch.cat([logps for logps, _ in chunks])[:, 1:]  # TRL keeps the completion's last positions
     entropy_BT, hidden_BTH = record.statistics({"old_per_token_logps": old_BT})
     torch.testing.assert_close(entropy_BT, torch.cat([entropy for _, entropy in chunks])[:, 1:])
