@@ -64,7 +64,13 @@ from trl_credit.trainer.batch_layout import (
     valid_mask,
 )
 from trl_credit.trainer.diagnostics import credit_metrics, gather_all, unscored_answers
-from trl_credit.trainer.recorders import ROLLOUT_DISTRIBUTION, GenerationHidden, ScoringForward, recorded_rollout
+from trl_credit.trainer.recorders import (
+    ROLLOUT_DISTRIBUTION,
+    GenerationHidden,
+    ScoringForward,
+    recorded_final_hidden,
+    recorded_rollout,
+)
 from trl_credit.trainer.reference import (
     PREVIOUS_POLICY_FILE,
     DeviationReference,
@@ -499,6 +505,19 @@ def test_rollout_statistics_read_trls_old_log_prob_forward_without_a_forward_of_
         entry["credit/extra_forwards"] for entry in trainer.state.log_history if "credit/extra_forwards" in entry
     ]
     assert logged == [0, 0] and len(scoring_forwards) == 1  # one generation batch for both steps
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_final_hidden_states_are_kept_only_when_asked(enabled):
+    """A `(b, L, H)` tensor per backbone forward is memory a loss forward keeps only for a statistic that reads it."""
+    policy = make_tiny_model(make_tiny_tokenizer())
+    input_ids = torch.tensor([[7, 8, 9], [9, 8, 7]])
+    with torch.no_grad(), recorded_final_hidden(policy, enabled) as hidden:
+        policy(input_ids=input_ids)
+    if enabled:
+        assert len(hidden) == 1 and torch.equal(hidden[0], policy.model(input_ids=input_ids).last_hidden_state)
+    else:
+        assert hidden == []
 
 
 def test_a_scoring_record_without_the_hidden_states_it_must_keep_is_not_used():
