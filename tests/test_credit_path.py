@@ -1061,6 +1061,16 @@ def test_a_config_checked_again_keeps_its_plan_until_its_credit_fields_change(tm
     assert config.stage_plan is not plan and config.credit_stack[0].hyperparameters["taco_alpha"] == 0.02
 
 
+def test_a_list_hyperparameter_changed_in_place_is_planned_again(tmp_path):
+    """The plan keeps its own copy of what it was made from: a list in `credit_kwargs` edited in place (EAPO's
+    quantiles) is a change."""
+    config = tiny_config("eapo", tmp_path)
+    plan = config.stage_plan
+    config.credit_kwargs["eapo_quantiles"][0] = 0.25
+    config.validate_credit_fields()
+    assert config.stage_plan is not plan and config.credit_stack[0].hyperparameters["eapo_quantiles"] == [0.25, 0.9]
+
+
 def test_a_missing_attribute_of_a_config_is_named(tmp_path):
     """Python's own message for a name that is no field and no method's hyperparameter."""
     config = tiny_config("grpo", tmp_path)
