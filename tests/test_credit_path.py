@@ -1071,6 +1071,22 @@ def test_a_list_hyperparameter_changed_in_place_is_planned_again(tmp_path):
     assert config.stage_plan is not plan and config.credit_stack[0].hyperparameters["eapo_quantiles"] == [0.25, 0.9]
 
 
+def test_a_config_pickles_without_its_plan_and_plans_again_when_read(tmp_path, credit_method_registry):
+    """`training_args.bin` is a pickle: the plan holds the methods' functions, and one registered in a script or a
+    function need not pickle, so the plan is left out and made again on first use."""
+    import pickle
+
+    @register_credit_method("registered_in_a_function")
+    def registered_in_a_function(batch):
+        """A function local to a test: pickle cannot name it."""
+        return batch.advantages_BT
+
+    config = tiny_config("registered_in_a_function", tmp_path)
+    restored = pickle.loads(pickle.dumps(config))
+    assert "_stage_plan" not in restored.__dict__
+    assert [step.method.name for step in restored.stage_plan.steps] == ["registered_in_a_function"]
+
+
 def test_a_missing_attribute_of_a_config_is_named(tmp_path):
     """Python's own message for a name that is no field and no method's hyperparameter."""
     config = tiny_config("grpo", tmp_path)
