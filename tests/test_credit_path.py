@@ -1033,11 +1033,22 @@ def test_an_integer_sampling_setting_becomes_the_float_transformers_wants(tmp_pa
         assert type(getattr(config, name)) is float and getattr(config, name) == value, name
 
 
-def test_trls_refusal_before_it_derives_the_generation_batch_reaches_the_user_as_trl_wrote_it(tmp_path):
-    """TRL refuses `auto_find_batch_size` before it derives `generation_batch_size`: the generation-batch message is
-    for a partial group only, and TRL's own error passes through."""
-    with pytest.raises(ValueError, match=r"^auto_find_batch_size is not supported by GRPO, because the generation"):
-        tiny_config("grpo", tmp_path, auto_find_batch_size=True)
+@pytest.mark.parametrize(
+    "settings,trls_message",
+    [
+        ({"auto_find_batch_size": True}, r"auto_find_batch_size is not supported by GRPO, because the generation"),
+        (
+            {"eval_strategy": "steps", "eval_steps": 1, "per_device_eval_batch_size": 3},
+            r"The global eval batch size \(3 \* 1\) must be divisible by the number of generations used for",
+        ),
+    ],
+    ids=["before-the-generation-batch", "after-it-of-whole-groups"],
+)
+def test_trls_other_refusals_reach_the_user_as_trl_wrote_them(tmp_path, settings, trls_message):
+    """The generation-batch message is for a partial group only: TRL's refusals before it derives
+    `generation_batch_size`, or after it derived one of whole groups, pass through."""
+    with pytest.raises(ValueError, match=f"^{trls_message}"):
+        tiny_config("grpo", tmp_path, **settings)
 
 
 @pytest.mark.parametrize(
@@ -1088,11 +1099,32 @@ def test_a_config_pickles_without_its_plan_and_plans_again_when_read(tmp_path, c
 
 
 def test_a_missing_attribute_of_a_config_is_named(tmp_path):
-    """Python's own message for a name that is no field and no method's hyperparameter."""
+    """Python's own message for a name that is no field and no method's hyperparameter; a method's hyperparameter
+    says where it lives."""
     config = tiny_config("grpo", tmp_path)
     with pytest.raises(AttributeError) as error:
         _ = config.no_such_field
     assert str(error.value) == "'CreditGRPOConfig' object has no attribute 'no_such_field'"
+    with pytest.raises(AttributeError) as error:
+        _ = config.taco_alpha
+    assert str(error.value) == (
+        "CreditGRPOConfig has no field 'taco_alpha': a method's hyperparameters are entries of credit_kwargs "
+        "(config.credit_kwargs['taco_alpha'])"
+    )
+
+
+def test_a_stack_that_needs_two_deviation_references_is_refused(tmp_path, credit_method_registry):
+    @register_credit_method("old_deviation_by_a_test", statistics=(PREVIOUS_POLICY_DEVIATION,))
+    def old_deviation_by_a_test(batch):
+        """Reads the deviation from the previous policy."""
+        return batch.advantages_BT
+
+    with pytest.raises(ValueError) as error:
+        tiny_config("tide+old_deviation_by_a_test", tmp_path)
+    assert str(error.value) == (
+        "credit_method 'tide+old_deviation_by_a_test' needs two deviation references: "
+        "['previous_policy_deviation', 'reference_deviation']"
+    )
 
 
 def test_a_credit_method_given_as_a_list_is_the_stack_of_its_names(tmp_path):
