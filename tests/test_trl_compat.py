@@ -110,9 +110,16 @@ def test_a_scoring_forward_without_a_keyword_the_trainer_passes_is_caught(monkey
     _fails_naming_the_range(r"scores tokens with _get_per_token_logps_and_entropies.*expected the keywords")
 
 
-def test_a_version_outside_the_range_is_refused(monkeypatch):
-    monkeypatch.setattr(trl, "__version__", "1.17.0")
+@pytest.mark.parametrize("version", ["1.14.9", "1.17.0", "1.17.0.dev0"])
+def test_a_version_outside_the_range_is_refused(monkeypatch, version):
+    monkeypatch.setattr(trl, "__version__", version)
     _fails_naming_the_range("is outside that range")
+
+
+@pytest.mark.parametrize("version", ["1.15.0", "1.16.0.dev0", "1.16.9"])
+def test_a_version_inside_the_range_is_taken_its_lower_bound_included(monkeypatch, version):
+    monkeypatch.setattr(trl, "__version__", version)
+    trl_compat.check_trl_surfaces()
 
 
 def test_the_fused_output_fields_are_checked(monkeypatch):

@@ -327,7 +327,8 @@ class CreditGRPOTrainer(StatisticsSources, GRPOTrainer):
         # TRL's fused head returns no maximum logit: min-p's logit gap is streamed from the final hidden states of this
         # very forward, recorded from the backbone around it (no second backbone forward).
         records_hidden = loss_forward is not None and self.stage_plan.records_hidden
-        with torch_fused_head(), recorded_final_hidden(self._policy(), records_hidden) as hidden:
+        recording = recorded_final_hidden(self._policy()) if records_hidden else nullcontext([])
+        with torch_fused_head(), recording as hidden:
             logps_BT, entropy_BT, aux_loss = super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, *args, **kwargs
             )

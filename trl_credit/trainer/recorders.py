@@ -34,7 +34,7 @@ def _policy_backbone_hook(policy, hook):
 
 
 @contextmanager
-def recorded_final_hidden(policy, enabled: bool):
+def recorded_final_hidden(policy, enabled: bool = True):
     """Yield a list that receives the `(b, L, H)` final hidden states (detached) of every forward of the policy's
     backbone run inside the block, in call order; TRL's fused LM head calls the backbone once per row chunk, so
     concatenating the list gives the batch's hidden states. Records nothing when not `enabled`."""

@@ -174,9 +174,9 @@ def chunked_logprob_torch(
     targets_N: torch.Tensor,
     temperature: float,
     chunk_size: int,
-    final_logit_softcapping: float | None = None,
-    logit_scale: float = 1.0,
-    outputs: tuple[str, ...] = OPTIONAL_OUTPUTS,
+    final_logit_softcapping: float | None,
+    logit_scale: float,
+    outputs: tuple[str, ...],
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """TRL's `ChunkedLogProbFunction.apply` contract in plain torch (autograd through `hidden`, `weight`, `bias`).
 
