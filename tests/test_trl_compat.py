@@ -2,6 +2,7 @@
 supported range), what TRL does with them (run on both supported releases), and the torch fused-head fallback that
 TRL 1.15 lacks off CUDA/XPU."""
 
+import dataclasses
 import inspect
 import os
 import subprocess
@@ -125,6 +126,12 @@ def test_a_version_inside_the_range_is_taken_its_lower_bound_included(monkeypatc
 def test_the_fused_output_fields_are_checked(monkeypatch):
     monkeypatch.setattr(trl_compat, "FUSED_OUTPUT_FIELDS", ("log_probs", "entropy", "max_logit"))
     _fails_naming_the_range(r"fused LM head output without \['max_logit'\]")
+
+
+def test_an_output_with_exactly_the_fields_read_is_taken(monkeypatch):
+    every_field = tuple(f.name for f in dataclasses.fields(trl_compat.FusedCausalLMOutput))
+    monkeypatch.setattr(trl_compat, "FUSED_OUTPUT_FIELDS", every_field)
+    trl_compat.check_trl_surfaces()
     assert trl_utils.FusedCausalLMOutput is trl_compat.FusedCausalLMOutput
 
 
@@ -186,6 +193,18 @@ def test_fallback_matches_the_softmax_of_the_transformed_logits(monkeypatch, sof
     (logp_NV.gather(-1, targets_N[:, None]).sum() - 0.3 * (logp_NV.exp() * logp_NV).sum()).backward()
     for value, reference in zip(mine, (hidden_NH.grad, weight_VH.grad, bias_V.grad)):
         torch.testing.assert_close(value, reference, rtol=1e-4, atol=1e-5)
+
+
+def test_fallback_under_autocast_forms_the_logits_in_autocasts_dtype():
+    """`--bf16` on a CPU trains under autocast: the LM head's product is taken in bfloat16, as TRL's kernel takes it,
+    and the softmax in float32."""
+    hidden_NH, weight_VH, bias_V, targets_N = _inputs(3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = chunked_logprob_torch(hidden_NH, weight_VH, bias_V, targets_N, 0.7, 16, None, 1.0, ("entropy",))
+    z_NV = (hidden_NH.bfloat16() @ weight_VH.bfloat16().T).float() + bias_V.float()
+    logp_NV = torch.log_softmax(z_NV / 0.7, -1)
+    torch.testing.assert_close(got[0], logp_NV.gather(-1, targets_N[:, None]).squeeze(-1), rtol=0, atol=1e-6)
+    torch.testing.assert_close(got[1], -(logp_NV.exp() * logp_NV).sum(-1), rtol=0, atol=1e-6)
 
 
 @pytest.mark.skipif(needs_torch_fused_head(trl.__version__), reason="TRL 1.15's own kernel needs Triton on CUDA/XPU")
