@@ -128,6 +128,17 @@ def test_the_fused_output_fields_are_checked(monkeypatch):
     _fails_naming_the_range(r"fused LM head output without \['max_logit'\]")
 
 
+def test_a_trainer_without_the_attributes_that_say_how_trl_generates_is_refused_naming_them():
+    from types import SimpleNamespace
+
+    built = SimpleNamespace(use_vllm=False, rollout_func=None, tools=None)
+    with pytest.raises(trl_compat.UnsupportedTRLError) as error:
+        trl_compat.check_trainer_attributes(built)
+    assert "builds a GRPOTrainer without the attributes ['use_transformers_continuous_batching', '_is_vlm']" in str(
+        error.value
+    )
+
+
 def test_an_output_with_exactly_the_fields_read_is_taken(monkeypatch):
     every_field = tuple(f.name for f in dataclasses.fields(trl_compat.FusedCausalLMOutput))
     monkeypatch.setattr(trl_compat, "FUSED_OUTPUT_FIELDS", every_field)
