@@ -139,6 +139,11 @@ def test_a_trainer_without_the_attributes_that_say_how_trl_generates_is_refused_
     )
 
 
+def test_a_method_the_trainer_overrides_missing_from_trl_is_named(monkeypatch):
+    monkeypatch.setattr(trl_compat, "_OVERRIDDEN", (*trl_compat._OVERRIDDEN, "_a_method_trl_does_not_have"))
+    _fails_naming_the_range(r"has no GRPOTrainer\._a_method_trl_does_not_have")
+
+
 def test_an_output_with_exactly_the_fields_read_is_taken(monkeypatch):
     every_field = tuple(f.name for f in dataclasses.fields(trl_compat.FusedCausalLMOutput))
     monkeypatch.setattr(trl_compat, "FUSED_OUTPUT_FIELDS", every_field)
