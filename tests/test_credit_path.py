@@ -1113,37 +1113,43 @@ def test_a_missing_attribute_of_a_config_is_named(tmp_path):
     )
 
 
-def test_a_stack_that_needs_two_deviation_references_is_refused(tmp_path, credit_method_registry):
-    @register_credit_method("old_deviation_by_a_test", statistics=(PREVIOUS_POLICY_DEVIATION,))
-    def old_deviation_by_a_test(batch):
-        """Reads the deviation from the previous policy."""
+@pytest.mark.parametrize(
+    "registration,stack,message",
+    [
+        (
+            {"statistics": (PREVIOUS_POLICY_DEVIATION,)},
+            "tide+by_a_test",
+            "credit_method 'tide+by_a_test' needs two deviation references: "
+            "['previous_policy_deviation', 'reference_deviation']",
+        ),
+        (
+            {"estimates_advantages": True},
+            "eapo+otb+by_a_test",
+            "credit_method 'eapo+otb+by_a_test': otb, by_a_test computes the token advantages from the rewards, "
+            "replacing what came before it: it must come first in the stack",
+        ),
+    ],
+    ids=["two-deviation-references", "late-advantage-estimators"],
+)
+def test_a_stack_only_a_users_method_can_make_impossible_is_refused_naming_why(
+    tmp_path, credit_method_registry, registration, stack, message
+):
+    """TIDE is the package's only deviation reader and OTB its only advantage estimator: a method registered here
+    reads the previous policy's deviation beside TIDE's reference, or estimates advantages after OTB."""
+
+    def passes_through(batch):
+        """Passes the advantages through."""
         return batch.advantages_BT
 
+    register_credit_method("by_a_test", **registration)(passes_through)
     with pytest.raises(ValueError) as error:
-        tiny_config("tide+old_deviation_by_a_test", tmp_path)
-    assert str(error.value) == (
-        "credit_method 'tide+old_deviation_by_a_test' needs two deviation references: "
-        "['previous_policy_deviation', 'reference_deviation']"
-    )
+        tiny_config(stack, tmp_path)
+    assert str(error.value) == message
 
 
 def test_a_credit_method_given_as_a_list_is_the_stack_of_its_names(tmp_path):
     """A list from Python or YAML (`credit_method: [taco, tampo]`) is the `+` stack."""
     assert tiny_config(["taco", "tampo"], tmp_path).credit_method == "taco+tampo"
-
-
-def test_every_advantage_estimator_after_the_first_method_is_named(tmp_path, credit_method_registry):
-    @register_credit_method("estimator_by_a_test", estimates_advantages=True)
-    def estimator_by_a_test(batch):
-        """Estimates nothing: it is registered as an estimator."""
-        return batch.advantages_BT
-
-    with pytest.raises(ValueError) as error:
-        tiny_config("eapo+otb+estimator_by_a_test", tmp_path)
-    assert str(error.value) == (
-        "credit_method 'eapo+otb+estimator_by_a_test': otb, estimator_by_a_test computes the token advantages from "
-        "the rewards, replacing what came before it: it must come first in the stack"
-    )
 
 
 def test_a_generation_batch_of_partial_groups_is_named_in_the_fields_the_user_set():
