@@ -105,6 +105,28 @@ def test_a_nan_loss_or_gradient_stops_at_its_step_before_the_update_keeping_the_
         assert torch.isfinite(saved[name]).all() and torch.equal(value, saved[name]), name
 
 
+def test_a_gradient_sharded_by_fsdp2_is_checked_on_this_processs_shard(tmp_path):
+    """FSDP2 keeps parameters and gradients as DTensors: the guard checks this process's shard as a plain tensor, to be
+    stacked with the loss's flag (a DTensor does not stack with it). One process, in a gloo group of its own."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from transformers import TrainerState
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = torch.nn.Linear(2, 2, bias=False)
+        model.weight = torch.nn.Parameter(distribute_tensor(torch.ones(2, 2), mesh, [Shard(0)]))
+        model.weight.grad = distribute_tensor(torch.tensor([[1.0, 2.0], [float("nan"), 3.0]]), mesh, [Shard(0)])
+        one_process = type("OneProcess", (), {"device": torch.device("cpu"), "reduce": lambda self, t, reduction: t})
+        guard = run_safety.NonFiniteGuard(one_process())
+        with pytest.raises(NonFiniteTrainingError, match="the gradient norm is not finite"):
+            guard.on_pre_optimizer_step(tiny_config("grpo", tmp_path), TrainerState(), None, model=model)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_nan_weight_decay_stops_at_step_1_and_writes_no_checkpoint_of_it(tmp_path):
     out = tmp_path / "run"
     trainer = _trainer(out)
