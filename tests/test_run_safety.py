@@ -106,8 +106,9 @@ def test_a_nan_loss_or_gradient_stops_at_its_step_before_the_update_keeping_the_
 
 
 def test_a_gradient_sharded_by_fsdp2_is_checked_on_this_processs_shard(tmp_path):
-    """FSDP2 keeps parameters and gradients as DTensors: the guard checks this process's shard as a plain tensor, to be
-    stacked with the loss's flag (a DTensor does not stack with it). One process, in a gloo group of its own."""
+    """FSDP2 keeps parameters and gradients as DTensors: the guard reads this process's shard as a plain tensor, so
+    that its checks are local and one reduction of the flags is the only collective (a DTensor's own `aminmax` would
+    be one per parameter). One process, in a gloo group of its own."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -118,7 +119,10 @@ def test_a_gradient_sharded_by_fsdp2_is_checked_on_this_processs_shard(tmp_path)
         mesh = init_device_mesh("cpu", (1,))
         model = torch.nn.Linear(2, 2, bias=False)
         model.weight = torch.nn.Parameter(distribute_tensor(torch.ones(2, 2), mesh, [Shard(0)]))
-        model.weight.grad = distribute_tensor(torch.tensor([[1.0, 2.0], [float("nan"), 3.0]]), mesh, [Shard(0)])
+        gradient = torch.tensor([[1.0, 2.0], [float("nan"), 3.0]])
+        model.weight.grad = distribute_tensor(gradient, mesh, [Shard(0)])
+        shard = run_safety._local(model.weight.grad)
+        assert type(shard) is torch.Tensor and torch.equal(shard.isnan(), gradient.isnan())
         one_process = type("OneProcess", (), {"device": torch.device("cpu"), "reduce": lambda self, t, reduction: t})
         guard = run_safety.NonFiniteGuard(one_process())
         with pytest.raises(NonFiniteTrainingError, match="the gradient norm is not finite"):
