@@ -488,9 +488,9 @@ def test_rollout_statistics_read_trls_old_log_prob_forward_without_a_forward_of_
     monkeypatch, tmp_path, method
 ):
     """With `num_iterations=2` TRL scores each generation batch once more (its old-log-prob forward), and a rollout
-    function like an inference engine's leaves no `generate` to record: EAPO's entropies are that forward's, and OTB's other-token mass and TIDE's
-    policy side are streamed from the final hidden states recorded with it. That forward stays the only no-grad
-    forward of the policy, and `credit/extra_forwards` is 0."""
+    function like an inference engine's leaves no `generate` to record: EAPO's entropies are that forward's, and
+    OTB's other-token mass and TIDE's policy side are streamed from the final hidden states recorded with it. That
+    forward stays the only no-grad forward of the policy, and `credit/extra_forwards` is 0."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     trainer = _trainer(method, tmp_path, max_steps=2, num_iterations=2, rollout_func=engine_rollout)
     scoring_forwards = []
@@ -544,10 +544,10 @@ def test_trls_scoring_forward_is_recorded_where_it_runs_and_a_statistic_reads_th
     """The sampled tokens' log-probs are TRL's own `old_per_token_logps`: no record of its forward is kept for them."""
     tokenizer = make_tiny_tokenizer()
     policy = make_tiny_model(tokenizer)
-    with recorded_rollout(policy, policy, statistics, False, scoring_forward, keep_hidden=False) as (
-        generation,
-        scoring,
-    ):
+    recording = recorded_rollout(
+        policy, policy, statistics, one_generate_call=False, scoring_forward=scoring_forward, keep_hidden=False
+    )
+    with recording as (generation, scoring):
         assert generation is None and (scoring is not None) == recorded
 
 

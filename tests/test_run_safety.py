@@ -109,6 +109,8 @@ def test_a_gradient_sharded_by_fsdp2_is_checked_on_this_processs_shard(tmp_path)
     """FSDP2 keeps parameters and gradients as DTensors: the guard reads this process's shard as a plain tensor, so
     that its checks are local and one reduction of the flags is the only collective (a DTensor's own `aminmax` would
     be one per parameter). One process, in a gloo group of its own."""
+    from types import SimpleNamespace
+
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -123,8 +125,8 @@ def test_a_gradient_sharded_by_fsdp2_is_checked_on_this_processs_shard(tmp_path)
         model.weight.grad = distribute_tensor(gradient, mesh, [Shard(0)])
         shard = run_safety._local(model.weight.grad)
         assert type(shard) is torch.Tensor and torch.equal(shard.isnan(), gradient.isnan())
-        one_process = type("OneProcess", (), {"device": torch.device("cpu"), "reduce": lambda self, t, reduction: t})
-        guard = run_safety.NonFiniteGuard(one_process())
+        one_process = SimpleNamespace(device=torch.device("cpu"), reduce=lambda flags, reduction: flags)
+        guard = run_safety.NonFiniteGuard(one_process)
         with pytest.raises(NonFiniteTrainingError, match="the gradient norm is not finite"):
             guard.on_pre_optimizer_step(tiny_config("grpo", tmp_path), TrainerState(), None, model=model)
     finally:

@@ -127,6 +127,7 @@ def test_a_version_inside_the_range_is_taken_its_lower_bound_included(monkeypatc
 def test_the_fused_output_fields_are_checked(monkeypatch):
     monkeypatch.setattr(trl_compat, "FUSED_OUTPUT_FIELDS", ("log_probs", "entropy", "max_logit"))
     _fails_naming_the_range(r"fused LM head output without \['max_logit'\]")
+    assert trl_utils.FusedCausalLMOutput is trl_compat.FusedCausalLMOutput
 
 
 def test_a_trainer_without_the_attributes_that_say_how_trl_generates_is_refused_naming_them():
@@ -149,7 +150,6 @@ def test_an_output_with_exactly_the_fields_read_is_taken(monkeypatch):
     every_field = tuple(f.name for f in dataclasses.fields(trl_compat.FusedCausalLMOutput))
     monkeypatch.setattr(trl_compat, "FUSED_OUTPUT_FIELDS", every_field)
     trl_compat.check_trl_surfaces()
-    assert trl_utils.FusedCausalLMOutput is trl_compat.FusedCausalLMOutput
 
 
 ALL_OUTPUTS = ("log_probs", *trl_compat.OPTIONAL_OUTPUTS)
