@@ -250,6 +250,14 @@ def test_a_failed_user_module_import_can_be_retried_once_the_file_is_fixed(tmp_p
     torch.testing.assert_close(result.advantages_BT, 2.0 * advantages_B.unsqueeze(1).expand(2, 3))
 
 
+def test_the_method_name_follows_the_last_colon_of_a_file_path(tmp_path, credit_method_registry):
+    folder = tmp_path / "runs:2026"
+    folder.mkdir()
+    (folder / "colon_methods.py").write_text(_scaling_method_source("colon_boost", 2.0))
+    method = get_credit_method(f"{folder / 'colon_methods.py'}:colon_boost")
+    assert method.name == "colon_boost" and "colon_boost" in credit_method_registry
+
+
 # Run in the copy of the package, in a process of its own (the registry of this one stays as it is).
 PROBE_CHECKS = """
 import contextlib, io, sys

@@ -216,6 +216,9 @@ def test_what_a_method_shows_is_its_display_name_and_its_docstring(credit_method
                 second_metric: a meaning that runs on
                     over two lines
 
+            A section of its own (a heading starts at the margin):
+                not_a_metric: read by nothing
+
             Token statistic:
                 echo: the advantage itself
             """
@@ -274,7 +277,7 @@ def test_the_other_papers_of_a_registration_are_its_own_and_well_formed(credit_m
     with pytest.raises(ValueError) as error:
         get_credit_method("some_boost_lab")
     assert "'some_boost_lab' looks like Lab's SB, \"Some Boost\" (arXiv 2601.00002)" in str(error.value)
-    with pytest.raises(ValueError, match="not_to_be_confused_with holds other_paper"):
+    with pytest.raises(ValueError, match="^credit method 'sb2': not_to_be_confused_with holds other_paper"):
         register_credit_method("sb2", not_to_be_confused_with=({"name": "SB", "title": "Some Boost"},))
 
 
@@ -585,3 +588,15 @@ def test_a_statistic_two_methods_of_a_stack_read_is_checked_once(credit_method_r
         **{POLICY_ENTROPY: entropy_BT},
     )
     assert checked[f"statistic {POLICY_ENTROPY!r}"] == 1
+
+
+def test_a_hyperparameter_outside_a_stack_is_named_with_the_stack():
+    from trl_credit.methods.settings import SettingError
+
+    stack = [get_credit_method("eapo"), get_credit_method("taco")]
+    with pytest.raises(SettingError) as owned_elsewhere:
+        resolve_stack(stack, {"tide_tau": 1.0})
+    assert "belongs to credit method 'tide', which is not in the stack 'eapo+taco'" in str(owned_elsewhere.value)
+    with pytest.raises(SettingError) as unknown:
+        resolve_stack(stack, {"taco_alpah": 1.0})
+    assert "is not a hyperparameter of 'eapo+taco'; did you mean 'taco_alpha' or " in str(unknown.value)
