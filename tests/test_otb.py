@@ -346,10 +346,3 @@ def test_the_recorders_give_near_certain_tokens_no_slack():
     exact, slack_BT, _ = float32_slack(["otb"], credit, {"otb": {"otb_handle_zero_tail": True}})
     torch.testing.assert_close(exact.advantages_BT, official(batch), atol=1e-5, rtol=1e-5)
     assert slack_BT.max() < 1e-6
-
-
-def test_integer_rewards_are_taken_as_float_rewards():
-    """A 0/1 correctness count handed to OTB on plain tensors as integers gives what the trainer's float rewards give."""
-    batch = otb_batch(1)
-    assert set(batch.rewards.tolist()) <= {0.0, 1.0}
-    torch.testing.assert_close(otb(batch, rewards_B=batch.rewards.long()), otb(batch), rtol=0, atol=0)

@@ -600,3 +600,19 @@ def test_a_hyperparameter_outside_a_stack_is_named_with_the_stack():
     with pytest.raises(SettingError) as unknown:
         resolve_stack(stack, {"taco_alpah": 1.0})
     assert "is not a hyperparameter of 'eapo+taco'; did you mean 'taco_alpha' or " in str(unknown.value)
+
+
+def test_an_advantage_estimator_on_tensors_reads_integer_rewards_as_float(credit_method_registry):
+    """A 0/1 correctness count given as integers reaches an estimator as the float rewards the trainer hands it (an
+    integer tensor has no mean)."""
+    from trl_credit.methods import apply_credit_method
+
+    @register_credit_method("registry_test_centred", estimates_advantages=True)
+    def centred(batch):
+        return (batch.rewards_B - batch.rewards_B.mean()).unsqueeze(1).expand_as(batch.mask_BT)
+
+    mask_BT = torch.ones(2, 3, dtype=torch.bool)
+    result = apply_credit_method(
+        "registry_test_centred", None, mask_BT, rewards_B=torch.tensor([1, 0]), group_index_B=torch.tensor([0, 0])
+    )
+    torch.testing.assert_close(result.advantages_BT, torch.tensor([[0.5] * 3, [-0.5] * 3]))
