@@ -616,3 +616,32 @@ def test_an_advantage_estimator_on_tensors_reads_integer_rewards_as_float(credit
         "registry_test_centred", None, mask_BT, rewards_B=torch.tensor([1, 0]), group_index_B=torch.tensor([0, 0])
     )
     torch.testing.assert_close(result.advantages_BT, torch.tensor([[0.5] * 3, [-0.5] * 3]))
+    with pytest.raises(ValueError) as error:
+        apply_credit_method(
+            "registry_test_centred", None, mask_BT, rewards_B=torch.ones(3), group_index_B=torch.tensor([0, 0])
+        )
+    assert str(error.value) == "credit method 'registry_test_centred': rewards_B must have shape (2,), got (3,)"
+
+
+def test_a_method_may_name_its_statistics_by_a_function_of_its_hyperparameters(credit_method_registry):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class EitherArguments:
+        registry_test_either_current: bool = dataclasses.field(default=True, metadata={"help": "which policy"})
+
+    def read(hyperparameters):
+        return (POLICY_ENTROPY,) if hyperparameters["registry_test_either_current"] else (ROLLOUT_ENTROPY,)
+
+    register_credit_method("registry_test_either", statistics=read, arguments=EitherArguments)(
+        lambda batch, registry_test_either_current: batch.advantages_BT
+    )
+    method = credit_method_registry["registry_test_either"]
+    assert method.statistics_for({"registry_test_either_current": False}) == (ROLLOUT_ENTROPY,)
+    assert method.reads_training_forward(method.hyperparameters()) is True
+
+
+def test_a_list_of_stacks_is_one_stack():
+    from trl_credit.methods.registry import parse_credit_methods
+
+    assert parse_credit_methods(["eapo+taco", "grpo", "stapo"]) == ("eapo", "taco", "stapo")
