@@ -180,7 +180,11 @@ def test_a_hyperparameter_is_named_after_its_method_so_nothing_else_can_set_it(t
     )
     with pytest.raises(ValueError, match=taken):
         CreditGRPOConfig(output_dir=str(tmp_path), credit_method="top", use_cpu=True, bf16=False)
-    with pytest.raises(ValueError, match="hyperparameter 'warm_table' has type <class 'NoneType'>"):
+    unsupported = (
+        r"^credit method 'warm': hyperparameter 'warm_table' has type <class 'NoneType'>; use bool, int, float, str, "
+        r"a Literal, an optional or a list of these$"
+    )
+    with pytest.raises(ValueError, match=unsupported):
         register_credit_method("warm", arguments=_arguments(warm_table=None))(identity)
 
 

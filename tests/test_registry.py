@@ -24,12 +24,14 @@ from trl_credit.methods import (
     ROLLOUT_UNSAMPLED_MASS,
     ROLLOUT_UNSAMPLED_SUM_SQ_PROBS,
     STATISTICS,
+    CreditBatch,
     get_credit_method,
     other_paper,
     register_credit_method,
     resolve_stack,
 )
 from trl_credit.methods.names import label as method_label
+from trl_credit.methods.stack import run_stack
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trl_credit"
 # The public single-method pairs (TACOTrainer, ...) are the exception the design allows, besides the lab's oracle,
@@ -309,7 +311,6 @@ def test_a_credit_batch_whose_mask_is_not_bool_is_refused():
     import dataclasses
 
     from trl_credit.methods import CreditBatch, get_credit_method
-    from trl_credit.methods.stack import run_stack
 
     mask = torch.ones(2, 3, dtype=torch.bool)
     statistics = {POLICY_LOGPS: torch.zeros(2, 3), POLICY_ENTROPY: torch.zeros(2, 3)}
@@ -342,7 +343,6 @@ def test_the_stack_runner_names_the_method_and_what_is_wrong():
 
     from trl_credit import CreditResult
     from trl_credit.methods import CreditBatch, get_credit_method
-    from trl_credit.methods.stack import run_stack
 
     mask = torch.ones(2, 3, dtype=torch.bool)
     statistics = {POLICY_LOGPS: torch.zeros(2, 3), POLICY_ENTROPY: torch.zeros(2, 3)}
@@ -400,7 +400,6 @@ def test_loss_weights_handed_to_a_stack_outside_zero_one_are_refused_naming_them
     import dataclasses
 
     from trl_credit.methods import CreditBatch, get_credit_method
-    from trl_credit.methods.stack import run_stack
 
     mask = torch.ones(2, 3, dtype=torch.bool)
     batch = CreditBatch.from_sequence_advantages(torch.tensor([1.0, -1.0]), mask)
@@ -645,3 +644,43 @@ def test_a_list_of_stacks_is_one_stack():
     from trl_credit.methods.registry import parse_credit_methods
 
     assert parse_credit_methods(["eapo+taco", "grpo", "stapo"]) == ("eapo", "taco", "stapo")
+    with pytest.raises(ValueError) as error:
+        parse_credit_methods(["eapo+taco", "taco"])
+    assert str(error.value) == "credit_method lists a method twice: ['eapo+taco', 'taco']"
+
+
+def test_a_hyperparameter_of_another_method_is_named_with_its_owner():
+    from trl_credit.methods.settings import SettingError
+
+    with pytest.raises(SettingError) as error:
+        get_credit_method("taco").hyperparameters({"tide_tau": 1.0})
+    assert str(error.value) == "tide_tau belongs to credit method 'tide', which is not in the stack 'taco'"
+
+
+def test_non_finite_advantages_are_named_with_the_stack_that_reads_them():
+    """Token advantages handed to a stack, and GRPO's own when the stack is empty (`grpo`)."""
+    from trl_credit.methods import apply_credit_method, apply_credit_stack
+
+    mask_BT = torch.ones(2, 3, dtype=torch.bool)
+    statistics = {POLICY_LOGPS: torch.zeros(2, 3), POLICY_ENTROPY: torch.zeros(2, 3)}
+    advantages_BT = torch.tensor([[1.0, float("nan"), 1.0], [1.0, 1.0, 1.0]])
+    with pytest.raises(ValueError) as error:
+        apply_credit_method("taco", torch.ones(2), mask_BT, advantages_BT=advantages_BT, **statistics)
+    assert str(error.value) == "credit method 'taco': advantages_BT has NaN or inf at valid positions (1 of 6 values)"
+    with pytest.raises(ValueError) as error:
+        apply_credit_stack("grpo", torch.tensor([1.0, float("inf")]), mask_BT)
+    assert str(error.value) == "credit method 'grpo': sequence_advantages_B has NaN or inf (1 of 2 values)"
+
+
+def test_the_token_view_shows_the_statistic_of_the_last_method_that_returned_one(credit_method_registry):
+    from trl_credit import CreditResult
+
+    @register_credit_method("registry_test_with_statistic")
+    def with_statistic(batch):
+        return CreditResult(batch.advantages_BT, statistic_BT=torch.full_like(batch.advantages_BT, 7.0))
+
+    register_credit_method("registry_test_without_statistic")(lambda batch: batch.advantages_BT)
+    stack = [credit_method_registry[f"registry_test_with{out}_statistic"] for out in ("", "out")]
+    mask_BT = torch.ones(2, 3, dtype=torch.bool)
+    credit = run_stack(resolve_stack(stack, {}), CreditBatch.from_sequence_advantages(torch.ones(2), mask_BT))
+    torch.testing.assert_close(credit.statistic_BT, torch.full((2, 3), 7.0))

@@ -86,7 +86,7 @@ def checked_batch(steps: Sequence[StackStep], batch: CreditBatch) -> CreditBatch
     finite at valid positions, range) and zeroed at masked positions, where whatever padding holds (even NaN) is
     ignored; an advantage estimator's groups and raw rewards present and finite. Each check runs once for the stage;
     an error names the first method that reads what failed it."""
-    first, mask_BT = steps[0].method.name if steps else "?", batch.mask_BT
+    first, mask_BT = steps[0].method.name if steps else "grpo", batch.mask_BT  # no steps: GRPO's own advantages
     if mask_BT.dim() != 2 or mask_BT.dtype != torch.bool:
         got = f"{mask_BT.dtype} of shape {tuple(mask_BT.shape)}"
         raise ValueError(f"credit method {first!r}: mask_BT must be a (B, T) bool tensor, got {got}")
