@@ -599,6 +599,12 @@ def test_a_hyperparameter_outside_a_stack_is_named_with_the_stack():
     with pytest.raises(SettingError) as unknown:
         resolve_stack(stack, {"taco_alpah": 1.0})
     assert "is not a hyperparameter of 'eapo+taco'; did you mean 'taco_alpha' or " in str(unknown.value)
+    with pytest.raises(SettingError) as unlike:
+        resolve_stack(stack[1:], {"zzz": 1.0})
+    assert str(unlike.value) == "zzz is not a hyperparameter of 'taco'; it has ['taco_alpha', 'taco_lambda']"
+    with pytest.raises(SettingError) as of_grpo:
+        resolve_stack([], {"zzz": 1.0})
+    assert str(of_grpo.value) == "zzz is not a hyperparameter of 'grpo'; it has none"
 
 
 def test_an_advantage_estimator_on_tensors_reads_integer_rewards_as_float(credit_method_registry):
@@ -620,6 +626,15 @@ def test_an_advantage_estimator_on_tensors_reads_integer_rewards_as_float(credit
             "registry_test_centred", None, mask_BT, rewards_B=torch.ones(3), group_index_B=torch.tensor([0, 0])
         )
     assert str(error.value) == "credit method 'registry_test_centred': rewards_B must have shape (2,), got (3,)"
+    with pytest.raises(ValueError) as error:
+        apply_credit_method(
+            "registry_test_centred",
+            None,
+            mask_BT,
+            rewards_B=torch.tensor([1.0, torch.nan]),
+            group_index_B=torch.zeros(2),
+        )
+    assert str(error.value) == "credit method 'registry_test_centred': rewards_B has NaN or inf (1 of 2 values)"
 
 
 def test_a_method_may_name_its_statistics_by_a_function_of_its_hyperparameters(credit_method_registry):
@@ -684,3 +699,36 @@ def test_the_token_view_shows_the_statistic_of_the_last_method_that_returned_one
     mask_BT = torch.ones(2, 3, dtype=torch.bool)
     credit = run_stack(resolve_stack(stack, {}), CreditBatch.from_sequence_advantages(torch.ones(2), mask_BT))
     torch.testing.assert_close(credit.statistic_BT, torch.full((2, 3), 7.0))
+
+
+def test_a_papers_record_is_its_title_id_and_bibtex():
+    from trl_credit.methods.registry import paper
+
+    assert paper("Some Boost", "2601.00002", "lab2026sb", "A. Author and B. Author") == {
+        "title": "Some Boost",
+        "id": "2601.00002",
+        "citation": "@article{lab2026sb,\n    title        = {{Some Boost}},\n    author       = {A. Author and B. Author},"
+        "\n    year         = 2026,\n    eprint       = {arXiv:2601.00002},\n}",
+    }
+
+
+def test_the_loss_masks_of_a_stack_multiply(credit_method_registry):
+    from trl_credit import CreditResult
+
+    for name in ("registry_test_halves_first", "registry_test_halves_second"):
+        register_credit_method(name, drops_tokens=True)(
+            lambda batch: CreditResult(batch.advantages_BT, loss_mask_BT=torch.full_like(batch.advantages_BT, 0.5))
+        )
+    stack = [credit_method_registry[f"registry_test_halves_{which}"] for which in ("first", "second")]
+    mask_BT = torch.ones(2, 3, dtype=torch.bool)
+    credit = run_stack(resolve_stack(stack, {}), CreditBatch.from_sequence_advantages(torch.ones(2), mask_BT))
+    torch.testing.assert_close(credit.loss_mask_BT, torch.full((2, 3), 0.25))
+
+
+def test_finite_values_whose_sum_overflows_are_finite(credit_method_registry):
+    """The runner's finiteness check sums first; a sum that overflows is checked value by value."""
+    register_credit_method("registry_test_passes_through")(lambda batch: batch.advantages_BT)
+    mask_BT = torch.ones(2, 3, dtype=torch.bool)
+    batch = CreditBatch.from_sequence_advantages(torch.full((2,), 3e38), mask_BT)
+    credit = run_stack(resolve_stack([credit_method_registry["registry_test_passes_through"]], {}), batch)
+    torch.testing.assert_close(credit.batch.advantages_BT, torch.full((2, 3), 3e38))
