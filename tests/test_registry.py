@@ -214,7 +214,7 @@ def test_what_a_method_shows_is_its_display_name_and_its_docstring(credit_method
             advantage, unchanged.
 
             Metrics:
-                first_metric: the first meaning
+                first_metric: the first meaning: a colon inside
                 second_metric: a meaning that runs on
                     over two lines
 
@@ -232,7 +232,7 @@ def test_what_a_method_shows_is_its_display_name_and_its_docstring(credit_method
         "Gives each token its response's advantage, unchanged.",
     )
     assert method.diagnostics == {
-        "first_metric": "the first meaning",
+        "first_metric": "the first meaning: a colon inside",
         "second_metric": "a meaning that runs on over two lines",
     }
     assert method.token_statistic == ("echo", "the advantage itself")
@@ -316,7 +316,10 @@ def test_a_credit_batch_whose_mask_is_not_bool_is_refused():
     statistics = {POLICY_LOGPS: torch.zeros(2, 3), POLICY_ENTROPY: torch.zeros(2, 3)}
     batch = CreditBatch.from_sequence_advantages(torch.ones(2), mask, statistics=statistics)
     taco = get_credit_method("taco")
-    with pytest.raises(ValueError, match=r"^credit method 'taco': mask_BT must be a \(B, T\) bool tensor"):
+    with pytest.raises(
+        ValueError,
+        match=r"^credit method 'taco': mask_BT must be a \(B, T\) bool tensor, got torch.float32 of shape \(2, 3\)$",
+    ):
         run_stack(resolve_stack([taco], {}), dataclasses.replace(batch, mask_BT=mask.float()))
 
 
@@ -662,6 +665,9 @@ def test_a_list_of_stacks_is_one_stack():
     with pytest.raises(ValueError) as error:
         parse_credit_methods(["eapo+taco", "taco"])
     assert str(error.value) == "credit_method lists a method twice: ['eapo+taco', 'taco']"
+    with pytest.raises(ValueError) as error:
+        parse_credit_methods("eapo++taco")
+    assert str(error.value) == "credit_method must name one method or a '+'-separated stack, got 'eapo++taco'"
 
 
 def test_a_hyperparameter_of_another_method_is_named_with_its_owner():
@@ -732,3 +738,25 @@ def test_finite_values_whose_sum_overflows_are_finite(credit_method_registry):
     batch = CreditBatch.from_sequence_advantages(torch.full((2,), 3e38), mask_BT)
     credit = run_stack(resolve_stack([credit_method_registry["registry_test_passes_through"]], {}), batch)
     torch.testing.assert_close(credit.batch.advantages_BT, torch.full((2, 3), 3e38))
+
+
+def test_a_hyperparameter_named_like_a_batch_field_is_refused(credit_method_registry):
+    import dataclasses
+
+    @dataclasses.dataclass
+    class VocabArguments:
+        vocab_size: int = dataclasses.field(default=3, metadata={"help": "shadows CreditBatch.vocab_size"})
+
+    with pytest.raises(ValueError) as error:
+        register_credit_method("vocab", arguments=VocabArguments)
+    assert str(error.value) == "credit method 'vocab': hyperparameter 'vocab_size' is a field of CreditBatch"
+
+
+def test_what_a_method_returns_at_masked_positions_is_zeroed(credit_method_registry):
+    """The next method, and the loss, take the returned advantages as they are: padding must hold zeros."""
+    register_credit_method("registry_test_fills_padding")(lambda batch: torch.ones_like(batch.advantages_BT))
+    mask_BT = torch.tensor([[True, True, False], [True, False, False]])
+    method = credit_method_registry["registry_test_fills_padding"]
+    credit = run_stack(resolve_stack([method], {}), CreditBatch.from_sequence_advantages(torch.ones(2), mask_BT))
+    torch.testing.assert_close(credit.batch.advantages_BT, mask_BT.float())
+    torch.testing.assert_close(credit.results[0][2].advantages_BT, mask_BT.float())
