@@ -3,6 +3,7 @@ shape, and a registration lives as long as the test that made it."""
 
 import ast
 import collections
+import dataclasses
 import importlib
 from pathlib import Path
 
@@ -110,7 +111,6 @@ def test_no_two_settings_of_a_method_share_a_mutable_default(name):
 def test_a_hyperparameter_declares_its_default_its_help_and_its_choices():
     """`hyperparameter` as a user's method file calls it (the built-in methods call it at import, before a test can
     switch a mutant on): the default, the help and the choices in the field's metadata, a list copied per instance."""
-    import dataclasses
 
     from trl_credit.methods import hyperparameter
 
@@ -308,7 +308,6 @@ def test_the_labs_statistic_lives_with_the_lab():
 
 def test_a_credit_batch_whose_mask_is_not_bool_is_refused():
     """The stack runner's own check of what the trainer hands it (the tensor entry points convert the mask first)."""
-    import dataclasses
 
     from trl_credit.methods import CreditBatch, get_credit_method
 
@@ -342,7 +341,6 @@ def test_a_loss_mask_outside_zero_one_is_refused_naming_its_method():
 def test_the_stack_runner_names_the_method_and_what_is_wrong():
     """What the runner refuses, each message naming the method: a statistic the batch lacks, non-finite sequence
     advantages, non-finite returned advantages."""
-    import dataclasses
 
     from trl_credit import CreditResult
     from trl_credit.methods import CreditBatch, get_credit_method
@@ -400,7 +398,6 @@ def test_every_statistic_range_holds_zero():
 
 
 def test_loss_weights_handed_to_a_stack_outside_zero_one_are_refused_naming_them():
-    import dataclasses
 
     from trl_credit.methods import CreditBatch, get_credit_method
 
@@ -528,7 +525,6 @@ def test_sequence_advantages_spread_on_the_valid_tokens_and_token_advantages_pas
 def test_the_next_method_of_a_stack_sees_the_weights_multiplied_and_the_dropped_tokens_zeroed():
     """`followed_by`, worked by hand: an earlier method's soft loss weight (0.5) times the next result's loss mask; a
     token whose weight reaches 0 leaves the mask, and its advantage and every statistic are 0 there."""
-    import dataclasses
 
     from trl_credit.methods import CreditBatch, CreditResult
 
@@ -641,7 +637,6 @@ def test_an_advantage_estimator_on_tensors_reads_integer_rewards_as_float(credit
 
 
 def test_a_method_may_name_its_statistics_by_a_function_of_its_hyperparameters(credit_method_registry):
-    import dataclasses
 
     @dataclasses.dataclass
     class EitherArguments:
@@ -741,7 +736,6 @@ def test_finite_values_whose_sum_overflows_are_finite(credit_method_registry):
 
 
 def test_a_hyperparameter_named_like_a_batch_field_is_refused(credit_method_registry):
-    import dataclasses
 
     @dataclasses.dataclass
     class VocabArguments:
@@ -760,3 +754,32 @@ def test_what_a_method_returns_at_masked_positions_is_zeroed(credit_method_regis
     credit = run_stack(resolve_stack([method], {}), CreditBatch.from_sequence_advantages(torch.ones(2), mask_BT))
     torch.testing.assert_close(credit.batch.advantages_BT, mask_BT.float())
     torch.testing.assert_close(credit.results[0][2].advantages_BT, mask_BT.float())
+
+
+def test_a_misspelt_hyperparameter_is_offered_at_most_three_close_names(credit_method_registry):
+
+    from trl_credit.methods.settings import SettingError
+
+    fields = [(f"registry_test_many_alpha{i}", float, dataclasses.field(default=0.0)) for i in range(5)]
+    arguments = dataclasses.make_dataclass("ManyArguments", fields)
+    register_credit_method("registry_test_many", arguments=arguments)(lambda batch, **values: batch.advantages_BT)
+    with pytest.raises(SettingError) as error:
+        credit_method_registry["registry_test_many"].hyperparameters({"registry_test_many_alpha": 1.0})
+    offered = str(error.value).partition("; did you mean ")[2]
+    assert offered.count(" or ") == 2 and offered.count("'registry_test_many_alpha") == 3
+
+
+def test_a_method_name_that_is_not_an_identifier_is_refused():
+    with pytest.raises(ValueError) as error:
+        register_credit_method("my+method")
+    assert str(error.value) == "credit method names must be Python identifiers (they prefix metrics), got 'my+method'"
+
+
+def test_a_method_is_handed_token_advantages_zeroed_at_masked_positions(credit_method_registry):
+    register_credit_method("registry_test_passes_on")(lambda batch: batch.advantages_BT)
+    mask_BT = torch.tensor([[True, False], [True, True]])
+    given_BT = torch.tensor([[1.0, float("nan")], [2.0, 3.0]])
+    batch = CreditBatch.from_sequence_advantages(torch.ones(2), mask_BT)
+    batch = dataclasses.replace(batch, advantages_BT=given_BT)
+    credit = run_stack(resolve_stack([credit_method_registry["registry_test_passes_on"]], {}), batch)
+    torch.testing.assert_close(credit.results[0][1].advantages_BT, torch.tensor([[1.0, 0.0], [2.0, 3.0]]))
