@@ -634,6 +634,12 @@ def test_an_advantage_estimator_on_tensors_reads_integer_rewards_as_float(credit
             group_index_B=torch.zeros(2),
         )
     assert str(error.value) == "credit method 'registry_test_centred': rewards_B has NaN or inf (1 of 2 values)"
+    with pytest.raises(ValueError) as error:
+        apply_credit_method("registry_test_centred", None, mask_BT, group_index_B=torch.tensor([0, 0]))
+    assert str(error.value) == (
+        "credit method 'registry_test_centred' estimates advantages from the groups and raw rewards: the batch must "
+        "carry rewards_B of shape (2,), got None"
+    )
 
 
 def test_a_method_may_name_its_statistics_by_a_function_of_its_hyperparameters(credit_method_registry):
