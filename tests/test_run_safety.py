@@ -8,6 +8,7 @@ held by another process is held by a real one, spawned by the test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -530,3 +531,22 @@ def test_a_sharded_parameter_is_checked_through_the_shard_this_process_holds():
     assert run_safety._local(partitioned) is shard
     plain = torch.nn.Parameter(torch.ones(2))
     assert run_safety._local(plain) is plain
+
+
+@dataclasses.dataclass
+class OptimizerSettings:
+    """The optimizer's settings as `TrainingArguments` holds them, and nothing else."""
+
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+
+
+def test_an_optimizer_setting_beyond_the_weights_dtype_is_named_with_that_dtype():
+    """A finite learning rate of 1e5 is beyond float16, whose largest value is 65504: it alone is named."""
+    beyond = run_safety._update_suspects(OptimizerSettings(learning_rate=1e5), torch.float16)
+    assert beyond == ["learning_rate=100000 (beyond float16)"]
+    within = run_safety._update_suspects(OptimizerSettings(learning_rate=1e5), torch.float32)
+    assert within == ["learning_rate=100000, weight_decay=0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-08"]
