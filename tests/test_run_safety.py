@@ -550,3 +550,21 @@ def test_an_optimizer_setting_beyond_the_weights_dtype_is_named_with_that_dtype(
     assert beyond == ["learning_rate=100000 (beyond float16)"]
     within = run_safety._update_suspects(OptimizerSettings(learning_rate=1e5), torch.float32)
     assert within == ["learning_rate=100000, weight_decay=0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-08"]
+
+
+def test_a_non_finite_element_of_a_list_setting_names_the_whole_list():
+    @dataclasses.dataclass
+    class WeightedRewards:
+        reward_weights: list = dataclasses.field(default_factory=lambda: [1.0, math.nan])
+        learning_rate: float = 1e-5
+
+    assert run_safety.non_finite_settings(WeightedRewards()) == ["reward_weights=[1.0, nan]"]
+
+
+def test_the_last_checkpoint_is_the_latest_checkpoint_folder_up_to_the_step(tmp_path):
+    for name in ("checkpoint-2", "checkpoint-5", "checkpoint-best"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint-3").write_text("a file, not a checkpoint")
+    assert run_safety.last_checkpoint(tmp_path, 4) == str(tmp_path / "checkpoint-2")
+    assert run_safety.last_checkpoint(tmp_path, 5) == str(tmp_path / "checkpoint-5")
+    assert run_safety.last_checkpoint(tmp_path, 1) is None
