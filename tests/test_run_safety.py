@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -110,8 +111,6 @@ def test_a_gradient_sharded_by_fsdp2_is_checked_on_this_processs_shard(tmp_path)
     """FSDP2 keeps parameters and gradients as DTensors: the guard reads this process's shard as a plain tensor, so
     that its checks are local and one reduction of the flags is the only collective (a DTensor's own `aminmax` would
     be one per parameter). One process, in a gloo group of its own."""
-    from types import SimpleNamespace
-
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -216,6 +215,7 @@ def test_grpo_stops_at_a_non_finite_step_exits_1_and_saves_no_final_model_or_car
 
 HOLDER = """
 import sys
+from types import SimpleNamespace
 from trl_credit.trainer.run_folder import run_folder_lock
 with run_folder_lock(sys.argv[1]):
     print("held", flush=True)
@@ -535,8 +535,9 @@ def test_a_sharded_parameter_is_checked_through_the_shard_this_process_holds():
 
 @dataclasses.dataclass
 class OptimizerSettings:
-    """The optimizer's settings as `TrainingArguments` holds them, and nothing else."""
+    """The optimizer's settings as `TrainingArguments` holds them, and the output folder the guard names."""
 
+    output_dir: str = "."
     learning_rate: float = 1e-5
     weight_decay: float = 0.0
     adam_beta1: float = 0.9
@@ -568,3 +569,17 @@ def test_the_last_checkpoint_is_the_latest_checkpoint_folder_up_to_the_step(tmp_
     assert run_safety.last_checkpoint(tmp_path, 4) == str(tmp_path / "checkpoint-2")
     assert run_safety.last_checkpoint(tmp_path, 5) == str(tmp_path / "checkpoint-5")
     assert run_safety.last_checkpoint(tmp_path, 1) is None
+
+
+def test_an_update_made_non_finite_names_the_settings_beyond_the_weights_own_dtype(tmp_path):
+    """The guard reads the dtype of the weights it checks: a learning rate within float32 but beyond float16 is the
+    likely cause for float16 weights."""
+    model = torch.nn.Linear(2, 2).half()
+    model.weight.data[0, 0] = math.inf
+    # accelerate's Accelerator as the guard uses it, on one process: its device and its sum over processes.
+    one_process = SimpleNamespace(device=torch.device("cpu"), reduce=lambda tensor, reduction: tensor)
+    guard = run_safety.NonFiniteGuard(one_process)
+    args = OptimizerSettings(learning_rate=1e5, output_dir=str(tmp_path))
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        guard.on_optimizer_step(args, SimpleNamespace(global_step=0), None, model=model)
+    assert "(likely cause: learning_rate=100000 (beyond float16))" in str(raised.value)
