@@ -561,6 +561,12 @@ def test_a_non_finite_element_of_a_list_setting_names_the_whole_list():
 
     assert run_safety.non_finite_settings(WeightedRewards()) == ["reward_weights=[1.0, nan]"]
 
+    @dataclasses.dataclass
+    class WithMethodSettings:
+        credit_kwargs: dict = dataclasses.field(default_factory=lambda: {"taco_alpha": math.inf, "taco_lambda": 0.9})
+
+    assert run_safety.non_finite_settings(WithMethodSettings()) == ["taco_alpha=inf"]
+
 
 def test_the_last_checkpoint_is_the_latest_checkpoint_folder_up_to_the_step(tmp_path):
     for name in ("checkpoint-2", "checkpoint-5", "checkpoint-best"):
@@ -583,3 +589,7 @@ def test_an_update_made_non_finite_names_the_settings_beyond_the_weights_own_dty
     with pytest.raises(NonFiniteTrainingError) as raised:
         guard.on_optimizer_step(args, SimpleNamespace(global_step=0), None, model=model)
     assert "(likely cause: learning_rate=100000 (beyond float16))" in str(raised.value)
+    args = OptimizerSettings(learning_rate=math.nan, weight_decay=math.inf, output_dir=str(tmp_path))
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        guard.on_optimizer_step(args, SimpleNamespace(global_step=0), None, model=model)
+    assert "(likely cause: learning_rate=nan or weight_decay=inf)" in str(raised.value)
