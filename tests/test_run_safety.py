@@ -551,6 +551,8 @@ def test_an_optimizer_setting_beyond_the_weights_dtype_is_named_with_that_dtype(
     assert beyond == ["learning_rate=100000 (beyond float16)"]
     within = run_safety._update_suspects(OptimizerSettings(learning_rate=1e5), torch.float32)
     assert within == ["learning_rate=100000, weight_decay=0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-08"]
+    largest = run_safety._update_suspects(OptimizerSettings(learning_rate=65504.0), torch.float16)
+    assert largest == ["learning_rate=65504, weight_decay=0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-08"]
 
 
 def test_a_non_finite_element_of_a_list_setting_names_the_whole_list():

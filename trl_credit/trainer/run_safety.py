@@ -48,17 +48,18 @@ def _local(parameter: torch.Tensor) -> torch.Tensor:
     return local.to_local() if isinstance(local, DTensor) else local
 
 
-def _setting(name: str, value) -> str:
-    return f"{name}={value!r}" if isinstance(value, str) else f"{name}={value:g}"
+def _setting(name: str, value: float) -> str:
+    return f"{name}={value:g}"
 
 
-def _not_finite(args, names, dtype: torch.dtype = torch.float32) -> list[str]:
-    """The settings among `names` that are not finite, or beyond the range of the weights' `dtype`."""
+def _beyond(args, names, dtype: torch.dtype) -> list[str]:
+    """The settings among `names` beyond the range of the weights' `dtype` (finite: `non_finite_settings` names any
+    that is not)."""
     largest = torch.finfo(dtype).max
     return [
-        _setting(name, value) + ("" if not math.isfinite(value) else f" (beyond {str(dtype).removeprefix('torch.')})")
+        f"{_setting(name, getattr(args, name))} (beyond {str(dtype).removeprefix('torch.')})"
         for name in names
-        if not math.isfinite(value := getattr(args, name)) or abs(value) > largest
+        if abs(getattr(args, name)) > largest
     ]
 
 
@@ -79,7 +80,7 @@ def non_finite_settings(args) -> list[str]:
 
 def _update_suspects(args, dtype: torch.dtype) -> list[str]:
     """The settings that likely made an update non-finite: any that is not finite, else the optimizer's."""
-    suspects = non_finite_settings(args) or _not_finite(args, OPTIMIZER_SETTINGS, dtype)
+    suspects = non_finite_settings(args) or _beyond(args, OPTIMIZER_SETTINGS, dtype)
     if not suspects and args.learning_rate * args.weight_decay > 1:  # decoupled decay scales by 1 - lr x wd
         suspects = [
             f"{_setting('weight_decay', args.weight_decay)} with {_setting('learning_rate', args.learning_rate)} "
