@@ -595,3 +595,15 @@ def test_an_update_made_non_finite_names_the_settings_beyond_the_weights_own_dty
     with pytest.raises(NonFiniteTrainingError) as raised:
         guard.on_optimizer_step(args, SimpleNamespace(global_step=0), None, model=model)
     assert "(likely cause: learning_rate=nan or weight_decay=inf)" in str(raised.value)
+
+
+def test_infinite_rewards_of_two_functions_name_both(tmp_path):
+    one_process = SimpleNamespace(device=torch.device("cpu"), reduce=lambda tensor, reduction: tensor)
+    guard = run_safety.NonFiniteGuard(one_process)
+    guard.saw_rewards(torch.tensor([[math.inf, 1.0, -math.inf], [0.0, 1.0, 0.0]]), ["accuracy", "format", "length"])
+    with pytest.raises(NonFiniteTrainingError) as raised:
+        guard.on_pre_optimizer_step(OptimizerSettings(output_dir=str(tmp_path)), SimpleNamespace(global_step=4), None)
+    assert str(raised.value) == (
+        "step 5: the rewards of accuracy, length are not finite (likely cause: accuracy returning inf or length "
+        "returning inf); training stopped before saving step 5; no checkpoint was saved"
+    )
