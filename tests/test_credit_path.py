@@ -800,14 +800,17 @@ def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(t
 def test_the_token_credit_log_changes_no_logged_credit_metric(tmp_path):
     """The preview credits a few rows of the batch as the training forward will, without logging their metrics: a
     run with the log and the same run without it log the same (the forwards are counted apart)."""
-    logged = []
+    logged, forwards = [], []
     for log_token_credit in (False, True):
         output_dir = tmp_path / str(log_token_credit)
         trainer = _trainer("taco", output_dir, max_steps=1, log_token_credit=log_token_credit, token_credit_samples=2)
         trainer.train()
         [entry] = [entry for entry in trainer.state.log_history if "loss" in entry]
         logged.append({k: v for k, v in entry.items() if k != "step_time" and "forwards" not in k})
+        forwards.append({k: v for k, v in entry.items() if "forwards" in k})
     assert "taco/tail_fraction" in logged[0] and logged[0] == logged[1]
+    assert forwards[0] == {"credit/extra_forwards": 0}
+    assert forwards[1]["credit/extra_forwards"] == 0 and forwards[1]["credit/token_credit_log_forwards"] > 0
 
 
 def test_two_stacked_methods_that_drop_tokens_in_the_training_forward_are_named_in_one_warning(tmp_path):
