@@ -551,6 +551,10 @@ def test_an_optimizer_setting_beyond_the_weights_dtype_is_named_with_that_dtype(
     assert beyond == ["learning_rate=100000 (beyond float16)"]
     within = run_safety._update_suspects(OptimizerSettings(learning_rate=1e5), torch.float32)
     assert within == ["learning_rate=100000, weight_decay=0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-08"]
+    decay = run_safety._update_suspects(OptimizerSettings(learning_rate=1.0, weight_decay=1.5), torch.float32)
+    assert decay == [
+        "weight_decay=1.5 with learning_rate=1 (each update scales the weights by 1 - learning_rate x weight_decay)"
+    ]
     largest = run_safety._update_suspects(OptimizerSettings(learning_rate=65504.0), torch.float16)
     assert largest == ["learning_rate=65504, weight_decay=0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-08"]
 
@@ -582,7 +586,7 @@ def test_the_last_checkpoint_is_the_latest_checkpoint_folder_up_to_the_step(tmp_
 def test_an_update_made_non_finite_names_the_settings_beyond_the_weights_own_dtype(tmp_path):
     """The guard reads the dtype of the weights it checks: a learning rate within float32 but beyond float16 is the
     likely cause for float16 weights."""
-    model = torch.nn.Linear(2, 2).half()
+    model = torch.nn.Linear(2, 2, bias=False).half()  # one weight tensor: the dtype is its own
     model.weight.data[0, 0] = math.inf
     # accelerate's Accelerator as the guard uses it, on one process: its device and its sum over processes.
     one_process = SimpleNamespace(device=torch.device("cpu"), reduce=lambda tensor, reduction: tensor)
