@@ -611,3 +611,19 @@ def test_infinite_rewards_of_two_functions_name_both(tmp_path):
         "step 5: the rewards of accuracy, length are not finite (likely cause: accuracy returning inf or length "
         "returning inf); training stopped before saving step 5; no checkpoint was saved"
     )
+
+
+def test_a_non_finite_loss_of_any_micro_batch_of_a_step_stops_it(tmp_path):
+    """Under gradient accumulation the guard sees each micro-batch's loss: the first one's NaN is not hidden by the
+    finite loss of the last."""
+    one_process = SimpleNamespace(device=torch.device("cpu"), reduce=lambda tensor, reduction: tensor)
+    guard = run_safety.NonFiniteGuard(one_process)
+    guard.saw_loss(torch.tensor(math.nan))
+    guard.saw_loss(torch.tensor(0.5))
+    with pytest.raises(NonFiniteTrainingError, match="^step 1: the loss is not finite"):
+        guard.on_pre_optimizer_step(
+            OptimizerSettings(output_dir=str(tmp_path)),
+            SimpleNamespace(global_step=0),
+            None,
+            model=torch.nn.Linear(2, 2),
+        )
