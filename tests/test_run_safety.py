@@ -107,6 +107,13 @@ def test_a_nan_loss_or_gradient_stops_at_its_step_before_the_update_keeping_the_
         assert torch.isfinite(saved[name]).all() and torch.equal(value, saved[name]), name
 
 
+def _guard_on_one_process() -> run_safety.NonFiniteGuard:
+    """The guard with accelerate's Accelerator as it uses it, on one process: its device and its sum over processes."""
+    return run_safety.NonFiniteGuard(
+        SimpleNamespace(device=torch.device("cpu"), reduce=lambda flags, reduction: flags)
+    )
+
+
 def test_a_gradient_sharded_by_fsdp2_is_checked_on_this_processs_shard(tmp_path):
     """FSDP2 keeps parameters and gradients as DTensors: the guard reads this process's shard as a plain tensor, so
     that its checks are local and one reduction of the flags is the only collective (a DTensor's own `aminmax` would
@@ -125,8 +132,7 @@ def test_a_gradient_sharded_by_fsdp2_is_checked_on_this_processs_shard(tmp_path)
         model.weight.grad = distribute_tensor(gradient, mesh, [Shard(0)])
         shard = run_safety._local(model.weight.grad)
         assert type(shard) is torch.Tensor and torch.equal(shard.isnan(), gradient.isnan())
-        one_process = SimpleNamespace(device=torch.device("cpu"), reduce=lambda flags, reduction: flags)
-        guard = run_safety.NonFiniteGuard(one_process)
+        guard = _guard_on_one_process()
         with pytest.raises(NonFiniteTrainingError, match="the gradient norm is not finite"):
             guard.on_pre_optimizer_step(tiny_config("grpo", tmp_path), TrainerState(), None, model=model)
     finally:
@@ -588,9 +594,7 @@ def test_an_update_made_non_finite_names_the_settings_beyond_the_weights_own_dty
     likely cause for float16 weights."""
     model = torch.nn.Linear(2, 2, bias=False).half()  # one weight tensor: the dtype is its own
     model.weight.data[0, 0] = math.inf
-    # accelerate's Accelerator as the guard uses it, on one process: its device and its sum over processes.
-    one_process = SimpleNamespace(device=torch.device("cpu"), reduce=lambda tensor, reduction: tensor)
-    guard = run_safety.NonFiniteGuard(one_process)
+    guard = _guard_on_one_process()
     args = OptimizerSettings(learning_rate=1e5, output_dir=str(tmp_path))
     with pytest.raises(NonFiniteTrainingError) as raised:
         guard.on_optimizer_step(args, SimpleNamespace(global_step=0), None, model=model)
@@ -602,8 +606,7 @@ def test_an_update_made_non_finite_names_the_settings_beyond_the_weights_own_dty
 
 
 def test_infinite_rewards_of_two_functions_name_both(tmp_path):
-    one_process = SimpleNamespace(device=torch.device("cpu"), reduce=lambda tensor, reduction: tensor)
-    guard = run_safety.NonFiniteGuard(one_process)
+    guard = _guard_on_one_process()
     guard.saw_rewards(torch.tensor([[math.inf, 1.0, -math.inf], [0.0, 1.0, 0.0]]), ["accuracy", "format", "length"])
     with pytest.raises(NonFiniteTrainingError) as raised:
         guard.on_pre_optimizer_step(OptimizerSettings(output_dir=str(tmp_path)), SimpleNamespace(global_step=4), None)
@@ -616,8 +619,7 @@ def test_infinite_rewards_of_two_functions_name_both(tmp_path):
 def test_a_non_finite_loss_of_any_micro_batch_of_a_step_stops_it(tmp_path):
     """Under gradient accumulation the guard sees each micro-batch's loss: the first one's NaN is not hidden by the
     finite loss of the last."""
-    one_process = SimpleNamespace(device=torch.device("cpu"), reduce=lambda tensor, reduction: tensor)
-    guard = run_safety.NonFiniteGuard(one_process)
+    guard = _guard_on_one_process()
     guard.saw_loss(torch.tensor(math.nan))
     guard.saw_loss(torch.tensor(0.5))
     with pytest.raises(NonFiniteTrainingError, match="^step 1: the loss is not finite"):
