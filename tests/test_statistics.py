@@ -45,6 +45,11 @@ def test_bad_chunk_size_is_rejected():
         hellinger_and_entropy(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(4, 3), vocab_chunk_size=0)
 
 
+def test_hidden_states_of_two_shapes_are_rejected_naming_both():
+    with pytest.raises(ValueError, match=r"^hidden_NH \(2, 3\) and ref_hidden_NH \(3, 3\) differ$"):
+        hellinger_and_entropy(torch.zeros(2, 3), torch.zeros(3, 3), torch.zeros(4, 3))
+
+
 @pytest.mark.parametrize("token_chunk,vocab_chunk", [(4096, 100_000), (7, 3000), (64, 1)])
 def test_streamed_edge_chunks_low_precision_heads_and_both_biases(token_chunk, vocab_chunk):
     g = torch.Generator().manual_seed(1)
