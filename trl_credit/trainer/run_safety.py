@@ -136,9 +136,8 @@ class NonFiniteGuard(TrainerCallback):
         weights = [_local(p) for p in _trainable(model)]
         weights_finite = _all_finite(weights, self.accelerator.device)
         (weights_bad,) = self._on_any_process(~weights_finite.unsqueeze(0))
-        if weights_bad:
-            dtype = weights[0].dtype if weights else torch.float32
-            self._stop(args, state, "the weights after the update are", _update_suspects(args, dtype))
+        if weights_bad:  # so `weights` is not empty: every process lists the same trainable parameters
+            self._stop(args, state, "the weights after the update are", _update_suspects(args, weights[0].dtype))
 
     def _on_any_process(self, flags_F: torch.Tensor) -> list[bool]:
         """Each flag, true when it is true on any process: every process stops at the same step."""
