@@ -36,7 +36,8 @@ def test_identical_models_have_zero_deviation_and_extreme_logits_stay_finite():
     hidden = torch.randn(10, 8) * 100  # very peaked distributions
     weight = torch.randn(500, 8)
     deviation, entropy = hellinger_and_entropy(hidden, hidden, weight, vocab_chunk_size=64)
-    assert deviation.abs().max() < 1e-5
+    # Rounding puts the Bhattacharyya coefficient on either side of 1; a squared distance is never below 0.
+    assert (deviation >= 0).all() and deviation.max() < 1e-5
     assert torch.isfinite(entropy).all() and (entropy >= 0).all()
 
 
