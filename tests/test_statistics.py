@@ -77,6 +77,22 @@ def test_streamed_edge_chunks_low_precision_heads_and_both_biases(token_chunk, v
     assert streamed[0].mean() > 0.5
 
 
+def test_a_reference_with_its_own_logit_transform_is_streamed_with_that_transform():
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(40, 16, generator=g) * 3
+    weight = torch.randn(700, 16, generator=g)
+    policy, reference = LogitTransform(), LogitTransform(scale=0.5, softcap=2.0)
+    streamed = hellinger_and_entropy(
+        hidden, hidden, weight, temperature=0.7, vocab_chunk_size=128, transform=policy, ref_transform=reference
+    )
+    naive = hellinger_and_entropy_naive(
+        hidden, hidden, weight, temperature=0.7, transform=policy, ref_transform=reference
+    )
+    for got, want in zip(streamed, naive):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert streamed[0].mean() > 0.05  # the same hidden states: only the transforms differ
+
+
 def test_streamed_matches_float64():
     g = torch.Generator().manual_seed(2)
     hidden = torch.randn(40, 32, generator=g)
