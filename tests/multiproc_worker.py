@@ -401,3 +401,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # A gloo group still alive at interpreter shutdown can abort the process after every case passed ("terminate
+    # called without an active exception", pytorch#190489); the CLI ends its trainer the same way.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import tiny_recipe
 from fake_runs import fake_token_credit_records, folder_files, write_fake_trainer_state
@@ -598,7 +599,15 @@ def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
         max_steps=2,
         log_token_credit=True,
     )
-    assert cli_main(["grpo", "--config", str(recipe), "--taco_lambda", "0.5"]) == 0
+    # A process group of one, as a launcher would have made: the run ends it, as `trl grpo` does (`Trainer.end`), so
+    # that no gloo thread outlives it into interpreter shutdown.
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        assert cli_main(["grpo", "--config", str(recipe), "--taco_lambda", "0.5"]) == 0
+        assert not torch.distributed.is_initialized()
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
     produced = {p.name for p in output_dir.iterdir()}
     assert {"model.safetensors", "README.md", "plots", "token_credit.jsonl", "trainer_state.json"} <= produced
     assert not [name for name in produced if name.startswith("checkpoint-")]  # save_strategy no, yet the curves:

@@ -290,6 +290,10 @@ def train(script_args, training_args, model_args, argv: list[str]) -> None:
     trainer.accelerator.print(f"trl-credit: model, model card and plots saved to {training_args.output_dir}")
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=dataset_name)
+    # Finish the trackers and destroy the process group, as `trl grpo` does: a process that exits with its gloo group
+    # alive can abort in interpreter shutdown ("terminate called without an active exception", pytorch#190489).
+    # `Trainer.end` is transformers >= 5.18's; before it, accelerate's `end_training` is what it calls.
+    getattr(trainer, "end", trainer.accelerator.end_training)()
 
 
 def main(argv: list[str] | None = None) -> int:
