@@ -93,6 +93,19 @@ def test_a_reference_with_its_own_logit_transform_is_streamed_with_that_transfor
     assert streamed[0].mean() > 0.05  # the same hidden states: only the transforms differ
 
 
+def test_bf16_hidden_states_and_head_on_cpu_are_multiplied_in_float32():
+    # Off CUDA there is no bf16 x bf16 -> float32 GEMM (`aten::mm.dtype`): the operands are cast first.
+    g = torch.Generator().manual_seed(3)
+    hidden, ref_hidden = (torch.randn(30, 16, generator=g).bfloat16() for _ in range(2))
+    weight, ids = torch.randn(900, 16, generator=g).bfloat16(), torch.randint(0, 900, (30,), generator=g)
+    streamed = hellinger_and_entropy(hidden, ref_hidden, weight, vocab_chunk_size=256)
+    for got, want in zip(streamed, hellinger_and_entropy_naive(hidden, ref_hidden, weight)):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    logps = token_statistics(hidden, weight, ids, vocab_chunk_size=256).logps
+    want = torch.log_softmax(hidden.double() @ weight.double().T, dim=-1).gather(1, ids[:, None]).squeeze(1)
+    torch.testing.assert_close(logps, want.float(), atol=1e-5, rtol=1e-5)
+
+
 def test_streamed_matches_float64():
     g = torch.Generator().manual_seed(2)
     hidden = torch.randn(40, 32, generator=g)
