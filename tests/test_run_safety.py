@@ -561,6 +561,9 @@ def test_an_optimizer_setting_beyond_the_weights_dtype_is_named_with_that_dtype(
     assert decay == [
         "weight_decay=1.5 with learning_rate=1 (each update scales the weights by 1 - learning_rate x weight_decay)"
     ]
+    # A product of exactly 1 zeroes the weights each update instead of overshooting 0: not that suspect.
+    zeroing = run_safety._update_suspects(OptimizerSettings(learning_rate=1.0, weight_decay=1.0), torch.float32)
+    assert zeroing == ["learning_rate=1, weight_decay=1, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-08"]
     largest = run_safety._update_suspects(OptimizerSettings(learning_rate=65504.0), torch.float16)
     assert largest == ["learning_rate=65504, weight_decay=0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-08"]
 
