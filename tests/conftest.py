@@ -119,6 +119,16 @@ def tiny_model_dir(tmp_path, tiny_tokenizer):
     return str(path)
 
 
+@pytest.fixture
+def process_group_of_one():
+    """A gloo process group of this process alone, as a launcher would have made; destroyed after the test unless the
+    code under test destroyed it."""
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 @torch.no_grad()
 def naive_logprobs(model, batch, temperature, dtype=torch.float32):
     """Full-vocabulary log-probs `(B, T, V)` at the completion positions, from the model's own logits (no trainer code).

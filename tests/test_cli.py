@@ -589,7 +589,7 @@ def test_reward_summary_is_honest():
     assert reward_summary(list(reversed(history))).startswith("reward did not improve")
 
 
-def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
+def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir, process_group_of_one):
     data, output_dir = tmp_path / "problems.jsonl", tmp_path / "run"  # where `tiny_recipe` puts them
     recipe = tiny_recipe(
         tmp_path,
@@ -599,15 +599,10 @@ def test_grpo_runs_in_process_from_a_yaml_recipe(tmp_path, tiny_model_dir):
         max_steps=2,
         log_token_credit=True,
     )
-    # A process group of one, as a launcher would have made: the run ends it, as `trl grpo` does (`Trainer.end`), so
-    # that no gloo thread outlives it into interpreter shutdown.
-    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
-    try:
-        assert cli_main(["grpo", "--config", str(recipe), "--taco_lambda", "0.5"]) == 0
-        assert not torch.distributed.is_initialized()
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+    assert cli_main(["grpo", "--config", str(recipe), "--taco_lambda", "0.5"]) == 0
+    # The run ends its process group, as `trl grpo` does (`Trainer.end`): no gloo thread outlives it into interpreter
+    # shutdown.
+    assert not torch.distributed.is_initialized()
     produced = {p.name for p in output_dir.iterdir()}
     assert {"model.safetensors", "README.md", "plots", "token_credit.jsonl", "trainer_state.json"} <= produced
     assert not [name for name in produced if name.startswith("checkpoint-")]  # save_strategy no, yet the curves:

@@ -114,29 +114,24 @@ def _guard_on_one_process() -> run_safety.NonFiniteGuard:
     )
 
 
-def test_a_gradient_sharded_by_fsdp2_is_checked_on_this_processs_shard(tmp_path):
+def test_a_gradient_sharded_by_fsdp2_is_checked_on_this_processs_shard(tmp_path, process_group_of_one):
     """FSDP2 keeps parameters and gradients as DTensors: the guard reads this process's shard as a plain tensor, so
     that its checks are local and one reduction of the flags is the only collective (a DTensor's own `aminmax` would
     be one per parameter). One process, in a gloo group of its own."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
     from transformers import TrainerState
 
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        mesh = init_device_mesh("cpu", (1,))
-        model = torch.nn.Linear(2, 2, bias=False)
-        model.weight = torch.nn.Parameter(distribute_tensor(torch.ones(2, 2), mesh, [Shard(0)]))
-        gradient = torch.tensor([[1.0, 2.0], [float("nan"), 3.0]])
-        model.weight.grad = distribute_tensor(gradient, mesh, [Shard(0)])
-        shard = run_safety._local(model.weight.grad)
-        assert type(shard) is torch.Tensor and torch.equal(shard.isnan(), gradient.isnan())
-        guard = _guard_on_one_process()
-        with pytest.raises(NonFiniteTrainingError, match="the gradient norm is not finite"):
-            guard.on_pre_optimizer_step(tiny_config("grpo", tmp_path), TrainerState(), None, model=model)
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (1,))
+    model = torch.nn.Linear(2, 2, bias=False)
+    model.weight = torch.nn.Parameter(distribute_tensor(torch.ones(2, 2), mesh, [Shard(0)]))
+    gradient = torch.tensor([[1.0, 2.0], [float("nan"), 3.0]])
+    model.weight.grad = distribute_tensor(gradient, mesh, [Shard(0)])
+    shard = run_safety._local(model.weight.grad)
+    assert type(shard) is torch.Tensor and torch.equal(shard.isnan(), gradient.isnan())
+    guard = _guard_on_one_process()
+    with pytest.raises(NonFiniteTrainingError, match="the gradient norm is not finite"):
+        guard.on_pre_optimizer_step(tiny_config("grpo", tmp_path), TrainerState(), None, model=model)
 
 
 def test_a_nan_weight_decay_stops_at_step_1_and_writes_no_checkpoint_of_it(tmp_path):
