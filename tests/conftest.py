@@ -56,6 +56,47 @@ VOCAB_WORDS = (
 )
 
 
+def make_tiny_vision_language_model(seed: int = 0):
+    """A 2-layer random Qwen2-VL in eval mode (text weights drawn with std 0.5): 64 tokens (image 5, vision start 6
+    and end 7, bos 1, eos 2), images of 2 x 2 patches of 3 x 2 x 2 values, each patch one image token."""
+    import transformers
+
+    text = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]},
+        max_position_embeddings=128,
+        initializer_range=0.5,  # peaked next-token distributions, as `make_tiny_model`'s
+    )
+    vision = dict(
+        depth=1,
+        embed_dim=16,
+        hidden_size=32,
+        num_heads=2,
+        in_channels=3,
+        patch_size=2,
+        spatial_merge_size=1,
+        temporal_patch_size=1,
+        mlp_ratio=2,
+    )
+    config = transformers.Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=5,
+        vision_start_token_id=6,
+        vision_end_token_id=7,
+        video_token_id=8,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(seed)
+    return transformers.Qwen2VLForConditionalGeneration(config).eval()
+
+
 def make_tiny_tokenizer():
     """A word-level tokenizer with a chat template, pad and eos tokens (vocabulary ~150)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -78,17 +119,30 @@ def make_tiny_tokenizer():
     return tokenizer
 
 
-def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 16):
-    """A 2-layer random Qwen2 causal LM sized to `tokenizer`.
+# The families TRL trains whose output transform differs, each set far from the identity: Gemma-2's final-logit
+# softcapping, Cohere's `logit_scale`, Granite's `logits_scaling` (`test_architectures.py`).
+TINY_FAMILIES = {
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"final_logit_softcapping": 2.0, "head_dim": 8}),
+    "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.25}),
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {"logit_scale": 0.25, "head_dim": 8}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {"logits_scaling": 4.0}),
+}
+
+
+def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 16, family: str = "qwen2"):
+    """A 2-layer random causal LM of `family` (`TINY_FAMILIES`) sized to `tokenizer`.
 
     Weights are drawn with std 0.5 (not HF's 0.02) so that next-token distributions are peaked and
     varied, like a real model's, instead of uniformly flat: entropy quantiles and deviations then
     carry signal.
     """
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
+    config_name, model_name, extra = TINY_FAMILIES[family]
     torch.manual_seed(seed)
-    config = Qwen2Config(
+    config = getattr(transformers, config_name)(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size,
@@ -101,8 +155,9 @@ def make_tiny_model(tokenizer, seed: int = 0, hidden_size: int = 16):
         bos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
         initializer_range=0.5,
+        **extra,
     )
-    return Qwen2ForCausalLM(config)
+    return getattr(transformers, model_name)(config)
 
 
 @pytest.fixture

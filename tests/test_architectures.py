@@ -16,7 +16,16 @@ import copy
 
 import pytest
 import torch
-from conftest import make_tiny_tokenizer, naive_logprobs, sampled, tiny_config, tiny_trainer
+from conftest import (
+    TINY_FAMILIES,
+    make_tiny_model,
+    make_tiny_tokenizer,
+    make_tiny_vision_language_model,
+    naive_logprobs,
+    sampled,
+    tiny_config,
+    tiny_trainer,
+)
 from reference_formulas import unsampled_statistics
 
 from trl_credit import CreditGRPOTrainer, register_credit_method
@@ -70,39 +79,7 @@ def probe_forward(batch):
     return batch.advantages_BT
 
 
-FAMILIES = ["qwen2", "llama", "gemma2", "cohere", "cohere2", "granite"]
-
-
-def _tiny(family: str, vocab_size: int, pad_id: int, eos_id: int):
-    """A 2-layer random model of `family`, with its output transform set far from the identity."""
-    import transformers
-
-    common = dict(
-        vocab_size=vocab_size,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        pad_token_id=pad_id,
-        eos_token_id=eos_id,
-        bos_token_id=eos_id,
-        tie_word_embeddings=False,
-        initializer_range=0.5,
-    )
-    families = {
-        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
-        "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
-        "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", {"final_logit_softcapping": 2.0, "head_dim": 8}),
-        "cohere": ("CohereConfig", "CohereForCausalLM", {"logit_scale": 0.25}),
-        "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", {"logit_scale": 0.25, "head_dim": 8}),
-        "granite": ("GraniteConfig", "GraniteForCausalLM", {"logits_scaling": 4.0}),
-    }
-    config_name, model_name, extra = families[family]
-    torch.manual_seed(0)
-    config = getattr(transformers, config_name)(**common, **extra)
-    return getattr(transformers, model_name)(config)
+FAMILIES = list(TINY_FAMILIES)
 
 
 def _naive(model, batch, temperature):
@@ -166,7 +143,7 @@ def test_statistics_equal_the_models_own_forward(tmp_path, monkeypatch, family, 
     from trl_credit.trainer import statistics_sources
 
     tokenizer = make_tiny_tokenizer()
-    model = _tiny(family, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    model = make_tiny_model(tokenizer, family=family)
     initial = copy.deepcopy(model).eval()
     args = tiny_config(
         "probe_generation+probe_forward",
@@ -241,7 +218,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     tokenizer = make_tiny_tokenizer()
-    model = _tiny(family, len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    model = make_tiny_model(tokenizer, family=family)
     initial = copy.deepcopy(model).eval()
     off_policy = {"steps_per_generation": 2} if branch == "off_policy" else {}
     args = tiny_config(
@@ -314,46 +291,10 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
 @torch.no_grad()
 def test_deviation_pass_passes_image_inputs_to_a_vision_language_model():
     """The deviation pass calls the backbone with the batch's image inputs, as TRL's fused forward does."""
-    import transformers
-
     from trl_credit.trainer.lm_head_statistics import hellinger_and_entropy
     from trl_credit.trainer.model_parts import final_hidden, full_lm_head, logit_transform
 
-    text = dict(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]},
-        max_position_embeddings=128,
-    )
-    vision = dict(
-        depth=1,
-        embed_dim=16,
-        hidden_size=32,
-        num_heads=2,
-        in_channels=3,
-        patch_size=2,
-        spatial_merge_size=1,
-        temporal_patch_size=1,
-        mlp_ratio=2,
-    )
-    config = transformers.Qwen2VLConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=5,
-        vision_start_token_id=6,
-        vision_end_token_id=7,
-        video_token_id=8,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    policy = transformers.Qwen2VLForConditionalGeneration(config).eval()
-    torch.manual_seed(1)
-    reference = transformers.Qwen2VLForConditionalGeneration(config).eval()
+    policy, reference = make_tiny_vision_language_model(0), make_tiny_vision_language_model(1)
     grid = torch.tensor([[1, 2, 2]])  # one image of 2 x 2 patches -> 4 image tokens
     input_ids = torch.tensor([[9, 6, 5, 5, 5, 5, 7, 10, 11, 12, 13]])
     inputs = dict(
@@ -390,7 +331,7 @@ def test_scoring_forward_is_told_apart_from_trls_peft_reference_forward(tmp_path
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     tokenizer = make_tiny_tokenizer()
-    model = _tiny("qwen2", len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id)
+    model = make_tiny_model(tokenizer)
     # Random B matrices (not LoRA's zeros), so the adapter changes the distribution from the first step.
     lora = peft.LoraConfig(
         r=4,
@@ -420,7 +361,7 @@ def test_scoring_forward_is_told_apart_from_trls_peft_reference_forward(tmp_path
     )
     trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
     # The initial policy, in a model TRL did not patch (a copy of the patched one would call the original's forward).
-    initial = peft.get_peft_model(_tiny("qwen2", len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id), lora)
+    initial = peft.get_peft_model(make_tiny_model(tokenizer), lora)
     initial.load_state_dict(trainer.accelerator.unwrap_model(trainer.model).state_dict())
     initial.eval()
     trl_forwards = []

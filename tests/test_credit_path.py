@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import pytest
 import torch
+import transformers
 import trl
 import trl.trainer.utils as trl_utils
 from conftest import (
@@ -26,6 +28,7 @@ from conftest import (
     length_reward,
     make_tiny_model,
     make_tiny_tokenizer,
+    make_tiny_vision_language_model,
     naive_logprobs,
     on_threads_as_processes,
     sampled,
@@ -41,6 +44,7 @@ from trl import GRPOTrainer
 from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
 from trl_credit.methods import (
     CREDIT_METHODS,
+    GENERATION_STATISTICS,
     PREVIOUS_POLICY_DEVIATION,
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
@@ -119,6 +123,7 @@ TRAINING_FORWARD_METHODS = [
     m for m in PACKAGE_METHODS if CREDIT_METHODS[m].reads_training_forward(CREDIT_METHODS[m].hyperparameters())
 ]
 ROLLOUT_DISTRIBUTION_METHODS = [m for m in PACKAGE_METHODS if _reads(m, ROLLOUT_DISTRIBUTION)]
+GENERATION_STATISTICS_METHODS = [m for m in PACKAGE_METHODS if _reads(m, GENERATION_STATISTICS)]
 
 
 # ------------------------------------------------------------------------------- cross-process reductions
@@ -277,6 +282,24 @@ def test_the_mean_entropy_of_the_generation_batch_counts_every_valid_token_of_ev
         valid_BT = mask_PBT[rank].bool()
         torch.testing.assert_close(statistics[ROLLOUT_ENTROPY], torch.where(valid_BT, entropy_PBT[rank], 0.0))
         torch.testing.assert_close(statistics[ROLLOUT_MEAN_ENTROPY], torch.where(valid_BT, want, 0.0))
+
+
+def test_a_generation_batch_without_a_valid_token_on_any_process_has_no_mean_entropy_to_divide():
+    """Every completion masked on both processes (`mask_truncated_completions` with every completion truncated): the
+    mean over no token is 0 at no position, not a division by zero."""
+
+    def run(rank, accelerator):
+        sources = StatisticsSources()
+        sources.accelerator = accelerator
+        batch = {"completion_ids": torch.zeros(2, 3, dtype=torch.long), "completion_mask": torch.zeros(2, 3)}
+        scoring = ScoringForward(keep_hidden=False)
+        scoring.calls = [(-torch.rand(2, 3), torch.rand(2, 3), None)]
+        batch["old_per_token_logps"] = scoring.calls[0][0]
+        return sources._generation_batch_statistics(batch, (ROLLOUT_MEAN_ENTROPY,), scoring=scoring)
+
+    for statistics in _on_processes(run):
+        assert list(statistics) == [ROLLOUT_MEAN_ENTROPY]
+        assert torch.equal(statistics[ROLLOUT_MEAN_ENTROPY], torch.zeros(2, 3))
 
 
 @pytest.mark.parametrize(
@@ -483,13 +506,14 @@ def test_tide_against_the_previous_policy_is_refused_under_deepspeed_and_fsdp(en
         )
 
 
-@pytest.mark.parametrize("method", ["eapo", "otb", "tide"])
+@pytest.mark.parametrize("method", GENERATION_STATISTICS_METHODS)
 def test_rollout_statistics_read_trls_old_log_prob_forward_without_a_forward_of_their_own(
     monkeypatch, tmp_path, method
 ):
     """With `num_iterations=2` TRL scores each generation batch once more (its old-log-prob forward), and a rollout
-    function like an inference engine's leaves no `generate` to record: EAPO's entropies are that forward's, and
-    OTB's other-token mass and TIDE's policy side are streamed from the final hidden states recorded with it. That
+    function like an inference engine's leaves no `generate` to record: the rollout log-probs (AR-Lopti, Clip-Cov)
+    are that forward's output, EAPO's entropies are recorded from it, and OTB's other-token mass and TIDE's policy
+    side are streamed from the final hidden states recorded with it. That
     forward stays the only no-grad forward of the policy, and `credit/extra_forwards` is 0."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
     trainer = _trainer(method, tmp_path, max_steps=2, num_iterations=2, rollout_func=engine_rollout)
@@ -621,6 +645,55 @@ def test_the_models_inputs_are_prompt_then_completion_with_the_image_inputs_the_
     assert multimodal.keys() == {"pixel_values"} and multimodal["pixel_values"] is batch["pixel_values"]
 
 
+@torch.no_grad()
+def test_the_deviation_pass_over_a_batch_with_images_reads_them_in_one_chunk():
+    """Two rows with an image each, a forward batch size of one: image inputs are not laid out per row, so both rows
+    go through the policy and the reference in one forward with the images, and the deviation and entropy equal those
+    of the models' own logits."""
+    policy, reference = make_tiny_vision_language_model(0), make_tiny_vision_language_model(1)
+    prompt_ids = torch.tensor([[9, 6, 5, 5, 5, 5, 7, 10], [11, 6, 5, 5, 5, 5, 7, 12]])
+    completion_ids = torch.tensor([[13, 14, 15], [16, 17, 2]])
+    batch = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
+        "pixel_values": torch.randn(8, 3 * 2 * 2, generator=torch.Generator().manual_seed(0)),
+        "image_grid_thw": torch.tensor([[1, 2, 2], [1, 2, 2]]),
+        "num_images": [1, 1],
+        # Which positions hold image tokens, over prompt + completion, as TRL's batch carries it for Qwen2-VL.
+        "mm_token_type_ids": (torch.cat([prompt_ids, completion_ids], dim=1) == 5).long(),
+    }
+    sources = StatisticsSources()
+    sources.model, sources.temperature, sources.forward_counts = policy, 0.7, Counter()
+    sources.accelerator = SimpleNamespace(unwrap_model=lambda model: model)
+    sources.args = SimpleNamespace(
+        per_device_eval_batch_size=1,
+        gradient_checkpointing_kwargs=None,
+        statistics_token_chunk_size=4,
+        statistics_vocab_chunk_size=16,
+    )
+    sources.deviation_reference = SimpleNamespace(model_and_context=lambda policy: (reference, nullcontext()))
+    deviation_BT, entropy_BT = sources._deviation_and_entropy(batch)
+
+    images = {key: batch[key] for key in ("pixel_values", "image_grid_thw", "mm_token_type_ids")}
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    scored = slice(prompt_ids.size(1) - 1, -1)
+    logp_BTV, logq_BTV = (
+        torch.log_softmax(
+            model(input_ids, attention_mask=attention_mask, **images).logits[:, scored].double() / 0.7, -1
+        )
+        for model in (policy, reference)
+    )
+    valid_BT = batch["completion_mask"].bool()
+    want_deviation_BT = (1 - torch.exp(0.5 * (logp_BTV + logq_BTV)).sum(-1)).clamp(0, 1)
+    want_entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
+    torch.testing.assert_close(deviation_BT.double(), torch.where(valid_BT, want_deviation_BT, 0.0), atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy_BT.double(), torch.where(valid_BT, want_entropy_BT, 0.0), atol=1e-5, rtol=0)
+    assert want_deviation_BT[valid_BT].min() > 0.01  # distinct models: the comparison is not trivial
+
+
 def test_trl_1_15s_fused_head_fallback_scores_as_the_models_own_logits(tmp_path):
     """The fallback `torch_fused_head` routes TRL 1.15's fused head through (exercised here on any release): TRL's
     scoring forward inside it gives the log-probs and entropies of the model's own full-vocabulary logits, and, on a
@@ -710,6 +783,94 @@ def test_a_forward_trl_ran_is_the_source_of_the_rollout_statistics(monkeypatch, 
     assert recorder.checked_batches == steps
     recorder.assert_credit_moved()
     assert _logged(trainer, "credit/extra_forwards") == [0] * steps
+
+
+@pytest.mark.parametrize("method", GENERATION_STATISTICS_METHODS)
+def test_without_a_forward_trl_ran_the_rollout_statistics_take_one_policy_forward(monkeypatch, tmp_path, method):
+    """Completions from an inference engine and one step per generation batch: TRL neither decodes nor scores the
+    batch with the policy (no old log-probs either), so the statistics run one no-grad forward of it (whose final
+    hidden states give OTB's other-token mass and TIDE's policy side), count it, and equal the plain recomputation
+    (the recorder)."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
+    trainer, recorder = _checked_run(
+        monkeypatch, tmp_path, method, max_steps=2, rollout_func=make_rollout_func(6, 0.0, True)
+    )
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()
+    assert _logged(trainer, "credit/extra_forwards") == [1, 1]
+
+
+class _BiasedHeadQwen2(transformers.Qwen2ForCausalLM):
+    """The tiny model's family with a bias in its LM head (a class of its own, so that a copy has one too)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+
+
+def _model_with_head(tokenizer, head: str):
+    """The tiny model with an LM head whose scores are not `W h`: a bias (as Phi's), or a family's output transform."""
+    if head != "bias":
+        return make_tiny_model(tokenizer, family=head)
+    unbiased = make_tiny_model(tokenizer)
+    model = _BiasedHeadQwen2(unbiased.config)
+    model.load_state_dict(unbiased.state_dict(), strict=False)
+    with torch.no_grad():
+        model.lm_head.bias.copy_(torch.randn(len(tokenizer), generator=torch.Generator().manual_seed(0)))
+    return model
+
+
+@pytest.mark.parametrize("head", ["bias", "gemma2", "cohere"])  # Gemma-2 softcaps its logits, Cohere scales them
+@pytest.mark.parametrize("method", ["otb", "tide"])  # the policy's head alone, and beside the reference's
+def test_the_statistics_streamed_through_an_lm_head_score_as_the_model_does(monkeypatch, tmp_path, method, head):
+    """The statistics streamed through the policy's LM head, and through the reference's for the deviation, with its
+    bias or its family's output transform, equal the plain recomputation from the model's own logits (the
+    recorder)."""
+    tokenizer = make_tiny_tokenizer()
+    trainer = CreditGRPOTrainer(
+        model=_model_with_head(tokenizer, head),
+        reward_funcs=length_reward,
+        args=tiny_config(method, tmp_path / "out", max_steps=2, **moving_settings(method)),
+        train_dataset=tiny_prompt_dataset(),
+        processing_class=tokenizer,
+    )
+    recorder = AdvantageRecorder(monkeypatch, trainer)
+    trainer.train()
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()
+
+
+@pytest.mark.parametrize("method", ["otb", "tide"])  # the policy's forward alone, and beside the reference's
+def test_the_statistics_forward_gives_activation_checkpointing_back_with_the_users_settings(
+    monkeypatch, tmp_path, method
+):
+    """The no-grad forward turns activation checkpointing off for its duration; the loss forward after it must
+    checkpoint as the user asked (`use_reentrant=True` here; transformers' own default is False)."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
+    checkpointing = {"use_reentrant": True}
+    seen = []
+
+    class CheckpointingAtStepEnd(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            functions = [
+                m._gradient_checkpointing_func for m in model.modules() if getattr(m, "gradient_checkpointing", 0)
+            ]
+            seen.append([function.keywords for function in functions] if functions else None)
+
+    trainer = _trainer(
+        method,
+        tmp_path / "out",
+        max_steps=1,
+        rollout_func=make_rollout_func(6, 0.0),
+        activation_checkpointing=True,
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs=checkpointing,
+    )
+    trainer.add_callback(CheckpointingAtStepEnd())
+    trainer.train()
+    assert _logged(trainer, "credit/extra_forwards") == [1]  # the statistics ran their own forward
+    layers = trainer.model.config.num_hidden_layers
+    assert seen == [[checkpointing] * (layers + 1)]  # each decoder layer and the backbone
 
 
 def _mean_entropies(monkeypatch, tmp_path, settings) -> tuple[float, float]:
