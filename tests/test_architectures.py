@@ -212,7 +212,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
     `steps_per_generation=2` with one accumulation step, so TRL scores the batch for its off-policy ratio.
     `on_policy`: TRL runs no scoring forward, so the trainer runs the one policy forward itself.
     """
-    from trainer_helpers import FakeVLLMGeneration, make_rollout_func
+    from trainer_helpers import make_rollout_func, on_vllm_branch
 
     from trl_credit.trainer import model_parts, statistics_sources
 
@@ -240,7 +240,7 @@ def test_statistics_from_trls_scoring_forward_equal_the_models_own_forward(
         rollout_func=make_rollout_func(vary_lengths=True),
     )
     if branch == "vllm":
-        trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
+        on_vllm_branch(trainer)
     # Spies on every way a policy forward can run: the forwards without a KV cache (TRL's fused LM head, the trainer's
     # `final_hidden`), the trainer's KV-cache forward of the deviation pass, and its calls of TRL's forward.
     no_cache_forwards, hidden_forwards, trl_forwards = [], [], []
@@ -327,7 +327,7 @@ def test_scoring_forward_is_told_apart_from_trls_peft_reference_forward(tmp_path
     """With PEFT and `beta != 0`, TRL's reference forward runs the same module with the adapter disabled, right after
     its old-log-prob forward: the rollout entropies must be the adapted policy's, not the base model's."""
     import peft
-    from trainer_helpers import FakeVLLMGeneration, make_rollout_func
+    from trainer_helpers import make_rollout_func, on_vllm_branch
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
     tokenizer = make_tiny_tokenizer()
@@ -359,7 +359,7 @@ def test_scoring_forward_is_told_apart_from_trls_peft_reference_forward(tmp_path
         rollout_func=make_rollout_func(vary_lengths=True),
         peft_config=lora,
     )
-    trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
+    on_vllm_branch(trainer)
     # The initial policy, in a model TRL did not patch (a copy of the patched one would call the original's forward).
     initial = peft.get_peft_model(make_tiny_model(tokenizer), lora)
     initial.load_state_dict(trainer.accelerator.unwrap_model(trainer.model).state_dict())

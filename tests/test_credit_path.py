@@ -36,7 +36,14 @@ from conftest import (
     tiny_prompt_dataset,
     tiny_trainer,
 )
-from trainer_helpers import AdvantageRecorder, engine_rollout, frozen_copy, make_rollout_func, moving_settings
+from trainer_helpers import (
+    AdvantageRecorder,
+    engine_rollout,
+    frozen_copy,
+    make_rollout_func,
+    moving_settings,
+    on_vllm_branch,
+)
 from transformers import TrainerCallback
 from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPast
 from trl import GRPOTrainer
@@ -838,6 +845,21 @@ def test_the_statistics_streamed_through_an_lm_head_score_as_the_model_does(monk
     trainer.train()
     assert recorder.checked_batches == 2
     recorder.assert_credit_moved()
+
+
+@pytest.mark.parametrize("method", ROLLOUT_DISTRIBUTION_METHODS)
+def test_on_trls_vllm_branch_its_importance_sampling_forward_is_the_source(monkeypatch, tmp_path, method):
+    """One step per generation batch, but vLLM's importance-sampling correction on: TRL scores the batch with the
+    policy (its old-log-prob forward), and the statistics read that forward instead of running one of their own."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
+    trainer = _trainer(method, tmp_path / "out", max_steps=2, rollout_func=make_rollout_func(6, 0.3, True))
+    on_vllm_branch(trainer)
+    assert trainer.vllm_importance_sampling_correction and trainer.num_iterations == 1
+    recorder = AdvantageRecorder(monkeypatch, trainer)
+    trainer.train()
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()
+    assert _logged(trainer, "credit/extra_forwards") == [0, 0]
 
 
 @pytest.mark.parametrize("method", ["otb", "tide"])  # the policy's forward alone, and beside the reference's

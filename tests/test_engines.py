@@ -26,10 +26,10 @@ from conftest import (
 )
 from trainer_helpers import (
     AdvantageRecorder,
-    FakeVLLMGeneration,
     assert_all_params_changed,
     make_rollout_func,
     moving_settings,
+    on_vllm_branch,
     path_cases,
 )
 
@@ -119,8 +119,7 @@ def _train_through_vllm_path(monkeypatch, tmp_path, method, is_mode, **overrides
     )
     rollout_func = make_rollout_func(vary_lengths=True)  # rewards that vary within groups
     trainer = tiny_trainer(args, ISRecorder, tokenizer=tokenizer, rollout_func=rollout_func)
-    # What `use_vllm=True` would set up, minus the engine: TRL's generation-batch and loss code take the vLLM branch.
-    trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
+    on_vllm_branch(trainer)
     assert trainer.vllm_importance_sampling_correction
     recorder = AdvantageRecorder(monkeypatch, trainer)  # an independent recomputation of the consumed credit
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}

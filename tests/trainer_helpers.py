@@ -10,7 +10,7 @@
 - `DOCUMENTED_STACKS`, `path_cases`: the stacks the docs name, and every registered method plus those stacks, with
   the settings (`MOVING_SETTINGS`) under which each moves credit.
 - `assert_all_params_changed`: TRL's own check that a short run trained every trainable parameter.
-- `FakeVLLMGeneration` and `make_rollout_func`: TRL's vLLM path on a CPU, a `rollout_func` sampling from the policy
+- `on_vllm_branch` (with `FakeVLLMGeneration`) and `make_rollout_func`: TRL's vLLM path on a CPU, a `rollout_func` sampling from the policy
   with log-probs perturbed like an inference engine's, and a stand-in for the weight sync.
 """
 
@@ -567,6 +567,14 @@ class FakeVLLMGeneration:
 
     def sync_weights(self):
         self.syncs += 1
+
+
+def on_vllm_branch(trainer) -> FakeVLLMGeneration:
+    """Switch a trainer built with a `rollout_func` onto TRL's vLLM branch, as `use_vllm=True` would set it up minus
+    the engine: TRL's generation-batch and loss code then take that branch (old-log-prob forward, importance
+    sampling). Returns the stand-in, which counts the weight syncs."""
+    trainer.use_vllm, trainer._last_loaded_step, trainer.vllm_generation = True, -1, FakeVLLMGeneration()
+    return trainer.vllm_generation
 
 
 def engine_rollout(prompts, trainer):
