@@ -847,6 +847,16 @@ def test_the_statistics_streamed_through_an_lm_head_score_as_the_model_does(monk
     recorder.assert_credit_moved()
 
 
+def test_each_forward_of_an_optimizer_step_is_counted(monkeypatch, tmp_path):
+    """Two generation batches per optimizer step (a generation each accumulation step, no old-log-prob forward):
+    the statistics run a forward over each, and `credit/extra_forwards` counts both."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is experimental in TRL 1.16
+    settings = dict(gradient_accumulation_steps=2, steps_per_generation=1, max_steps=1)
+    trainer = _trainer("eapo", tmp_path / "out", rollout_func=make_rollout_func(6, 0.0, True), **settings)
+    trainer.train()
+    assert _logged(trainer, "credit/extra_forwards") == [2]
+
+
 @pytest.mark.parametrize("method", ROLLOUT_DISTRIBUTION_METHODS)
 def test_on_trls_vllm_branch_its_importance_sampling_forward_is_the_source(monkeypatch, tmp_path, method):
     """One step per generation batch, but vLLM's importance-sampling correction on: TRL scores the batch with the
