@@ -654,20 +654,20 @@ def test_the_models_inputs_are_prompt_then_completion_with_the_image_inputs_the_
 
 @torch.no_grad()
 def test_the_deviation_pass_over_a_batch_with_images_reads_them_in_one_chunk():
-    """Two rows with an image each, a forward batch size of one: image inputs are not laid out per row, so both rows
-    go through the policy and the reference in one forward with the images, and the deviation and entropy equal those
-    of the models' own logits."""
+    """Four rows (more than completion tokens) with an image each, a forward batch size of one: image inputs are not
+    laid out per row, so every row goes through the policy and the reference in one forward with the images, and the
+    deviation and entropy equal those of the models' own logits."""
     policy, reference = make_tiny_vision_language_model(0), make_tiny_vision_language_model(1)
-    prompt_ids = torch.tensor([[9, 6, 5, 5, 5, 5, 7, 10], [11, 6, 5, 5, 5, 5, 7, 12]])
-    completion_ids = torch.tensor([[13, 14, 15], [16, 17, 2]])
+    prompt_ids = torch.tensor([[9, 6, 5, 5, 5, 5, 7, 10], [11, 6, 5, 5, 5, 5, 7, 12]]).repeat(2, 1)
+    completion_ids = torch.tensor([[13, 14, 15], [16, 17, 2], [18, 19, 20], [21, 2, 0]])
     batch = {
         "prompt_ids": prompt_ids,
         "prompt_mask": torch.ones_like(prompt_ids),
         "completion_ids": completion_ids,
-        "completion_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
-        "pixel_values": torch.randn(8, 3 * 2 * 2, generator=torch.Generator().manual_seed(0)),
-        "image_grid_thw": torch.tensor([[1, 2, 2], [1, 2, 2]]),
-        "num_images": [1, 1],
+        "completion_mask": torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0]]),
+        "pixel_values": torch.randn(16, 3 * 2 * 2, generator=torch.Generator().manual_seed(0)),
+        "image_grid_thw": torch.tensor([[1, 2, 2]] * 4),
+        "num_images": [1, 1, 1, 1],
         # Which positions hold image tokens, over prompt + completion, as TRL's batch carries it for Qwen2-VL.
         "mm_token_type_ids": (torch.cat([prompt_ids, completion_ids], dim=1) == 5).long(),
     }
