@@ -4,10 +4,13 @@ and every cross-process reduction on two thread-backed stand-ins of processes (`
 
 These are in the fast selection of the mutation runs (`[tool.mutmut]` in pyproject.toml, docs/testing.md): a mutant of
 a trainer module meets a trainer here. Each case is one the longer trainer files (`test_trainer.py`,
-`test_multiprocess.py`, `test_resume.py`) reach only among many: a sampling temperature with a reference that moved,
-two iterations over a batch whose credit moved, evaluation between training batches, the old-log-prob forward as the
-source, a STARE gate decided by which tokens its mean counts, a resume, and TRL 1.15's fused head. The cases that
-run in milliseconds come first, so that a mutant they kill costs no training run.
+`test_multiprocess.py`, `test_resume.py`, `test_architectures.py`) reach only among many: a sampling temperature with
+a reference that moved, two iterations over a batch whose credit moved, evaluation between training batches, each
+source of the rollout statistics (`generate`, TRL's old-log-prob forward, its vLLM importance-sampling forward, a
+forward of their own), an LM head with a bias or an output transform, image inputs in the deviation pass, activation
+checkpointing around the statistics' forward, a STARE gate decided by which tokens its mean counts, a resume, and
+TRL 1.15's fused head. The cases that run in milliseconds come first, so that a mutant they kill costs no training
+run.
 """
 
 from __future__ import annotations
