@@ -1351,6 +1351,33 @@ def test_a_credit_method_given_as_a_list_is_the_stack_of_its_names(tmp_path):
     assert tiny_config(["taco", "tampo"], tmp_path).credit_method == "taco+tampo"
 
 
+def test_a_method_reading_a_statistic_the_trainer_does_not_compute_is_refused_naming_what_it_does(
+    tmp_path, credit_method_registry
+):
+    """A statistic only a trainer subclass supplies (as the lab's `task_decisive`): the plain trainer refuses the
+    method at construction, naming the statistic and listing the ones it computes."""
+
+    @register_credit_method("reads_a_subclass_statistic", statistics=("task_decisive",))
+    def reads_a_subclass_statistic(batch):
+        return batch.advantages_BT
+
+    supplied = list(CreditGRPOTrainer.supplied_statistics)
+    with pytest.raises(ValueError) as refused:
+        _trainer("reads_a_subclass_statistic", tmp_path)
+    assert str(refused.value) == (
+        "credit method 'reads_a_subclass_statistic' reads ['task_decisive'], which CreditGRPOTrainer does not compute "
+        f"(it supplies {supplied})"
+    )
+
+
+def test_the_trainer_takes_grpo_trainers_arguments_by_position(tmp_path):
+    """`GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)`: the same order here."""
+    tokenizer, dataset = make_tiny_tokenizer(), tiny_prompt_dataset()
+    args = tiny_config("taco", tmp_path)
+    trainer = CreditGRPOTrainer(make_tiny_model(tokenizer), length_reward, args, dataset, None, tokenizer)
+    assert trainer.train_dataset is dataset and trainer.processing_class is tokenizer
+
+
 def test_a_generation_batch_of_partial_groups_is_named_in_the_fields_the_user_set():
     """TRL derives `generation_batch_size`; the error names what the user set, and which of them the command line
     must show as given (`mentions`)."""
