@@ -15,10 +15,12 @@ run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
 from contextlib import nullcontext
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -772,9 +774,21 @@ def test_evaluation_between_training_batches_leaves_the_deviation_reference(monk
         monkeypatch, tmp_path, "tide", tide_reference=reference, max_steps=3, eval_strategy="steps", eval_steps=1
     )
     assert len(_logged(trainer, "eval_loss")) == 3
+    assert len(_logged(trainer, "eval_tide/mean_deviation")) == 3  # an evaluation's credit metrics are its own
     assert recorder.checked_batches == 3 + 3  # the training batches and the evaluation batches (one each)
     recorder.assert_credit_moved()
     assert min(_logged(trainer, "tide/mean_deviation")[1:]) > 1e-4
+
+
+def test_an_evaluation_groups_its_completions_by_its_own_generation_count(monkeypatch, tmp_path):
+    """`num_generations_eval=2` beside 4 in training: OTB's per-group baselines of an evaluation batch are over
+    groups of 2 (the recorder's reference groups them so)."""
+    trainer, recorder = _checked_run(
+        monkeypatch, tmp_path, "otb", max_steps=1, eval_strategy="steps", eval_steps=1, num_generations_eval=2
+    )
+    assert trainer.num_generations_eval == 2 and len(_logged(trainer, "eval_loss")) == 1
+    assert recorder.checked_batches == 1 + 1
+    recorder.assert_credit_moved()
 
 
 # Where TRL generates in one `generate` call, the hidden states it computed; with two steps per generation TRL runs its
@@ -1368,6 +1382,29 @@ def test_a_method_reading_a_statistic_the_trainer_does_not_compute_is_refused_na
         "credit method 'reads_a_subclass_statistic' reads ['task_decisive'], which CreditGRPOTrainer does not compute "
         f"(it supplies {supplied})"
     )
+
+
+def test_a_trainer_built_without_arguments_takes_its_methods_config_named_as_trls(
+    monkeypatch, tmp_path, tiny_model_dir
+):
+    """`GRPOTrainer(model, reward_funcs)` builds `GRPOConfig("<model name>-GRPO")`; a single-method trainer builds its
+    method's config, named after the method (here one whose defaults suit a CPU: TRL's default bf16 needs a GPU)."""
+    from trl_credit import TACOConfig, TACOTrainer
+
+    @dataclasses.dataclass
+    class CPUTACOConfig(TACOConfig):
+        use_cpu: bool = True
+        bf16: bool = False
+
+    class CPUTACOTrainer(TACOTrainer):
+        config_class = CPUTACOConfig
+
+    monkeypatch.chdir(tmp_path)
+    trainer = CPUTACOTrainer(
+        tiny_model_dir, length_reward, train_dataset=tiny_prompt_dataset(), processing_class=make_tiny_tokenizer()
+    )
+    assert type(trainer.args) is CPUTACOConfig and trainer.args.credit_method == "taco"
+    assert trainer.args.output_dir == f"{Path(tiny_model_dir).name}-TACO"
 
 
 def test_the_trainer_takes_grpo_trainers_arguments_by_position(tmp_path):

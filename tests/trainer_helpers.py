@@ -280,7 +280,9 @@ class AdvantageRecorder:
         rows_all["rollout_mean_entropy"] = torch.where(mask_all_BT, mean_entropy, 0.0)
         statistics = {name: value for name, value in rows_all.items() if name in self.statistics}
         sequence_B = rows_all["sequence_B"]
-        group_index_B = torch.arange(sequence_B.size(0)) // trainer.num_generations  # TRL samples a group in a row
+        # TRL samples a group in a row, of `num_generations_eval` completions in an evaluation.
+        group_size = trainer.num_generations if trainer.model.training else trainer.num_generations_eval
+        group_index_B = torch.arange(sequence_B.size(0)) // group_size
         credit = self._reference_batch(
             sequence_B.unsqueeze(1) * mask_all_BT,
             sequence_B,
