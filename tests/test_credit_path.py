@@ -15,6 +15,7 @@ run.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -791,6 +792,37 @@ def test_an_evaluation_groups_its_completions_by_its_own_generation_count(monkey
     recorder.assert_credit_moved()
 
 
+DROPPING_METHODS = [m for m in PACKAGE_METHODS if CREDIT_METHODS[m].drops_tokens]
+
+
+@pytest.mark.parametrize("method", DROPPING_METHODS)
+def test_a_method_dropping_tokens_keeps_the_tokens_the_tool_mask_took_out(monkeypatch, tmp_path, method):
+    """A tool mask that takes every completion's second token out of the loss, as TRL's tool loop masks tool output:
+    the loss mask TRL consumes is the tool mask times what the method kept, so that token stays out (the recorder's
+    reference starts from the completion mask times the tool mask)."""
+    generate = GRPOTrainer._generate_and_score_completions
+
+    def generate_with_a_tool_mask(trainer_self, inputs):
+        batch = generate(trainer_self, inputs)
+        batch["tool_mask"] = torch.ones_like(batch["completion_mask"])
+        batch["tool_mask"][:, 1] = 0
+        return batch
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", generate_with_a_tool_mask)
+    trainer = _trainer(method, tmp_path / "out", max_steps=2)
+    recorder = AdvantageRecorder(monkeypatch, trainer)
+    trainer.train()
+    assert recorder.checked_batches == 2
+    recorder.assert_credit_moved()
+
+
+def test_the_rewards_a_method_reads_are_trls_weighted_sum(monkeypatch, tmp_path):
+    """`reward_weights=[0.5]`: OTB's advantages are the raw rewards TRL weighs, minus their baselines."""
+    trainer, recorder = _checked_run(monkeypatch, tmp_path, "otb", max_steps=1, reward_weights=[0.5])
+    assert trainer.reward_weights.tolist() == [0.5] and recorder.checked_batches == 1
+    recorder.assert_credit_moved()
+
+
 # Where TRL generates in one `generate` call, the hidden states it computed; with two steps per generation TRL runs its
 # no-grad old-log-prob forward, whose entropies (and hidden states) are recorded. Three steps there: two generation
 # batches (TIDE's reference differs from the policy from the second on; under seed 1 its rewards are not all tied).
@@ -1125,6 +1157,31 @@ def test_with_a_kl_term_the_deviation_is_measured_from_trls_own_reference_model(
     reference, _ = trainer.deviation_reference.model_and_context(policy)
     assert trainer.deviation_reference.model is None and trainer.ref_model is not None
     assert reference is trainer.accelerator.unwrap_model(trainer.ref_model) and reference is not policy
+
+
+def test_under_a_lora_config_the_deviation_is_measured_from_the_policy_with_its_adapter_disabled(
+    monkeypatch, tmp_path
+):
+    """A `peft_config` handed to the trainer: the initial model is the policy with its adapter off, so the reference
+    is the policy itself and no copy of the model is made (at 32B, a copy would not fit beside it)."""
+    import peft  # a declared test dependency (the `test` extra)
+
+    from trl_credit.trainer import reference as reference_module
+
+    copied = []
+
+    def deepcopy(model):
+        copied.append(type(model).__name__)
+        return copy.deepcopy(model)
+
+    monkeypatch.setattr(reference_module, "copy", SimpleNamespace(deepcopy=deepcopy))
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    trainer = tiny_trainer(tiny_config("tide", tmp_path / "out"), peft_config=lora)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    reference, _ = trainer.deviation_reference.model_and_context(policy)
+    assert reference is policy and copied == []
+    tiny_trainer(tiny_config("tide", tmp_path / "full"))  # without LoRA the initial model is copied
+    assert copied == ["Qwen2ForCausalLM"]
 
 
 def test_a_policy_that_arrives_with_a_trained_adapter_is_measured_from_trls_copy_of_it(tmp_path):

@@ -341,11 +341,12 @@ def test_a_method_dropping_tokens_under_a_generation_normaliser_warns_once(tmp_p
                 args=tiny_config("stapo", tmp_path / loss_type, loss_type=loss_type),
                 train_dataset=tiny_prompt_dataset(),
             )
-        return [str(w.message) for w in caught if "still count in the normaliser" in str(w.message)]
+        return [(str(w.message), w.filename) for w in caught if "still count in the normaliser" in str(w.message)]
 
     for loss_type in ("dapo", "cispo"):
-        (message,) = build(loss_type)
+        ((message, filename),) = build(loss_type)
         assert f"loss_type={loss_type!r}" in message and "loss_type='bnpo'" in message and "stapo drop" in message
+        assert filename == __file__  # the warning points at the line that built the trainer
     assert build("bnpo") == []
 
 
