@@ -1464,6 +1464,13 @@ def test_a_trainer_built_without_arguments_takes_its_methods_config_named_as_trl
     assert trainer.args.output_dir == f"{Path(tiny_model_dir).name}-TACO"
 
 
+def test_resume_from_checkpoint_false_trains_from_the_start(tmp_path):
+    """transformers reads `resume_from_checkpoint=False` as "do not resume": no checkpoint is looked for."""
+    trainer = _trainer("taco", tmp_path / "out", max_steps=1)
+    trainer.train(resume_from_checkpoint=False)
+    assert trainer.state.global_step == 1
+
+
 def test_the_trainer_takes_grpo_trainers_arguments_by_position(tmp_path):
     """`GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)`: the same order here."""
     tokenizer, dataset = make_tiny_tokenizer(), tiny_prompt_dataset()
