@@ -1039,6 +1039,22 @@ def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(t
     ) in caplog.text
 
 
+def test_resume_from_checkpoint_true_resumes_the_last_checkpoint(tmp_path):
+    """transformers' `resume_from_checkpoint=True` is the last checkpoint of `output_dir`: after a run that saved
+    checkpoint-2, a run of 3 steps trains step 3 only."""
+    settings = dict(save_strategy="steps", save_steps=1)
+    _trainer("taco", tmp_path / "run", max_steps=2, **settings).train()
+    resumed, steps = _trainer("taco", tmp_path / "run", max_steps=3, **settings), []
+
+    class StepsTrained(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append(state.global_step)
+
+    resumed.add_callback(StepsTrained())
+    resumed.train(resume_from_checkpoint=True)
+    assert steps == [3]
+
+
 def test_the_token_credit_log_changes_no_logged_credit_metric(tmp_path):
     """The preview credits a few rows of the batch as the training forward will, without logging their metrics: a
     run with the log and the same run without it log the same (the forwards are counted apart)."""
@@ -1469,6 +1485,30 @@ def test_resume_from_checkpoint_false_trains_from_the_start(tmp_path):
     trainer = _trainer("taco", tmp_path / "out", max_steps=1)
     trainer.train(resume_from_checkpoint=False)
     assert trainer.state.global_step == 1
+
+
+def test_a_trainer_pinned_to_a_method_takes_its_card_attributes_from_the_registration():
+    """`class T(CreditGRPOTrainer, credit_method="taco")`: TRL's model card names TACO, cites its paper and tags it."""
+    taco = CREDIT_METHODS["taco"]
+
+    class PinnedTrainer(CreditGRPOTrainer, credit_method="taco"):
+        pass
+
+    assert PinnedTrainer._name == taco.display_name == "TACO"
+    assert PinnedTrainer._paper == taco.paper and "taco" in PinnedTrainer._tag_names
+
+
+def test_reward_functions_get_trls_completion_ids(tmp_path):
+    """A reward function that reads the sampled token ids gets them as TRL hands them: one list of ids a completion."""
+    seen = []
+
+    def ids_reward(completions, completion_ids, **kwargs):
+        seen.append(completion_ids)
+        return [float(len(ids)) for ids in completion_ids]
+
+    tiny_trainer(tiny_config("taco", tmp_path / "out", max_steps=1), reward_funcs=ids_reward).train()
+    (ids,) = seen
+    assert len(ids) == 4 and all(isinstance(i, int) for row in ids for i in row) and all(ids)
 
 
 def test_the_trainer_takes_grpo_trainers_arguments_by_position(tmp_path):
