@@ -1457,8 +1457,9 @@ def test_a_method_reading_a_statistic_the_trainer_does_not_compute_is_refused_na
     )
 
 
+@pytest.mark.parametrize("given_as", ["name", "model"])
 def test_a_trainer_built_without_arguments_takes_its_methods_config_named_as_trls(
-    monkeypatch, tmp_path, tiny_model_dir
+    monkeypatch, tmp_path, tiny_model_dir, given_as
 ):
     """`GRPOTrainer(model, reward_funcs)` builds `GRPOConfig("<model name>-GRPO")`; a single-method trainer builds its
     method's config, named after the method (here one whose defaults suit a CPU: TRL's default bf16 needs a GPU)."""
@@ -1473,8 +1474,9 @@ def test_a_trainer_built_without_arguments_takes_its_methods_config_named_as_trl
         config_class = CPUTACOConfig
 
     monkeypatch.chdir(tmp_path)
+    model = tiny_model_dir if given_as == "name" else transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     trainer = CPUTACOTrainer(
-        tiny_model_dir, length_reward, train_dataset=tiny_prompt_dataset(), processing_class=make_tiny_tokenizer()
+        model, length_reward, train_dataset=tiny_prompt_dataset(), processing_class=make_tiny_tokenizer()
     )
     assert type(trainer.args) is CPUTACOConfig and trainer.args.credit_method == "taco"
     assert trainer.args.output_dir == f"{Path(tiny_model_dir).name}-TACO"
