@@ -94,6 +94,7 @@ from trl_credit.trainer.reference import (
     copy_initial_model,
     same_mode_as_training_args,
 )
+from trl_credit.trainer.run_record import NothingToTrain
 from trl_credit.trainer.run_safety import NonFiniteGuard
 from trl_credit.trainer.statistics_sources import StatisticsSources
 from trl_credit.trainer.token_credit_log import token_credit_step
@@ -1053,6 +1054,10 @@ def test_resume_from_checkpoint_true_resumes_the_last_checkpoint(tmp_path):
     resumed.add_callback(StepsTrained())
     resumed.train(resume_from_checkpoint=True)
     assert steps == [3]
+    finished = tmp_path / "run" / "checkpoint-3"
+    with pytest.raises(NothingToTrain) as refused:  # the last checkpoint is the run's last step
+        _trainer("taco", tmp_path / "run", max_steps=3, **settings).train(resume_from_checkpoint=True)
+    assert str(refused.value) == f"{finished} is at step 3 and the run ends at step 3: nothing to train"
 
 
 def test_the_token_credit_log_changes_no_logged_credit_metric(tmp_path):
@@ -1498,6 +1503,8 @@ def test_a_trainer_pinned_to_a_method_takes_its_card_attributes_from_the_registr
 
     assert PinnedTrainer._name == taco.display_name == "TACO"
     assert PinnedTrainer._paper == taco.paper and "taco" in PinnedTrainer._tag_names
+    with pytest.raises(ValueError, match=r"PinnedTrainer trains with credit_method='taco', but args.credit_method"):
+        PinnedTrainer(None, length_reward, tiny_config("eapo", "unused"))  # refused before any model is read
 
 
 def test_reward_functions_get_trls_completion_ids(tmp_path):
@@ -1511,6 +1518,25 @@ def test_reward_functions_get_trls_completion_ids(tmp_path):
     tiny_trainer(tiny_config("taco", tmp_path / "out", max_steps=1), reward_funcs=ids_reward).train()
     (ids,) = seen
     assert len(ids) == 4 and all(isinstance(i, int) for row in ids for i in row) and all(ids)
+
+
+def test_a_hub_token_in_the_config_is_warned_of_as_pickled_into_the_checkpoint(tmp_path):
+    with pytest.warns(UserWarning) as caught:
+        _trainer("taco", tmp_path / "out", hub_token="hf_not_a_real_token")
+    assert (
+        "hub_token is pickled into training_args.bin, which push_to_hub uploads; log in with `hf auth login` or set "
+        "HF_TOKEN instead"
+    ) in [str(w.message) for w in caught]
+
+
+def test_a_reward_function_trl_cannot_call_is_refused_before_the_model_loads(tmp_path):
+    """TRL calls each reward function with `prompts=`, `completions=`, ... and the data set's columns."""
+
+    def reward_of_completions_only(completions):
+        return [0.0] * len(completions)
+
+    with pytest.raises(ValueError, match=r"reward function .*reward_of_completions_only cannot take the arguments"):
+        CreditGRPOTrainer("no/such-model", reward_of_completions_only, tiny_config("taco", tmp_path))
 
 
 def test_the_trainer_takes_grpo_trainers_arguments_by_position(tmp_path):
