@@ -1042,11 +1042,15 @@ def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(t
 
 
 def test_resume_from_checkpoint_true_resumes_the_last_checkpoint(tmp_path):
-    """transformers' `resume_from_checkpoint=True` is the last checkpoint of `output_dir`: after a run that saved
-    checkpoint-2, a run of 3 steps trains step 3 only."""
-    settings = dict(save_strategy="steps", save_steps=1)
-    _trainer("taco", tmp_path / "run", max_steps=2, **settings).train()
-    resumed, steps = _trainer("taco", tmp_path / "run", max_steps=3, **settings), []
+    """transformers' `resume_from_checkpoint=True` is the last checkpoint of `output_dir`: a run of 3 steps interrupted
+    after step 2 (checkpoint-1 saved) trains steps 2 and 3 again, with the optimizer and schedule it saved; a run
+    resumed from its last step has nothing to train, and says which checkpoint that is."""
+    settings = dict(max_steps=3, save_strategy="steps", save_steps=1)
+    interrupted = _trainer("taco", tmp_path / "run", **settings)
+    interrupted.add_callback(_Interrupt())
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    resumed, steps = _trainer("taco", tmp_path / "run", **settings), []
 
     class StepsTrained(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -1054,10 +1058,15 @@ def test_resume_from_checkpoint_true_resumes_the_last_checkpoint(tmp_path):
 
     resumed.add_callback(StepsTrained())
     resumed.train(resume_from_checkpoint=True)
-    assert steps == [3]
+    assert steps == [2, 3]
+    whole = _trainer("taco", tmp_path / "whole", **settings)
+    whole.train()
+    assert _logged(resumed, "learning_rate")[-2:] == _logged(whole, "learning_rate")[-2:]
+    assert _logged(whole, "learning_rate")[0] > _logged(whole, "learning_rate")[-1] > 0  # the schedule decays
+
     finished = tmp_path / "run" / "checkpoint-3"
-    with pytest.raises(NothingToTrain) as refused:  # the last checkpoint is the run's last step
-        _trainer("taco", tmp_path / "run", max_steps=3, **settings).train(resume_from_checkpoint=True)
+    with pytest.raises(NothingToTrain) as refused:
+        _trainer("taco", tmp_path / "run", **settings).train(resume_from_checkpoint=True)
     assert str(refused.value) == f"{finished} is at step 3 and the run ends at step 3: nothing to train"
 
 
