@@ -1513,8 +1513,12 @@ def test_a_trainer_pinned_to_a_method_takes_its_card_attributes_from_the_registr
 
     assert PinnedTrainer._name == taco.display_name == "TACO"
     assert PinnedTrainer._paper == taco.paper and "taco" in PinnedTrainer._tag_names
-    with pytest.raises(ValueError, match=r"PinnedTrainer trains with credit_method='taco', but args.credit_method"):
+    with pytest.raises(ValueError) as refused:
         PinnedTrainer(None, length_reward, tiny_config("eapo", "unused"))  # refused before any model is read
+    assert str(refused.value) == (
+        "PinnedTrainer trains with credit_method='taco', but args.credit_method is 'eapo'; use CreditGRPOTrainer to "
+        "choose the method from the config"
+    )
 
 
 def test_reward_functions_get_trls_completion_ids(tmp_path):
