@@ -818,6 +818,14 @@ def test_a_method_dropping_tokens_keeps_the_tokens_the_tool_mask_took_out(monkey
     recorder.assert_credit_moved()
 
 
+def test_clip_cov_reads_trls_clip_range(monkeypatch, tmp_path):
+    """Clip-Cov leaves out the tokens TRL's PPO clip already stops: with `epsilon=1e-3` the second iteration's ratios
+    pass the clip, so which tokens it may detach is decided by TRL's range, not the default 0.2."""
+    trainer, recorder = _checked_run(monkeypatch, tmp_path, "clip_cov", num_iterations=2, max_steps=2, epsilon=1e-3)
+    assert (trainer.epsilon_low, trainer.epsilon_high) == (1e-3, 1e-3) and recorder.checked_batches == 2
+    recorder.assert_credit_moved()
+
+
 def test_the_rewards_a_method_reads_are_trls_weighted_sum(monkeypatch, tmp_path):
     """`reward_weights=[0.5]`: OTB's advantages are the raw rewards TRL weighs, minus their baselines."""
     trainer, recorder = _checked_run(monkeypatch, tmp_path, "otb", max_steps=1, reward_weights=[0.5])
