@@ -1563,6 +1563,14 @@ def test_a_reward_function_trl_cannot_call_is_refused_before_the_model_loads(tmp
         CreditGRPOTrainer("no/such-model", reward_of_completions_only, tiny_config("taco", tmp_path))
 
 
+def test_a_data_set_given_by_position_is_checked_before_the_model_loads(tmp_path):
+    from datasets import Dataset
+
+    questions = Dataset.from_dict({"question": ["what is 1 + 1 ?"]})
+    with pytest.raises(ValueError, match=r"^train_dataset has no 'prompt' column, which GRPOTrainer samples"):
+        CreditGRPOTrainer("no/such-model", length_reward, tiny_config("taco", tmp_path), questions)
+
+
 def test_the_trainer_takes_grpo_trainers_arguments_by_position(tmp_path):
     """`GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)`: the same order here."""
     tokenizer, dataset = make_tiny_tokenizer(), tiny_prompt_dataset()
