@@ -1571,6 +1571,12 @@ def test_a_data_set_given_by_position_is_checked_before_the_model_loads(tmp_path
         CreditGRPOTrainer("no/such-model", length_reward, tiny_config("taco", tmp_path), questions)
 
 
+def test_train_hands_transformers_every_keyword_so_an_unknown_one_is_refused(tmp_path):
+    trainer = _trainer("taco", tmp_path / "out", max_steps=1)
+    with pytest.raises(TypeError, match=r"train\(\) got an unexpected keyword argument 'no_such_option'"):
+        trainer.train(no_such_option=1)
+
+
 def test_the_trainer_takes_grpo_trainers_arguments_by_position(tmp_path):
     """`GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class)`: the same order here."""
     tokenizer, dataset = make_tiny_tokenizer(), tiny_prompt_dataset()
