@@ -60,6 +60,7 @@ from trl_credit.methods import (
     CREDIT_METHODS,
     GENERATION_STATISTICS,
     PREVIOUS_POLICY_DEVIATION,
+    REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,
     ROLLOUT_LOGPS,
     ROLLOUT_MEAN_ENTROPY,
@@ -864,6 +865,8 @@ def test_without_a_forward_trl_ran_the_rollout_statistics_take_one_policy_forwar
     assert recorder.checked_batches == 2
     recorder.assert_credit_moved()
     assert _logged(trainer, "credit/extra_forwards") == [1, 1]
+    if _reads(method, (REFERENCE_DEVIATION,)):  # and one of the reference a step
+        assert _logged(trainer, "credit/extra_reference_forwards") == [1, 1]
 
 
 class _BiasedHeadQwen2(transformers.Qwen2ForCausalLM):
