@@ -24,7 +24,6 @@ from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
-import conftest
 import pytest
 import torch
 import transformers
@@ -1548,12 +1547,10 @@ def test_reward_functions_get_trls_completion_ids(tmp_path):
 def test_a_hub_token_in_the_config_is_warned_of_as_pickled_into_the_checkpoint(tmp_path):
     with pytest.warns(UserWarning) as caught:
         tiny_trainer(tiny_config("taco", tmp_path / "out", hub_token="hf_not_a_real_token"))
-    message = (
+    assert (
         "hub_token is pickled into training_args.bin, which push_to_hub uploads; log in with `hf auth login` or set "
         "HF_TOKEN instead"
-    )
-    (warning,) = [w for w in caught if str(w.message) == message]
-    assert warning.filename == conftest.__file__  # the line that built the trainer (`tiny_trainer`)
+    ) in [str(w.message) for w in caught]
 
 
 def test_a_reward_function_trl_cannot_call_is_refused_before_the_model_loads(tmp_path):
