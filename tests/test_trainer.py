@@ -257,15 +257,8 @@ def test_activation_checkpointing_and_its_old_name_disagreeing_is_refused(tmp_pa
 def test_plain_grpo_config_is_refused(tmp_path):
     from trl import GRPOConfig
 
-    tokenizer = make_tiny_tokenizer()
     with pytest.raises(TypeError) as refused:
-        CreditGRPOTrainer(
-            model=make_tiny_model(tokenizer),
-            reward_funcs=length_reward,
-            processing_class=tokenizer,
-            args=GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False),
-            train_dataset=tiny_prompt_dataset(),
-        )
+        tiny_trainer(GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False))
     assert str(refused.value) == (
         "CreditGRPOTrainer needs a CreditGRPOConfig (or TACOConfig, EAPOConfig, TIDEConfig), got GRPOConfig"
     )
