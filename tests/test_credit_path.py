@@ -895,13 +895,8 @@ def test_the_statistics_streamed_through_an_lm_head_score_as_the_model_does(monk
     bias or its family's output transform, equal the plain recomputation from the model's own logits (the
     recorder)."""
     tokenizer = make_tiny_tokenizer()
-    trainer = CreditGRPOTrainer(
-        model=_model_with_head(tokenizer, head),
-        reward_funcs=length_reward,
-        args=tiny_config(method, tmp_path / "out", max_steps=2, **moving_settings(method)),
-        train_dataset=tiny_prompt_dataset(),
-        processing_class=tokenizer,
-    )
+    args = tiny_config(method, tmp_path / "out", max_steps=2, **moving_settings(method))
+    trainer = tiny_trainer(args, model=_model_with_head(tokenizer, head), tokenizer=tokenizer)
     recorder = AdvantageRecorder(monkeypatch, trainer)
     trainer.train()
     assert recorder.checked_batches == 2
