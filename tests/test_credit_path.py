@@ -58,6 +58,7 @@ from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
 from trl_credit.methods import (
     CREDIT_METHODS,
     GENERATION_STATISTICS,
+    POLICY_LOGPS,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,
@@ -95,7 +96,7 @@ from trl_credit.trainer.reference import (
     copy_initial_model,
     same_mode_as_training_args,
 )
-from trl_credit.trainer.run_record import NothingToTrain
+from trl_credit.trainer.run_record import RUN_RECORD, NothingToTrain
 from trl_credit.trainer.run_safety import NonFiniteGuard
 from trl_credit.trainer.statistics_sources import StatisticsSources
 from trl_credit.trainer.token_credit_log import token_credit_step
@@ -1046,6 +1047,17 @@ def test_a_resumed_run_records_each_step_once_and_restores_the_previous_policy(t
     ) in caplog.text
 
 
+def test_a_hyperparameter_search_trial_saves_its_checkpoint_in_the_trials_folder(tmp_path):
+    """Under `hyperparameter_search`, transformers saves a trial's checkpoints in `output_dir/run-<trial number>`
+    (optuna's naming): the run record and the previous policy go into that same checkpoint, beside the model."""
+    trainer = _trainer("tide", tmp_path / "search", max_steps=1, tide_reference="old")
+    trainer.train()
+    trainer.hp_search_backend = transformers.trainer_utils.HPSearchBackend.OPTUNA
+    trainer._save_checkpoint(trainer.model, trial=SimpleNamespace(number=3))  # optuna's `Trial` names its number
+    saved = {path.name for path in (tmp_path / "search" / "run-3" / "checkpoint-1").iterdir()}
+    assert {"model.safetensors", RUN_RECORD, PREVIOUS_POLICY_FILE} <= saved
+
+
 def test_resume_from_checkpoint_true_resumes_the_last_checkpoint(tmp_path):
     """transformers' `resume_from_checkpoint=True` is the last checkpoint of `output_dir`: a run of 3 steps interrupted
     after step 2 (checkpoint-1 saved) trains steps 2 and 3 again, with the optimizer and schedule it saved; a run
@@ -1183,6 +1195,32 @@ def test_a_generation_stage_method_that_drops_tokens_recounts_trls_normaliser(mo
     want_BT[:, 0] = 0.0
     torch.testing.assert_close(batch["tool_mask"] * batch["completion_mask"], want_BT)
     assert batch["num_items_in_batch"].item() == want_BT.sum().item()
+
+
+def test_a_later_stage_reads_the_soft_loss_weights_an_earlier_stage_left(tmp_path):
+    """A user's method of the generation batch halves each completion's first token in the loss; a user's method of
+    the training forward, stacked after it, reads those weights as its batch's `loss_weights_BT` (Clip-Cov's verl
+    `response_mask`), not the bare completion mask."""
+
+    @register_credit_method("credit_path_halve_first", drops_tokens=True)
+    def halve_first(batch):
+        weights_BT = torch.ones(batch.mask_BT.shape)
+        weights_BT[:, 0] = 0.5
+        return CreditResult(batch.advantages_BT, loss_mask_BT=weights_BT)
+
+    seen = []
+
+    @register_credit_method("credit_path_reads_weights", statistics=(POLICY_LOGPS,))
+    def reads_weights(batch):
+        seen.append((batch.loss_weights_BT.clone(), batch.mask_BT.clone()))
+        return batch.advantages_BT
+
+    _trainer("credit_path_halve_first+credit_path_reads_weights", tmp_path, max_steps=1).train()
+    assert seen
+    for weights_BT, mask_BT in seen:
+        want_BT = mask_BT.float()
+        want_BT[:, 0] *= 0.5
+        torch.testing.assert_close(weights_BT, want_BT, rtol=0, atol=0)
 
 
 def test_with_a_kl_term_the_deviation_is_measured_from_trls_own_reference_model(tmp_path, tiny_model_dir):

@@ -396,6 +396,27 @@ class _ObservedAccuracy(AccuracyReward):
         return super().__call__(completions, solution, **kwargs)
 
 
+def test_the_trainers_warnings_point_at_the_line_that_built_it(tmp_path):
+    """The normaliser warning (raised in `__init__`) and the hub_token warning (in `_check_args`, one call below) name
+    the user's line that built the trainer, as TRL's warnings do. Not in the mutation runs' selection: mutmut's
+    trampolines add a frame between a mutated function and its caller, so there it would fail unmutated; its three
+    stack-level mutants are killed by hand (docs/testing.md)."""
+    tokenizer = make_tiny_tokenizer()
+    args = tiny_config("stapo", tmp_path / "out", loss_type="dapo", hub_token="hf_not_a_real_token")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        CreditGRPOTrainer(
+            model=make_tiny_model(tokenizer),
+            reward_funcs=length_reward,
+            args=args,
+            train_dataset=tiny_prompt_dataset(),
+            processing_class=tokenizer,
+        )
+    for phrase in ("still count in the normaliser", "hub_token is pickled"):
+        (warning,) = [w for w in caught if phrase in str(w.message)]
+        assert warning.filename == __file__, (phrase, warning.filename, warning.lineno)
+
+
 def test_unscored_answers_are_logged_from_the_rewards_that_count_them(tmp_path):
     """A run with only the user's rewards logs no counters; the accuracy reward's counts are its own answers'."""
     tokenizer = make_tiny_tokenizer()
