@@ -82,6 +82,7 @@ from trl_credit.trainer.batch_layout import (
     sequence_inputs,
     valid_mask,
 )
+from trl_credit.trainer.credit_trainer import trl_card_attributes
 from trl_credit.trainer.diagnostics import credit_metrics, gather_all, unscored_answers
 from trl_credit.trainer.recorders import (
     ROLLOUT_DISTRIBUTION,
@@ -1100,7 +1101,8 @@ def test_the_token_credit_log_changes_no_logged_credit_metric(tmp_path):
         forwards.append({k: v for k, v in entry.items() if "forwards" in k})
     assert "taco/tail_fraction" in logged[0] and logged[0] == logged[1]
     assert forwards[0] == {"credit/extra_forwards": 0}
-    assert forwards[1]["credit/extra_forwards"] == 0 and forwards[1]["credit/token_credit_log_forwards"] > 0
+    # The preview's two sampled rows take one forward at the training batch size (4).
+    assert forwards[1] == {"credit/extra_forwards": 0, "credit/token_credit_log_forwards": 1}
 
 
 def test_two_stacked_methods_that_drop_tokens_in_the_training_forward_are_named_in_one_warning(tmp_path):
@@ -1562,6 +1564,26 @@ def test_a_trainer_pinned_to_a_method_takes_its_card_attributes_from_the_registr
         "PinnedTrainer trains with credit_method='taco', but args.credit_method is 'eapo'; use CreditGRPOTrainer to "
         "choose the method from the config"
     )
+
+
+def test_a_stack_of_methods_from_one_paper_is_named_on_trls_card_as_the_stack():
+    """TACO with its min-p support share TACO's paper: TRL's card names both and cites that paper once."""
+    taco, minp_support = CREDIT_METHODS["taco"], CREDIT_METHODS["minp_support"]
+    attributes = trl_card_attributes([taco, minp_support])
+    assert attributes["_name"] == "TACO + min-p support" and attributes["_paper"] == taco.paper
+    assert attributes["_tag_names"] == ["trl", "grpo", "trl-credit", "taco", "minp_support"]
+
+
+def test_the_state_dict_transformers_hands_to_save_is_the_one_saved(tmp_path):
+    """transformers hands `_save` the weights to write where the module's own are not whole (DeepSpeed ZeRO-3's
+    gathered state dict, FSDP's full one): those are what the checkpoint holds."""
+    from safetensors.torch import load_file
+
+    trainer = tiny_trainer(tiny_config("taco", tmp_path / "out"))
+    gathered = {name: torch.full_like(value, 0.5) for name, value in trainer.model.state_dict().items()}
+    trainer._save(str(tmp_path / "saved"), state_dict=gathered)
+    saved = load_file(str(tmp_path / "saved" / "model.safetensors"))
+    assert saved and all(torch.equal(value, torch.full_like(value, 0.5)) for value in saved.values())
 
 
 def test_reward_functions_get_trls_completion_ids(tmp_path):
