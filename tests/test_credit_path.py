@@ -1626,10 +1626,13 @@ def test_a_data_set_given_by_position_is_checked_before_the_model_loads(tmp_path
         CreditGRPOTrainer("no/such-model", length_reward, tiny_config("taco", tmp_path), questions)
 
 
-def test_train_hands_transformers_every_keyword_so_an_unknown_one_is_refused(tmp_path):
+def test_train_hands_transformers_every_argument_so_an_unknown_one_is_refused(tmp_path):
     trainer = _trainer("taco", tmp_path / "out", max_steps=1)
     with pytest.raises(TypeError, match=r"train\(\) got an unexpected keyword argument 'no_such_option'"):
         trainer.train(no_such_option=1)
+    # `Trainer.train(resume_from_checkpoint, trial, ignore_keys_for_eval)`: a fourth positional argument is one too many.
+    with pytest.raises(TypeError, match=r"train\(\) takes from 1 to 4 positional arguments but 5 were given"):
+        trainer.train(None, None, None, "one too many")
 
 
 def test_the_trainer_takes_grpo_trainers_arguments_by_position(tmp_path):
