@@ -780,6 +780,9 @@ def test_evaluation_between_training_batches_leaves_the_deviation_reference(monk
     )
     assert len(_logged(trainer, "eval_loss")) == 3
     assert len(_logged(trainer, "eval_tide/mean_deviation")) == 3  # an evaluation's credit metrics are its own
+    # ... and so are its forwards: one reference forward for each batch, training's or an evaluation's.
+    assert _logged(trainer, "eval_credit/extra_reference_forwards") == [1.0, 1.0, 1.0]
+    assert _logged(trainer, "credit/extra_reference_forwards") == [1.0, 1.0, 1.0]
     assert recorder.checked_batches == 3 + 3  # the training batches and the evaluation batches (one each)
     recorder.assert_credit_moved()
     assert min(_logged(trainer, "tide/mean_deviation")[1:]) > 1e-4
