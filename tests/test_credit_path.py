@@ -1175,6 +1175,28 @@ def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(mo
         assert logged["credit/adv_abs_mean"] == pytest.approx(want, rel=1e-5)
 
 
+def test_a_stack_over_both_stages_logs_the_mean_credit_once_after_its_last_stage(monkeypatch, tmp_path):
+    """EAPO at the generation batch, then TACO in the training forward: `credit/adv_abs_mean` is the mean |A| of the
+    advantages TRL's loss consumed, not averaged with what the generation stage left."""
+    consumed = []
+    original = GRPOTrainer._compute_loss
+
+    def compute_loss(self, model, inputs):  # named as TRL's, which the trainer checks
+        loss = original(self, model, inputs)
+        consumed.append({key: value.detach().clone() for key, value in inputs.items() if torch.is_tensor(value)})
+        return loss
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    trainer = _trainer("eapo+taco", tmp_path / "run", max_steps=1)
+    trainer.train()
+    [batch] = consumed
+    mask_BT = batch["completion_mask"].bool()
+    [logged] = [entry for entry in trainer.state.log_history if "loss" in entry]
+    want = batch["advantages"][mask_BT].abs().mean().item()
+    assert logged["credit/adv_abs_mean"] == pytest.approx(want, rel=1e-5)
+    assert logged["eapo/weight_std"] > 0 and logged["taco/tail_fraction"] > 0  # both stages moved credit
+
+
 def test_a_generation_stage_method_that_drops_tokens_recounts_trls_normaliser(monkeypatch, tmp_path):
     """A method of the generation batch that returns a loss mask (a user's: it drops each completion's first token):
     its mask reaches TRL's loss as the tool mask, and `num_items_in_batch` (the normaliser of loss_type='dapo', which
@@ -1587,6 +1609,9 @@ def test_the_state_dict_transformers_hands_to_save_is_the_one_saved(tmp_path):
     trainer._save(str(tmp_path / "saved"), state_dict=gathered)
     saved = load_file(str(tmp_path / "saved" / "model.safetensors"))
     assert saved and all(torch.equal(value, torch.full_like(value, 0.5)) for value in saved.values())
+    # ... with the mode of the training_args.bin saved beside them (safetensors alone would leave 0600).
+    modes = {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "saved").iterdir()}
+    assert modes["model.safetensors"] == modes["training_args.bin"]
 
 
 def test_reward_functions_get_trls_completion_ids(tmp_path):
