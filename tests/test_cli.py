@@ -17,6 +17,7 @@ from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_setting
 from trl_credit.cli import UsageError
 from trl_credit.cli import main as cli_main
 from trl_credit.cli.grpo import parse_arguments, reward_summary
+from trl_credit.cli.grpo_arguments import LAUNCHED_ENV
 from trl_credit.resources import QUICK_START, accelerate_configs, recipes, yaml_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -494,6 +495,29 @@ def test_accelerate_config_none_keeps_a_recipe_in_one_process(given):
     argv = ["--config", recipe, "--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
     assert parse_arguments(argv)[0].accelerate_config == "zero2"
     assert parse_arguments([*argv, "--accelerate_config", given])[0].accelerate_config is None
+
+
+def test_the_launcher_checks_the_generation_batch_of_the_processes_it_launches(monkeypatch, tmp_path):
+    """TRL derives the generation batch from the world size: with an accelerate config of two processes, 6 rows a
+    process make a batch of 12, three whole groups of 4, as `accelerate launch trl grpo` would train it; alone, 6 rows
+    hold a partial group. A launched process checks its own world (here: one process)."""
+    two_processes = yaml.safe_load(accelerate_configs().joinpath("multi_gpu.yaml").read_text())
+    two_processes.update(num_processes=2, use_cpu=True, mixed_precision="no")
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(two_processes))
+    argv = ["--num_generations", "4", "--use_cpu", "true", "--bf16", "false", "--output_dir", str(tmp_path / "run")]
+    launching = [*argv, "--accelerate_config", str(tmp_path / "two.yaml")]
+
+    training_args = parse_arguments([*launching, "--per_device_train_batch_size", "6"])[1]
+    assert (training_args.generation_batch_size, training_args.steps_per_generation) == (12, 1)
+    with pytest.raises(UsageError) as refused:
+        parse_arguments([*launching, "--per_device_train_batch_size", "5"])
+    assert "x 2 processes = 10 completions) must hold whole groups" in str(refused.value)
+    for alone in (argv, launching):
+        if alone is launching:
+            monkeypatch.setenv(LAUNCHED_ENV, "1")
+        with pytest.raises(UsageError) as refused:
+            parse_arguments([*alone, "--per_device_train_batch_size", "6"])
+        assert "x 1 processes = 6 completions) must hold whole groups" in str(refused.value)
 
 
 def test_dry_run_checks_a_packaged_recipe_and_its_accelerate_config_and_loads_nothing(

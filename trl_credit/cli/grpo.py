@@ -21,9 +21,7 @@ from pathlib import Path
 
 from ..command_line import normalise_options
 from . import owned_folder
-from .grpo_arguments import UsageError, parse_arguments
-
-_LAUNCHED_ENV = "TRL_CREDIT_LAUNCHED"  # set in processes started by `accelerate launch` from this command
+from .grpo_arguments import LAUNCHED_ENV, UsageError, accelerate_config_file, parse_arguments
 
 
 class TrainingStopped(Exception):
@@ -118,21 +116,11 @@ def launch_with_accelerate(accelerate_config: str, argv: list[str], output_dir: 
         command += ["-m", "trl_credit.cli.grpo", *argv]
         print(f"trl-credit: launching {' '.join(command)}", flush=True)
         held = str(Path(output_dir).resolve())
-        process = subprocess.Popen(command, env={**os.environ, _LAUNCHED_ENV: "1", HELD_BY_PARENT_ENV: held})
+        process = subprocess.Popen(command, env={**os.environ, LAUNCHED_ENV: "1", HELD_BY_PARENT_ENV: held})
         try:
             return process.wait()
         except KeyboardInterrupt:  # the workers got the same Ctrl-C: they say where to resume, then exit
             return process.wait() or 130
-
-
-def accelerate_config_file(accelerate_config: str):
-    """The accelerate config `--accelerate_config` names: a file, or a packaged config by name."""
-    from ..resources import accelerate_configs, find_yaml
-
-    try:
-        return find_yaml("--accelerate_config", accelerate_config, accelerate_configs())[0]
-    except ValueError as error:
-        raise UsageError(str(error)) from error
 
 
 def dry_run(script_args, training_args, model_args) -> int:
@@ -309,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         if training_args.use_cpu:  # else DeepSpeed, imported by accelerate whenever installed, announces its guess
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
         with owned_folder(training_args.output_dir):
-            if script_args.accelerate_config and not os.environ.get(_LAUNCHED_ENV):
+            if script_args.accelerate_config and not os.environ.get(LAUNCHED_ENV):
                 return launch_with_accelerate(script_args.accelerate_config, argv, training_args.output_dir)
             train(script_args, training_args, model_args, given)
     except UsageError as error:

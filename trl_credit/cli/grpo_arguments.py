@@ -95,6 +95,44 @@ def _is_name(value) -> bool:
     return isinstance(value, str) and bool(value)
 
 
+LAUNCHED_ENV = "TRL_CREDIT_LAUNCHED"  # set in processes started by `accelerate launch` from this command
+
+
+def accelerate_config_file(accelerate_config: str):
+    """The accelerate config `--accelerate_config` names: a file, or a packaged config by name."""
+    from ..resources import accelerate_configs, find_yaml
+
+    try:
+        return find_yaml("--accelerate_config", accelerate_config, accelerate_configs())[0]
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+
+
+def launched_processes(argv: list[str], recipe: dict) -> int | None:
+    """How many processes in all (every machine's) this command will start, as accelerate reads `num_processes` from
+    the `--accelerate_config` the flags or the recipe name; None without one, and in a process it started."""
+    from importlib.resources import as_file
+
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    name = _peek_option(argv, "--accelerate_config") or recipe.get("accelerate_config")
+    if os.environ.get(LAUNCHED_ENV) or not isinstance(name, str) or name.strip().lower() in ("", "none"):
+        return None  # a launched process knows its world; no config, or one that `__post_init__` refuses
+    with as_file(accelerate_config_file(name)) as config_file:
+        return load_config_from_file(str(config_file)).num_processes
+
+
+def as_launched(config_class, processes: int):
+    """`config_class` as the processes `accelerate launch` starts will build it: TRL derives the generation batch from
+    the world size and checks that it holds whole groups (`GRPOConfig.__post_init__`), and the launching process,
+    not one of them, would count itself alone."""
+    return type(
+        config_class.__name__,
+        (config_class,),
+        {"world_size": property(lambda self: processes), "__module__": config_class.__module__},
+    )
+
+
 def _peek_option(argv: list[str], name: str) -> str | None:
     for i, arg in enumerate(argv):
         if arg == name and i + 1 < len(argv):
@@ -162,8 +200,9 @@ def _method_argument_classes(method: str) -> list[type]:
     return [m.arguments for m in _stack(method) if m.arguments is not None]
 
 
-def build_parser(method: str, method_given: bool = True):
-    """The parser of `trl-credit grpo --method METHOD`; its `--help` lists the stack's options first."""
+def build_parser(method: str, method_given: bool = True, processes: int | None = None):
+    """The parser of `trl-credit grpo --method METHOD`; its `--help` lists the stack's options first. With
+    `processes`, the config is checked as that many launched processes will build it (`as_launched`)."""
     from trl import ModelConfig, TrlParser
 
     from ..resources import QUICK_START, recipes, yaml_names
@@ -171,6 +210,8 @@ def build_parser(method: str, method_given: bool = True):
     from .parsing import read_negative_numbers_as_values
 
     config_class = trainer_pair(method)[0]
+    if processes is not None:
+        config_class = as_launched(config_class, processes)
     dataclass_types = (
         CreditScriptArguments,
         config_class,
@@ -310,7 +351,7 @@ def parse_arguments(argv: list[str]):
     recipe, config_path, config = read_recipe(_peek_option(argv, "--config"))
     method = _resolve_method(argv, config, config_path)
     given = any(_peek_option(argv, f"--{key}") or config.get(key) for key in ("method", "credit_method"))
-    parser = build_parser(method, method_given=given)
+    parser = build_parser(method, method_given=given, processes=launched_processes(argv, config))
     sources = _Sources(argv, config, config_path)
 
     def argparse_error(message: str):  # "argument --x/--X: invalid float value: 'a lot'", maybe from the YAML
