@@ -520,6 +520,18 @@ def test_the_launcher_checks_the_generation_batch_of_the_processes_it_launches(m
         assert "x 1 processes = 6 completions) must hold whole groups" in str(refused.value)
 
 
+def test_an_accelerate_config_without_a_process_count_is_refused_before_launching(tmp_path):
+    unset = yaml.safe_load(accelerate_configs().joinpath("multi_gpu.yaml").read_text())
+    del unset["num_processes"]  # accelerate reads -1: `accelerate launch` would want `--num_processes`
+    (tmp_path / "unset.yaml").write_text(yaml.safe_dump(unset))
+    with pytest.raises(UsageError) as refused:
+        parse_arguments(["--accelerate_config", str(tmp_path / "unset.yaml"), "--output_dir", str(tmp_path / "run")])
+    assert str(refused.value) == (
+        f"--accelerate_config {tmp_path / 'unset.yaml'}: num_processes is -1: set it in the file to the number of "
+        "processes to launch in all (accelerate reads it from there)"
+    )
+
+
 def test_dry_run_checks_a_packaged_recipe_and_its_accelerate_config_and_loads_nothing(
     capsys, monkeypatch, tmp_path, no_model_loading
 ):

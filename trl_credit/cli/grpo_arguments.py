@@ -119,7 +119,13 @@ def launched_processes(argv: list[str], recipe: dict) -> int | None:
     if os.environ.get(LAUNCHED_ENV) or not isinstance(name, str) or name.strip().lower() in ("", "none"):
         return None  # a launched process knows its world; no config, or one that `__post_init__` refuses
     with as_file(accelerate_config_file(name)) as config_file:
-        return load_config_from_file(str(config_file)).num_processes
+        processes = load_config_from_file(str(config_file)).num_processes
+    if processes < 1:  # accelerate's "not set"; `accelerate launch` would refuse it without `--num_processes`
+        raise UsageError(
+            f"--accelerate_config {name}: num_processes is {processes}: set it in the file to the number of processes "
+            "to launch in all (accelerate reads it from there)"
+        )
+    return processes
 
 
 def as_launched(config_class, processes: int):
