@@ -133,7 +133,11 @@ def dry_run(script_args, training_args, model_args) -> int:
     )
     if script_args.accelerate_config:
         config_file = accelerate_config_file(script_args.accelerate_config)
-        print(f"trl-credit grpo: would launch through accelerate with {script_args.accelerate_config} ({config_file})")
+        print(
+            f"trl-credit grpo: would launch {training_args.world_size} processes through accelerate with "
+            f"{script_args.accelerate_config} ({config_file}), a generation batch of "
+            f"{training_args.generation_batch_size} completions"
+        )
     return 0
 
 
