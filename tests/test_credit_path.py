@@ -58,7 +58,7 @@ from trl_credit import CreditGRPOConfig, CreditGRPOTrainer
 from trl_credit.methods import (
     CREDIT_METHODS,
     GENERATION_STATISTICS,
-    POLICY_LOGPS,
+    POLICY_ENTROPY,
     PREVIOUS_POLICY_DEVIATION,
     REFERENCE_DEVIATION,
     ROLLOUT_ENTROPY,
@@ -129,6 +129,19 @@ def _checked_run(monkeypatch, tmp_path, method, **settings):
 
 def _logged(trainer, metric) -> list[float]:
     return [entry[metric] for entry in trainer.state.log_history if metric in entry]
+
+
+def _consumed_by_trls_loss(monkeypatch) -> list[dict]:
+    """The tensors of each micro-batch as TRL's loss consumed them (copied after it ran), appended as it runs."""
+    consumed, original = [], GRPOTrainer._compute_loss
+
+    def compute_loss(self, model, inputs):  # named as TRL's, which the trainer checks
+        loss = original(self, model, inputs)
+        consumed.append({key: value.detach().clone() for key, value in inputs.items() if torch.is_tensor(value)})
+        return loss
+
+    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    return consumed
 
 
 def _reads(method: str, statistics) -> bool:
@@ -1126,15 +1139,7 @@ def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(mo
     method (EAPO) as well as a training-forward one (TACO)."""
     trainer = _trainer(method, tmp_path / "run", max_steps=1, log_token_credit=True, token_credit_samples=4)
     initial = frozen_copy(trainer.model)
-    consumed = []
-    original = GRPOTrainer._compute_loss
-
-    def compute_loss(self, model, inputs):  # named as TRL's, which the trainer checks
-        loss = original(self, model, inputs)
-        consumed.append({key: value.detach().clone() for key, value in inputs.items() if torch.is_tensor(value)})
-        return loss
-
-    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    consumed = _consumed_by_trls_loss(monkeypatch)
     trainer.train()
     [batch] = consumed
     mask_BT = batch["completion_mask"].bool()
@@ -1178,15 +1183,7 @@ def test_the_token_credit_log_records_the_credit_and_statistics_the_loss_read(mo
 def test_a_stack_over_both_stages_logs_the_mean_credit_once_after_its_last_stage(monkeypatch, tmp_path):
     """EAPO at the generation batch, then TACO in the training forward: `credit/adv_abs_mean` is the mean |A| of the
     advantages TRL's loss consumed, not averaged with what the generation stage left."""
-    consumed = []
-    original = GRPOTrainer._compute_loss
-
-    def compute_loss(self, model, inputs):  # named as TRL's, which the trainer checks
-        loss = original(self, model, inputs)
-        consumed.append({key: value.detach().clone() for key, value in inputs.items() if torch.is_tensor(value)})
-        return loss
-
-    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    consumed = _consumed_by_trls_loss(monkeypatch)
     trainer = _trainer("eapo+taco", tmp_path / "run", max_steps=1)
     trainer.train()
     [batch] = consumed
@@ -1208,14 +1205,7 @@ def test_a_generation_stage_method_that_drops_tokens_recounts_trls_normaliser(mo
         keep_BT[:, 0] = 0.0
         return CreditResult(batch.advantages_BT, loss_mask_BT=keep_BT)
 
-    consumed = []
-    original = GRPOTrainer._compute_loss
-
-    def compute_loss(self, model, inputs):  # named as TRL's, which the trainer checks
-        consumed.append({key: value for key, value in inputs.items() if torch.is_tensor(value)})
-        return original(self, model, inputs)
-
-    monkeypatch.setattr(GRPOTrainer, "_compute_loss", compute_loss)
+    consumed = _consumed_by_trls_loss(monkeypatch)
     _trainer("credit_path_drop_first", tmp_path, max_steps=1, loss_type="dapo").train()
     [batch] = consumed
     want_BT = batch["completion_mask"].float()
@@ -1237,7 +1227,7 @@ def test_a_later_stage_reads_the_soft_loss_weights_an_earlier_stage_left(tmp_pat
 
     seen = []
 
-    @register_credit_method("credit_path_reads_weights", statistics=(POLICY_LOGPS,))
+    @register_credit_method("credit_path_reads_weights", statistics=(POLICY_ENTROPY,))
     def reads_weights(batch):
         seen.append((batch.loss_weights_BT.clone(), batch.mask_BT.clone()))
         return batch.advantages_BT
