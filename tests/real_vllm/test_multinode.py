@@ -47,14 +47,13 @@ RECIPE = ROOT / "configs" / "tide_qwen2.5_32b_zero3.yaml"
 RUN_TIMEOUT_S = 900
 STEPS = 2
 # The recipe cut down to the tiny model on the CPU: 2 steps of 3 prompts x 4 completions, 6 rows a process, so the
-# second prompt's group is split between the machines (`--generation_batch_size`: the launcher checks the batch for
-# one process, which `--per_device_train_batch_size 6` alone would refuse with 4 completions a prompt).
+# second prompt's group is split between the machines. Each machine's launcher checks that generation batch with the
+# two processes of its accelerate config, as TRL derives it in them (6 rows alone would hold a partial group).
 TINY_RUN = {
     "use_cpu": "true",
     "bf16": "false",
     "activation_checkpointing": "false",
     "per_device_train_batch_size": "6",
-    "generation_batch_size": "12",
     "num_generations": "4",
     "gradient_accumulation_steps": "1",
     "max_completion_length": "8",
