@@ -17,7 +17,7 @@ from trainer_helpers import DOCUMENTED_STACKS, AdvantageRecorder, moving_setting
 from trl_credit.cli import UsageError
 from trl_credit.cli import main as cli_main
 from trl_credit.cli.grpo import parse_arguments, reward_summary
-from trl_credit.cli.grpo_arguments import LAUNCHED_ENV
+from trl_credit.cli.grpo_launch import LAUNCHED_ENV
 from trl_credit.resources import QUICK_START, accelerate_configs, recipes, yaml_names
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -538,12 +538,13 @@ def test_dry_run_checks_a_packaged_recipe_and_its_accelerate_config_and_loads_no
     """`--config NAME` reads the packaged recipe; `--dry_run` names the packaged accelerate config the recipe would
     launch with, and neither loads data nor launches nor writes anything."""
     import trl_credit.cli.grpo as grpo
+    import trl_credit.cli.grpo_launch as grpo_launch
 
     def refuse(*args, **kwargs):
         raise AssertionError("a dry run went past the checks")
 
     monkeypatch.setattr(grpo, "load_training_data", refuse)
-    monkeypatch.setattr(grpo.subprocess, "call", refuse)
+    monkeypatch.setattr(grpo_launch.subprocess, "Popen", refuse)
     monkeypatch.chdir(tmp_path)
     cpu = ["--bf16", "false", "--use_cpu", "true", "--report_to", "none"]
     assert cli_main(["grpo", "--config", "taco_qwen3_1.7b_base", "--dry_run", *cpu]) == 0
@@ -560,7 +561,7 @@ def test_dry_run_checks_a_packaged_recipe_and_its_accelerate_config_and_loads_no
 def test_an_accelerate_launch_gets_the_packaged_config_file_and_the_recipe_as_given(monkeypatch, tmp_path):
     """The launcher opens the packaged accelerate config as a file; the workers get the command line as given, so they
     read the same packaged recipe by its name."""
-    import trl_credit.cli.grpo as grpo
+    import trl_credit.cli.grpo_launch as grpo_launch
 
     launched = []
 
@@ -572,7 +573,7 @@ def test_an_accelerate_launch_gets_the_packaged_config_file_and_the_recipe_as_gi
         def wait(self):
             return 0
 
-    monkeypatch.setattr(grpo.subprocess, "Popen", Launch)
+    monkeypatch.setattr(grpo_launch.subprocess, "Popen", Launch)
     argv = ["--config", QUICK_START, "--accelerate_config", "zero3", "--output_dir", str(tmp_path / "run")]
     assert cli_main(["grpo", *argv]) == 0
     ((config_text, worker_argv, env),) = launched

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
-from pathlib import Path
 
 from ..command_line import normalise_options
 from . import owned_folder
-from .grpo_arguments import LAUNCHED_ENV, UsageError, accelerate_config_file, parse_arguments
+from .grpo_arguments import UsageError, parse_arguments
+from .grpo_launch import LAUNCHED_ENV, accelerate_config_file, launch_with_accelerate
 
 
 class TrainingStopped(Exception):
@@ -102,25 +101,6 @@ def cpu_threads() -> int:
     if not value.isdigit() or int(value) < 1:
         raise UsageError(f"OMP_NUM_THREADS={value!r} must be a positive integer (threads of a CPU run)")
     return int(value)
-
-
-def launch_with_accelerate(accelerate_config: str, argv: list[str], output_dir: str) -> int:
-    """Re-run this module under `accelerate launch`, as `trl grpo` does with its own script; the workers train in the
-    folder this process holds the lock of (`owned_folder`)."""
-    from importlib.resources import as_file
-
-    from ..trainer.run_folder import HELD_BY_PARENT_ENV
-
-    with as_file(accelerate_config_file(accelerate_config)) as config_file:  # a file on disk, for accelerate
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file)]
-        command += ["-m", "trl_credit.cli.grpo", *argv]
-        print(f"trl-credit: launching {' '.join(command)}", flush=True)
-        held = str(Path(output_dir).resolve())
-        process = subprocess.Popen(command, env={**os.environ, LAUNCHED_ENV: "1", HELD_BY_PARENT_ENV: held})
-        try:
-            return process.wait()
-        except KeyboardInterrupt:  # the workers got the same Ctrl-C: they say where to resume, then exit
-            return process.wait() or 130
 
 
 def dry_run(script_args, training_args, model_args) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from ..command_line import given_options, normalise_options, read_recipe
 from . import UsageError  # the one usage error of every sub-command
 from .grpo_checks import check_lora, check_no_evaluation, check_trainable, check_writable
+from .grpo_launch import as_launched, launched_processes
 from .parsing import parse_with_recipe, refuse_repeated_options
 
 
@@ -93,50 +94,6 @@ class CreditScriptArguments:
 
 def _is_name(value) -> bool:
     return isinstance(value, str) and bool(value)
-
-
-LAUNCHED_ENV = "TRL_CREDIT_LAUNCHED"  # set in processes started by `accelerate launch` from this command
-
-
-def accelerate_config_file(accelerate_config: str):
-    """The accelerate config `--accelerate_config` names: a file, or a packaged config by name."""
-    from ..resources import accelerate_configs, find_yaml
-
-    try:
-        return find_yaml("--accelerate_config", accelerate_config, accelerate_configs())[0]
-    except ValueError as error:
-        raise UsageError(str(error)) from error
-
-
-def launched_processes(argv: list[str], recipe: dict) -> int | None:
-    """How many processes in all (every machine's) this command will start, as accelerate reads `num_processes` from
-    the `--accelerate_config` the flags or the recipe name; None without one, and in a process it started."""
-    from importlib.resources import as_file
-
-    from accelerate.commands.config.config_args import load_config_from_file
-
-    name = _peek_option(argv, "--accelerate_config") or recipe.get("accelerate_config")
-    if os.environ.get(LAUNCHED_ENV) or not isinstance(name, str) or name.strip().lower() in ("", "none"):
-        return None  # a launched process knows its world; no config, or one that `__post_init__` refuses
-    with as_file(accelerate_config_file(name)) as config_file:
-        processes = load_config_from_file(str(config_file)).num_processes
-    if processes < 1:  # accelerate's "not set"; `accelerate launch` would refuse it without `--num_processes`
-        raise UsageError(
-            f"--accelerate_config {name}: num_processes is {processes}: set it in the file to the number of processes "
-            "to launch in all (accelerate reads it from there)"
-        )
-    return processes
-
-
-def as_launched(config_class, processes: int):
-    """`config_class` as the processes `accelerate launch` starts will build it: TRL derives the generation batch from
-    the world size and checks that it holds whole groups (`GRPOConfig.__post_init__`), and the launching process,
-    not one of them, would count itself alone."""
-    return type(
-        config_class.__name__,
-        (config_class,),
-        {"world_size": property(lambda self: processes), "__module__": config_class.__module__},
-    )
 
 
 def _peek_option(argv: list[str], name: str) -> str | None:
@@ -357,7 +314,8 @@ def parse_arguments(argv: list[str]):
     recipe, config_path, config = read_recipe(_peek_option(argv, "--config"))
     method = _resolve_method(argv, config, config_path)
     given = any(_peek_option(argv, f"--{key}") or config.get(key) for key in ("method", "credit_method"))
-    parser = build_parser(method, method_given=given, processes=launched_processes(argv, config))
+    processes = launched_processes(_peek_option(argv, "--accelerate_config") or config.get("accelerate_config"))
+    parser = build_parser(method, method_given=given, processes=processes)
     sources = _Sources(argv, config, config_path)
 
     def argparse_error(message: str):  # "argument --x/--X: invalid float value: 'a lot'", maybe from the YAML
