@@ -675,15 +675,12 @@ def test_the_models_inputs_are_prompt_then_completion_with_the_image_inputs_the_
     assert multimodal.keys() == {"pixel_values"} and multimodal["pixel_values"] is batch["pixel_values"]
 
 
-@torch.no_grad()
-def test_the_deviation_pass_over_a_batch_with_images_reads_them_in_one_chunk():
-    """Four rows (more than completion tokens) with an image each, a forward batch size of one: image inputs are not
-    laid out per row, so every row goes through the policy and the reference in one forward with the images, and the
-    deviation and entropy equal those of the models' own logits."""
-    policy, reference = make_tiny_vision_language_model(0), make_tiny_vision_language_model(1)
+def _batch_with_images() -> dict:
+    """Four rows of the tiny Qwen2-VL's batch as TRL carries it: each prompt holds one image of 2 x 2 patches (four
+    image tokens, id 5, between vision start 6 and end 7), then a completion of up to three tokens."""
     prompt_ids = torch.tensor([[9, 6, 5, 5, 5, 5, 7, 10], [11, 6, 5, 5, 5, 5, 7, 12]]).repeat(2, 1)
     completion_ids = torch.tensor([[13, 14, 15], [16, 17, 2], [18, 19, 20], [21, 2, 0]])
-    batch = {
+    return {
         "prompt_ids": prompt_ids,
         "prompt_mask": torch.ones_like(prompt_ids),
         "completion_ids": completion_ids,
@@ -694,6 +691,43 @@ def test_the_deviation_pass_over_a_batch_with_images_reads_them_in_one_chunk():
         # Which positions hold image tokens, over prompt + completion, as TRL's batch carries it for Qwen2-VL.
         "mm_token_type_ids": (torch.cat([prompt_ids, completion_ids], dim=1) == 5).long(),
     }
+
+
+def _own_log_probs(model, batch, temperature: float) -> torch.Tensor:
+    """`(B, T, V)` float64 log-probabilities of `model`'s own logits at the completion positions of `batch`, with its
+    image inputs, at the sampling temperature."""
+    images = {key: batch[key] for key in ("pixel_values", "image_grid_thw", "mm_token_type_ids")}
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    scored = slice(batch["prompt_ids"].size(1) - 1, -1)
+    logits_BTV = model(input_ids, attention_mask=attention_mask, **images).logits[:, scored]
+    return torch.log_softmax(logits_BTV.double() / temperature, -1)
+
+
+@torch.no_grad()
+def test_the_statistics_own_forward_scores_a_batch_with_images_as_the_model_does(tmp_path):
+    """Where TRL ran no forward over a generation batch, the statistics take one of their own through TRL's scoring
+    forward: with images, the model gets the image inputs, and the log-probs and entropies are those of its own
+    logits at the sampling temperature (a trainer of the tiny Qwen2-VL)."""
+    policy = make_tiny_vision_language_model(0)
+    trainer = tiny_trainer(tiny_config("otb", tmp_path, temperature=0.7), model=policy)
+    batch = _batch_with_images()
+    logps_BT, entropy_BT = trainer.policy_logps_and_entropy(batch)
+    logp_BTV = _own_log_probs(policy, batch, 0.7)
+    valid_BT = batch["completion_mask"].bool()
+    want_logps_BT = logp_BTV.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    want_entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
+    torch.testing.assert_close(logps_BT[valid_BT].double(), want_logps_BT[valid_BT], atol=1e-4, rtol=0)
+    torch.testing.assert_close(entropy_BT[valid_BT].double(), want_entropy_BT[valid_BT], atol=1e-4, rtol=0)
+
+
+@torch.no_grad()
+def test_the_deviation_pass_over_a_batch_with_images_reads_them_in_one_chunk():
+    """Four rows (more than completion tokens) with an image each, a forward batch size of one: image inputs are not
+    laid out per row, so every row goes through the policy and the reference in one forward with the images, and the
+    deviation and entropy equal those of the models' own logits."""
+    policy, reference = make_tiny_vision_language_model(0), make_tiny_vision_language_model(1)
+    batch = _batch_with_images()
     sources = StatisticsSources()
     sources.model, sources.temperature, sources.forward_counts = policy, 0.7, Counter()
     sources.accelerator = SimpleNamespace(unwrap_model=lambda model: model)
@@ -706,16 +740,7 @@ def test_the_deviation_pass_over_a_batch_with_images_reads_them_in_one_chunk():
     sources.deviation_reference = SimpleNamespace(model_and_context=lambda policy: (reference, nullcontext()))
     deviation_BT, entropy_BT = sources._deviation_and_entropy(batch)
 
-    images = {key: batch[key] for key in ("pixel_values", "image_grid_thw", "mm_token_type_ids")}
-    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    attention_mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-    scored = slice(prompt_ids.size(1) - 1, -1)
-    logp_BTV, logq_BTV = (
-        torch.log_softmax(
-            model(input_ids, attention_mask=attention_mask, **images).logits[:, scored].double() / 0.7, -1
-        )
-        for model in (policy, reference)
-    )
+    logp_BTV, logq_BTV = (_own_log_probs(model, batch, 0.7) for model in (policy, reference))
     valid_BT = batch["completion_mask"].bool()
     want_deviation_BT = (1 - torch.exp(0.5 * (logp_BTV + logq_BTV)).sum(-1)).clamp(0, 1)
     want_entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
