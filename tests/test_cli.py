@@ -551,7 +551,7 @@ def test_dry_run_checks_a_packaged_recipe_and_its_accelerate_config_and_loads_no
     out = capsys.readouterr().out.splitlines()
     assert out == [
         "trl-credit grpo: dry run: taco on dapo-math-17k, model Qwen/Qwen3-1.7B-Base, output outputs/taco-qwen3-1.7b-base",
-        # zero2.yaml's 8 processes, 16 rows each a micro-batch, 4 micro-batches a generation (the recipe's accumulation)
+        # zero2.yaml's 8 processes, 16 rows a micro-batch each, 4 micro-batches a generation (the recipe's)
         f"trl-credit grpo: would launch 8 processes through accelerate with zero2 "
         f"({accelerate_configs().joinpath('zero2.yaml')}), a generation batch of 512 completions",
     ]

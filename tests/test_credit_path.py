@@ -1673,7 +1673,7 @@ def test_train_hands_transformers_every_argument_so_an_unknown_one_is_refused(tm
     trainer = _trainer("taco", tmp_path / "out", max_steps=1)
     with pytest.raises(TypeError, match=r"train\(\) got an unexpected keyword argument 'no_such_option'"):
         trainer.train(no_such_option=1)
-    # `Trainer.train(resume_from_checkpoint, trial, ignore_keys_for_eval)`: a fourth positional argument is one too many.
+    # `Trainer.train(resume_from_checkpoint, trial, ignore_keys_for_eval)`: a fourth positional argument is too many.
     with pytest.raises(TypeError, match=r"train\(\) takes from 1 to 4 positional arguments but 5 were given"):
         trainer.train(None, None, None, "one too many")
 

@@ -399,7 +399,7 @@ class _ObservedAccuracy(AccuracyReward):
 def test_the_trainers_warnings_point_at_the_line_that_built_it(tmp_path):
     """The normaliser warning (raised in `__init__`) and the hub_token warning (in `_check_args`, one call below) name
     the user's line that built the trainer, as TRL's warnings do. Not in the mutation runs' selection: mutmut's
-    trampolines add a frame between a mutated function and its caller, so there it would fail unmutated; its three
+    trampolines add a frame between a mutated function and its caller, so there it would fail unmutated; its four
     stack-level mutants are killed by hand (docs/testing.md)."""
     tokenizer = make_tiny_tokenizer()
     args = tiny_config("stapo", tmp_path / "out", loss_type="dapo", hub_token="hf_not_a_real_token")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..command_line import given_options, normalise_options, read_recipe
 from . import UsageError  # the one usage error of every sub-command
 from .grpo_checks import check_lora, check_no_evaluation, check_trainable, check_writable
-from .grpo_launch import as_launched, launched_processes
+from .grpo_launch import as_launched, launched_processes, stays_in_this_process
 from .parsing import parse_with_recipe, refuse_repeated_options
 
 
@@ -82,8 +82,8 @@ class CreditScriptArguments:
         for name in ("dataset_train_split", "prompt_column", "answer_column", "system_prompt", "accelerate_config"):
             if not isinstance(getattr(self, name), (str, type(None))):
                 raise SettingError(name, f"must be a string, got {getattr(self, name)!r}")
-        if isinstance(self.accelerate_config, str) and self.accelerate_config.strip().lower() in ("", "none"):
-            self.accelerate_config = None  # `--accelerate_config none`: stay in this process, whatever the recipe says
+        if isinstance(self.accelerate_config, str) and stays_in_this_process(self.accelerate_config):
+            self.accelerate_config = None
         if not (self.reward_funcs and isinstance(self.reward_funcs, list) and all(map(_is_name, self.reward_funcs))):
             raise SettingError("reward_funcs", f"must be a list of reward function names, got {self.reward_funcs!r}")
         twice = sorted({name for name in self.reward_funcs if self.reward_funcs.count(name) > 1})

@@ -25,13 +25,18 @@ def accelerate_config_file(accelerate_config: str):
         raise UsageError(str(error)) from error
 
 
+def stays_in_this_process(accelerate_config: str) -> bool:
+    """`--accelerate_config none` (or empty): train in this process, whatever the recipe names."""
+    return accelerate_config.strip().lower() in ("", "none")
+
+
 def launched_processes(name: str | None) -> int | None:
     """How many processes in all (every machine's) `trl-credit grpo --accelerate_config name` will start, as accelerate
     reads `num_processes` from that config; None without one (`name` None or `none`), and in a process it started."""
+    if os.environ.get(LAUNCHED_ENV) or not isinstance(name, str) or stays_in_this_process(name):
+        return None  # a launched process knows its world; no config, or one that `__post_init__` refuses
     from accelerate.commands.config.config_args import load_config_from_file
 
-    if os.environ.get(LAUNCHED_ENV) or not isinstance(name, str) or name.strip().lower() in ("", "none"):
-        return None  # a launched process knows its world; no config, or one that `__post_init__` refuses
     with as_file(accelerate_config_file(name)) as config_file:
         processes = load_config_from_file(str(config_file)).num_processes
     if processes < 1:  # accelerate's "not set"; `accelerate launch` would refuse it without `--num_processes`
@@ -54,8 +59,8 @@ def as_launched(config_class, processes: int):
 
 
 def launch_with_accelerate(accelerate_config: str, argv: list[str], output_dir: str) -> int:
-    """Re-run `trl_credit.cli.grpo` under `accelerate launch`, as `trl grpo` does with its own script; the workers train in the
-    folder this process holds the lock of (`owned_folder`)."""
+    """Re-run `trl_credit.cli.grpo` under `accelerate launch`, as `trl grpo` does with its own script; the workers
+    train in the folder this process holds the lock of (`owned_folder`)."""
     from ..trainer.run_folder import HELD_BY_PARENT_ENV
 
     with as_file(accelerate_config_file(accelerate_config)) as config_file:  # a file on disk, for accelerate
