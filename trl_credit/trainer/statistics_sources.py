@@ -128,7 +128,8 @@ class StatisticsSources:
         tokens with the model's output transform and the sampling temperature, as TRL's forward scores them."""
         policy = self._policy()
         valid_BT = valid_mask(batch)
-        with unsharded_root(policy), full_lm_head(policy) as (weight_VH, bias_V):
+        # Only the head: the hidden states are given, so under FSDP2 the root's embeddings stay sharded.
+        with full_lm_head(policy) as (weight_VH, bias_V):
             streamed_N = token_statistics(
                 hidden_BTH[valid_BT],
                 weight_VH,
