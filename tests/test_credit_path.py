@@ -620,6 +620,11 @@ def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
     entropy_BT, hidden_BTH = record.statistics({"old_per_token_logps": old_BT})
     torch.testing.assert_close(entropy_BT, torch.cat([entropy for _, entropy in chunks])[:, 1:])
     torch.testing.assert_close(hidden_BTH, torch.cat(hidden)[:, 1:])
+    # Handed over, not copied beside the record: the matched calls keep their log-probs and entropies alone, and the
+    # other forward's calls are left as they were.
+    assert [call[2] is None for call in record.calls] == [False, True, True, False]
+    assert all(call[0] is logps for call, (logps, _) in zip(record.calls[1:3], chunks))
+    assert record.statistics({"old_per_token_logps": old_BT}) is None  # the states went with the first answer
     assert record.statistics({"old_per_token_logps": old_BT + 1}) is None
     assert record.statistics({}) is None
 

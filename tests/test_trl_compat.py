@@ -15,6 +15,7 @@ import pytest
 import torch
 import trl
 from conftest import (
+    TINY_FAMILIES,
     make_tiny_model,
     make_tiny_tokenizer,
     tiny_config,
@@ -27,8 +28,14 @@ from trl.trainer import utils as trl_utils
 from trl_credit import CreditGRPOTrainer
 from trl_credit.trainer import trl_compat
 from trl_credit.trainer.lm_head_statistics import LogitTransform
-from trl_credit.trainer.model_parts import logit_transform
-from trl_credit.trainer.trl_compat import chunked_logprob_torch, needs_torch_fused_head, torch_fused_head
+from trl_credit.trainer.model_parts import backbone, logit_transform
+from trl_credit.trainer.trl_compat import (
+    cache_keyword,
+    chunked_logprob_torch,
+    needs_torch_fused_head,
+    output_cache,
+    torch_fused_head,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -490,3 +497,39 @@ def test_trl_choices_are_the_values_trl_documents():
         unexplained = quoted - set(values) - set(fields) - {"True", "False"} - every_value
         assert not unexplained, f"{name}: TRL's help names {sorted(unexplained)}, which TRL_CHOICES lacks"
         assert fields[name].default in values
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_a_forward_on_a_prompt_cache_frees_each_layers_new_keys_once_it_has_used_them(family):
+    """`attending_without_growing`, as `model_parts.completion_hidden` runs the completions on their prompts' cache:
+    the same hidden states as on transformers' own growing cache, no earlier layer holding the completion's keys
+    while the last layer runs, and afterwards the prompt's cache and no hook left on the backbone."""
+    torch.manual_seed(0)
+    decoder = backbone(make_tiny_model(make_tiny_tokenizer(), family=family))
+    prompt_ids, completion_ids = torch.randint(3, 60, (2, 3)), torch.randint(3, 60, (2, 5))
+    keyword = {"attention_mask": torch.ones(2, 8, dtype=torch.long), "use_cache": True}
+
+    def completions_on(cache):
+        return decoder(
+            input_ids=completion_ids, **keyword, **{cache_keyword(decoder.forward): cache}
+        ).last_hidden_state
+
+    grown = output_cache(decoder(input_ids=prompt_ids, use_cache=True))
+    want = completions_on(grown)
+    assert grown.get_seq_length() == 8  # transformers' own cache keeps the completions' keys: what this changes
+
+    cache = output_cache(decoder(input_ids=prompt_ids, use_cache=True))
+    indexed = [m for m in decoder.modules() if isinstance(getattr(m, "layer_idx", None), int)]
+    last_attention = [m for m in indexed if m.layer_idx == len(cache.layers) - 1][-1]
+    lengths = []
+    watch = last_attention.register_forward_hook(
+        lambda *_: lengths.append([cache.get_seq_length(i) for i in range(len(cache.layers))])
+    )
+    with trl_compat.attending_without_growing(decoder, cache):
+        got = completions_on(cache)
+    watch.remove()
+
+    assert torch.equal(got, want)
+    assert lengths == [[3] * (len(cache.layers) - 1) + [8]]
+    assert [cache.get_seq_length(i) for i in range(len(cache.layers))] == [3] * len(cache.layers)
+    assert not any(module._forward_hooks for module in decoder.modules())

@@ -12,7 +12,7 @@ import torch
 from accelerate.utils import is_peft_model
 
 from .lm_head_statistics import LogitTransform
-from .trl_compat import cache_keyword, output_cache
+from .trl_compat import attending_without_growing, cache_keyword, output_cache
 
 
 def backbone(model):
@@ -33,8 +33,9 @@ def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion
 
     Rows with the same prompt (a GRPO group) share its forward: each distinct prompt runs once with a KV cache, the
     cache is repeated for its rows, and the completions run on it with the whole attention mask, continuing at
-    position P as one forward over prompt + completion does (`tests/test_architectures.py` checks the equality).
-    With image inputs, one forward over prompt + completion.
+    position P as one forward over prompt + completion does (`tests/test_architectures.py` checks the equality). The
+    completions' own keys and values are not kept in the cache (`attending_without_growing`): each layer's are freed
+    once it has used them. With image inputs, one forward over prompt + completion.
     """
     prompt_len, completion_len = prompt_ids.size(1), completion_ids.size(1)
     attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
@@ -51,12 +52,13 @@ def completion_hidden(model, prompt_ids, prompt_mask, completion_ids, completion
     prompt_out = decoder(input_ids=distinct[:, :prompt_len], attention_mask=distinct[:, prompt_len:], use_cache=True)
     cache = output_cache(prompt_out)
     cache.reorder_cache(row_prompt)  # each row gets its prompt's keys and values
-    completion_out = decoder(
-        input_ids=completion_ids,
-        attention_mask=attention_mask,
-        use_cache=True,
-        **{cache_keyword(decoder.forward): cache},
-    )
+    with attending_without_growing(decoder, cache):
+        completion_out = decoder(
+            input_ids=completion_ids,
+            attention_mask=attention_mask,
+            use_cache=True,
+            **{cache_keyword(decoder.forward): cache},
+        )
     # The prompt's last position scores the first completion token; the last completion token scores nothing.
     return torch.cat([prompt_out.last_hidden_state[row_prompt, -1:], completion_out.last_hidden_state[:, :-1]], dim=1)
 

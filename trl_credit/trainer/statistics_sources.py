@@ -128,25 +128,30 @@ class StatisticsSources:
         tokens with the model's output transform and the sampling temperature, as TRL's forward scores them."""
         policy = self._policy()
         valid_BT = valid_mask(batch)
+        statistics_BT = TokenStatistics(
+            *(torch.zeros(valid_BT.shape, device=hidden_BTH.device) for _ in TokenStatistics._fields)
+        )
+        step = self._forward_batch_size()
         # Only the head: the hidden states are given, so under FSDP2 the root's embeddings stay sharded.
         with full_lm_head(policy) as (weight_VH, bias_V):
-            streamed_N = token_statistics(
-                hidden_BTH[valid_BT],
-                weight_VH,
-                batch["completion_ids"][valid_BT],
-                bias_V,
-                temperature=self.temperature,
-                token_chunk_size=self.args.statistics_token_chunk_size,
-                vocab_chunk_size=self.args.statistics_vocab_chunk_size,
-                transform=logit_transform(policy),
-            )
-
-        def per_token(values_N: torch.Tensor) -> torch.Tensor:
-            values_BT = torch.zeros(valid_BT.shape, device=values_N.device)
-            values_BT[valid_BT] = values_N
-            return values_BT
-
-        return TokenStatistics(*(per_token(values_N) for values_N in streamed_N))
+            # The valid tokens' hidden states are copied a row chunk at a time: for a whole generation batch of long
+            # completions, one copy is as large as the recorded states themselves.
+            for start in range(0, valid_BT.size(0), step):
+                rows = slice(start, start + step)
+                rows_valid_bT = valid_BT[rows]
+                streamed_n = token_statistics(
+                    hidden_BTH[rows][rows_valid_bT],
+                    weight_VH,
+                    batch["completion_ids"][rows][rows_valid_bT],
+                    bias_V,
+                    temperature=self.temperature,
+                    token_chunk_size=self.args.statistics_token_chunk_size,
+                    vocab_chunk_size=self.args.statistics_vocab_chunk_size,
+                    transform=logit_transform(policy),
+                )
+                for values_BT, values_n in zip(statistics_BT, streamed_n, strict=True):
+                    values_BT[rows][rows_valid_bT] = values_n
+        return statistics_BT
 
     def _recorded_policy_hidden(self, batch, generation, scoring):
         """`(entropy_BT or None, hidden_BTH or None)` from the records of TRL's generation of `batch`: TRL's scoring

@@ -153,6 +153,30 @@ def cache_keyword(forward) -> str:
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
+@contextmanager
+def attending_without_growing(backbone, cache):
+    """Within the block, `backbone`'s forwards attend to `cache` (a transformers `Cache`) without keeping what they add
+    to it: after each attention module (a module with a `layer_idx`) runs, its layer of the cache is put back as it
+    was. A forward of T new tokens then frees each layer's T keys and values once that layer has used them, as a
+    forward without a cache does, instead of holding every layer's to the end (at 16k tokens, 4 rows of Qwen2.5-32B:
+    33 GiB). The model computes with what `Cache.update` returns, so its outputs do not change."""
+    layers = cache.layers
+    as_given = [dict(vars(layer)) for layer in layers]
+
+    def put_back(module, args, output):
+        layer = layers[module.layer_idx]
+        vars(layer).clear()
+        vars(layer).update(as_given[module.layer_idx])
+
+    attention = [m for m in backbone.modules() if isinstance(getattr(m, "layer_idx", None), int)]
+    hooks = [module.register_forward_hook(put_back) for module in attention if module.layer_idx < len(layers)]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 # ------------------------------------------------------------------------------------ TRL 1.15's fused LM head
 
 OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
