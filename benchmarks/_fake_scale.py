@@ -52,9 +52,7 @@ class PaperScaleMode(TorchDispatchMode):
         self.real_limit = real_limit
         self.live = 0
         self.peak = 0
-        self.released = 0  # bytes freed of the storages given to `hold`
         self.answered_reads = 0
-        self._given: set[int] = set()
         self._by_id: dict[int, weakref.ref] = {}  # storage id -> weak reference, to count each storage once
         self._alive: set[weakref.ref] = set()
 
@@ -112,16 +110,8 @@ class PaperScaleMode(TorchDispatchMode):
             self._by_id[id(storage)] = reference
             self._alive.add(reference)  # a weak reference fires its callback only while it is itself alive
 
-    def hold(self, tensors) -> None:
-        """Count storages made before the mode (see `measured`'s `held`)."""
-        self._count(tensors)
-        self._given.update(id(tensor.untyped_storage()) for tensor in tensors)
-
     def _free(self, key: int, size: int, reference: weakref.ref) -> None:
         self.live -= size
-        if key in self._given:
-            self._given.discard(key)
-            self.released += size
         self._alive.discard(reference)
         if self._by_id.get(key) is reference:  # the id may already name a newer storage
             del self._by_id[key]
@@ -147,32 +137,23 @@ class Measurement:
 
     def __init__(self):
         self.peak = 0
-        self.held = 0  # net: less what it released of what it was given
-        self.released = 0
+        self.held = 0
         self.flops = 0
         self.answered_reads = 0
 
 
 @contextmanager
-def measured(fake_mode: FakeTensorMode, real_limit: int | None = 64 << 20, held: list | None = None):
+def measured(fake_mode: FakeTensorMode, real_limit: int | None = 64 << 20):
     """Yield a `Measurement` filled in when the block exits: torch's `FlopCounterMode` (matrix products and attention)
-    around a `PaperScaleMode` (`real_limit=None`: every real operation runs for real).
-
-    `held`: tensors made before the block that it may release (records it is handed); what it frees of them lowers
-    its peak and held bytes and is counted in `released` (the list is emptied, so that it keeps none of them alive)."""
+    around a `PaperScaleMode` (`real_limit=None`: every real operation runs for real)."""
     result = Measurement()
     counter = FlopCounterMode(display=False)
     mode = PaperScaleMode(fake_mode, real_limit)
-    mode.hold(held or [])
-    if held:
-        held.clear()
-    start = mode.live
     with counter, mode:
         yield result
-    result.peak, result.held, result.released, result.flops, result.answered_reads = (
-        mode.peak - start,
-        mode.live - start,
-        mode.released,
+    result.peak, result.held, result.flops, result.answered_reads = (
+        mode.peak,
+        mode.live,
         counter.get_total_flops(),
         mode.answered_reads,
     )

@@ -286,10 +286,7 @@ def stage_costs(trainer, batch, fake_mode, real_limit) -> dict:
     costs = {"scoring": scoring}
     if stage_plan.generation_statistics:
         batch = {**batch, "old_per_token_logps": logps_BT}
-        # The records' hidden states are handed over to the statistics (`ScoringForward.statistics`): what they
-        # release of them is counted.
-        recorded = [call[2] for call in record.calls if call[2] is not None] if record is not None else []
-        with measured(fake_mode, real_limit, held=recorded) as costs["statistics"]:
+        with measured(fake_mode, real_limit) as costs["statistics"]:
             statistics = trainer._generation_batch_statistics(
                 batch, stage_plan.generation_statistics, generation, record
             )
@@ -341,15 +338,12 @@ def added_cost(name: str, sources: dict, grpo: dict, method, world: int, accumul
     """The credit path's added peak bytes per GPU (and in which phase), its added FLOPs per generation batch."""
     scoring, statistics, gap = sources["scoring"], sources.get("statistics"), sources.get("logit_gap")
     record_held = max(0, scoring.held - grpo["scoring"].held)
-    # What the statistics leave held: with the records they were handed over (until the generation stage ends, with
-    # the records), and without (from the training forward on, when the records are gone).
     statistics_held = statistics.held if statistics else 0
-    statistics_output = statistics.held + statistics.released if statistics else 0
     phases = {
         "old-log-prob forward with records": max(0, scoring.peak - grpo["scoring"].peak),
         "generation statistics": record_held + (statistics.peak if statistics else 0),
-        "logit-gap stream": statistics_output + (gap.peak if gap else 0),
-        "method call": (statistics_output if method.in_forward else record_held + statistics_held) + method.peak,
+        "logit-gap stream": statistics_held + (gap.peak if gap else 0),
+        "method call": (0 if method.in_forward else record_held) + statistics_held + method.peak,
     }
     phase = max(phases, key=phases.get)
     shard = sources.get("reference_bytes", 0) / world

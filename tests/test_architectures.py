@@ -403,9 +403,9 @@ def test_scoring_record_is_used_only_where_it_matches_trls_old_log_probs():
     forward(4, fused=False)  # e.g. a rollout_func's plain forward: not recorded
     chunks = [forward(2), forward(2)]  # TRL's old-log-prob forward, two row chunks
     old_BT = torch.cat([out.log_probs[:, -4:] for out, _ in chunks])
-    entropy_BT, hidden_BTH = record.statistics({"old_per_token_logps": old_BT})
+    entropy_BT, hidden_chunks = record.statistics({"old_per_token_logps": old_BT})
     torch.testing.assert_close(entropy_BT, torch.cat([out.entropy[:, -4:] for out, _ in chunks]), atol=0, rtol=0)
-    torch.testing.assert_close(hidden_BTH, torch.cat([h[:, 1:5] for _, h in chunks]), atol=0, rtol=0)
+    torch.testing.assert_close(torch.cat(hidden_chunks), torch.cat([h[:, 1:5] for _, h in chunks]), atol=0, rtol=0)
     assert len(record.calls) == 3
     assert record.statistics({}) is None  # TRL ran no scoring forward
     assert record.statistics({"old_per_token_logps": old_BT[:3]}) is None  # rows not covered call by call

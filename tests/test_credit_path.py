@@ -79,6 +79,7 @@ from trl_credit.trainer.batch_layout import (
     SEQUENCE_ADVANTAGES,
     groups_and_rewards,
     loss_weights,
+    rows_of,
     sequence_inputs,
     valid_mask,
 )
@@ -584,7 +585,7 @@ def test_a_scoring_record_without_the_hidden_states_it_must_keep_is_not_used():
     record.calls = [(logps, entropy, None)]
     assert record.statistics(batch) is None
     record.calls = [(logps, entropy, hidden)]
-    entropy_BT, hidden_BTH = record.statistics(batch)
+    entropy_BT, [hidden_BTH] = record.statistics(batch)
     assert torch.equal(entropy_BT, entropy[:, 1:]) and torch.equal(hidden_BTH, hidden[:, 1:])
 
 
@@ -617,14 +618,11 @@ def test_the_scoring_forward_record_is_the_calls_whose_log_probs_trl_returned():
     record = ScoringForward(keep_hidden=True)
     record.calls = [other, *((logps, entropy, h) for (logps, entropy), h in zip(chunks, hidden)), other]
     old_BT = torch.cat([logps for logps, _ in chunks])[:, 1:]  # TRL keeps the completion's last positions
-    entropy_BT, hidden_BTH = record.statistics({"old_per_token_logps": old_BT})
+    entropy_BT, hidden_chunks = record.statistics({"old_per_token_logps": old_BT})
     torch.testing.assert_close(entropy_BT, torch.cat([entropy for _, entropy in chunks])[:, 1:])
-    torch.testing.assert_close(hidden_BTH, torch.cat(hidden)[:, 1:])
-    # Handed over, not copied beside the record: the matched calls keep their log-probs and entropies alone, and the
-    # other forward's calls are left as they were.
-    assert [call[2] is None for call in record.calls] == [False, True, True, False]
-    assert all(call[0] is logps for call, (logps, _) in zip(record.calls[1:3], chunks))
-    assert record.statistics({"old_per_token_logps": old_BT}) is None  # the states went with the first answer
+    torch.testing.assert_close(torch.cat(hidden_chunks), torch.cat(hidden)[:, 1:])
+    # The calls' own states, not a copy of them: the batch's states are held once.
+    assert [h.untyped_storage().data_ptr() for h in hidden_chunks] == [h.untyped_storage().data_ptr() for h in hidden]
     assert record.statistics({"old_per_token_logps": old_BT + 1}) is None
     assert record.statistics({}) is None
 
@@ -664,6 +662,18 @@ def test_loss_weights_are_the_completion_mask_times_the_tool_mask():
     assert torch.equal(
         loss_weights({"completion_mask": batch["completion_mask"]}), torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     )
+
+
+def test_rows_of_row_chunks_are_those_rows_of_the_chunks_laid_end_to_end():
+    """Every slice of rows, across chunk boundaries or inside one chunk (a view there, no copy), as the same rows of
+    the chunks concatenated."""
+    chunks = [torch.arange(6.0).view(2, 3), torch.arange(6.0, 9.0).view(1, 3), torch.arange(9.0, 18.0).view(3, 3)]
+    whole = torch.cat(chunks)
+    for start in range(6):
+        for stop in range(start + 1, 7):
+            assert torch.equal(rows_of(chunks, slice(start, stop)), whole[start:stop]), (start, stop)
+    assert rows_of(chunks, slice(3, 5)).data_ptr() == chunks[2][0].data_ptr()  # inside one chunk: a view
+    assert torch.equal(rows_of(chunks, slice(4, 8)), whole[4:6])  # a last chunk of rows past the end, as slicing
 
 
 def test_the_models_inputs_are_prompt_then_completion_with_the_image_inputs_the_batch_holds():

@@ -45,3 +45,15 @@ def loss_weights(batch) -> torch.Tensor:
 def valid_mask(batch) -> torch.Tensor:
     """The tokens TRL's loss counts: a positive `loss_weights`."""
     return loss_weights(batch).bool()
+
+
+def rows_of(chunks: list[torch.Tensor], rows: slice) -> torch.Tensor:
+    """Rows `rows` of row chunks laid end to end (the hidden states of one forward per row chunk, as TRL scores a
+    batch): a view where they lie in one chunk, else those rows' parts concatenated, never the whole batch."""
+    parts, first = [], 0
+    for chunk in chunks:
+        start, stop = max(rows.start, first), min(rows.stop, first + chunk.size(0))
+        if start < stop:
+            parts.append(chunk[start - first : stop - first])
+        first += chunk.size(0)
+    return parts[0] if len(parts) == 1 else torch.cat(parts)

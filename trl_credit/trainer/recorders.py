@@ -123,9 +123,11 @@ class ScoringForward:
             hidden = hidden[:, : log_probs.size(1)]  # unshifted labels: the last position scores nothing
         self.calls.append((log_probs, output.entropy.detach(), hidden))
 
-    def statistics(self, batch) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """`(entropy_BT, hidden_BTH or None)` of the consecutive calls whose log-probs are exactly the batch's
-        `old_per_token_logps` (the rows TRL scored, in order), or None when no such calls were recorded."""
+    def statistics(self, batch) -> tuple[torch.Tensor, list[torch.Tensor] | None] | None:
+        """`(entropy_BT, hidden states or None)` of the consecutive calls whose log-probs are exactly the batch's
+        `old_per_token_logps` (the rows TRL scored, in order), or None when no such calls were recorded. The hidden
+        states are each call's `(b, T, H)`, in row order (`batch_layout.rows_of` reads rows of them): not
+        concatenated, so that the batch's states, 10 GiB for a 32B model's generation batch at 16k tokens, are held once."""
         old_BT = batch.get("old_per_token_logps")
         if old_BT is None:
             return None
@@ -143,24 +145,9 @@ class ScoringForward:
             logps_BT = torch.cat([c[0][:, -num_tokens:] for c in calls])
             if torch.equal(logps_BT, old_BT):
                 entropy_BT = torch.cat([c[1][:, -num_tokens:] for c in calls]).float()
-                del calls
-                return entropy_BT, self._hand_over_hidden(first, last, num_tokens) if self.keep_hidden else None
+                hidden_chunks = [c[2][:, -num_tokens:] for c in calls] if self.keep_hidden else None
+                return entropy_BT, hidden_chunks
         return None
-
-    def _hand_over_hidden(self, first: int, last: int, num_tokens: int) -> torch.Tensor:
-        """`(B, T, H)` hidden states of calls `first` to `last - 1`, each call's released from the record once it is
-        copied: the batch's states are held once, not twice (at 16k tokens, a 32B model's generation batch holds
-        10 GiB of them). A later `statistics` of the same rows finds no hidden states there."""
-        rows = sum(self.calls[index][2].size(0) for index in range(first, last))
-        hidden_BTH = self.calls[first][2].new_empty(rows, num_tokens, self.calls[first][2].size(2))
-        row = 0
-        for index in range(first, last):
-            log_probs, entropy, hidden = self.calls[index]
-            self.calls[index] = (log_probs, entropy, None)
-            hidden_BTH[row : row + hidden.size(0)] = hidden[:, -num_tokens:]
-            row += hidden.size(0)
-            del hidden
-        return hidden_BTH
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from ..methods import (
     ROLLOUT_UNSAMPLED_MASS,
     ROLLOUT_UNSAMPLED_SUM_SQ_PROBS,
 )
-from .batch_layout import sequence_inputs, valid_mask
+from .batch_layout import rows_of, sequence_inputs, valid_mask
 from .config import StagePlan
 from .diagnostics import EXTRA_FORWARDS, EXTRA_REFERENCE_FORWARDS
 from .lm_head_statistics import TokenStatistics, hellinger_and_entropy, token_statistics
@@ -119,28 +119,29 @@ class StatisticsSources:
     def _policy_logit_gap(self, batch, hidden_BLH: torch.Tensor) -> torch.Tensor:
         """`(B, T)` sampled token's logit minus the policy's largest logit at each completion position, zero where
         masked, from the final hidden states `hidden_BLH` of prompt + completion."""
-        return self._streamed_policy_statistics(batch, completion_positions(batch, hidden_BLH)).logit_gap
+        return self._streamed_policy_statistics(batch, [completion_positions(batch, hidden_BLH)]).logit_gap
 
     @torch.no_grad()
-    def _streamed_policy_statistics(self, batch, hidden_BTH: torch.Tensor) -> TokenStatistics:
+    def _streamed_policy_statistics(self, batch, hidden_chunks: list[torch.Tensor]) -> TokenStatistics:
         """The policy's sampled-token log-probs, entropies, logit gaps to the largest logit and the other tokens'
-        probability mass and sum of squares, `(B, T)` each, zero where masked, from its final hidden states at the completion positions: the LM head streamed over the valid
+        probability mass and sum of squares, `(B, T)` each, zero where masked, from its final hidden states at the
+        completion positions (`(b, T, H)` row chunks, `batch_layout.rows_of`): the LM head streamed over the valid
         tokens with the model's output transform and the sampling temperature, as TRL's forward scores them."""
         policy = self._policy()
         valid_BT = valid_mask(batch)
         statistics_BT = TokenStatistics(
-            *(torch.zeros(valid_BT.shape, device=hidden_BTH.device) for _ in TokenStatistics._fields)
+            *(torch.zeros(valid_BT.shape, device=valid_BT.device) for _ in TokenStatistics._fields)
         )
         step = self._forward_batch_size()
         # Only the head: the hidden states are given, so under FSDP2 the root's embeddings stay sharded.
         with full_lm_head(policy) as (weight_VH, bias_V):
             # The valid tokens' hidden states are copied a row chunk at a time: for a whole generation batch of long
-            # completions, one copy is as large as the recorded states themselves.
+            # completions, one copy would be as large as the recorded states themselves.
             for start in range(0, valid_BT.size(0), step):
                 rows = slice(start, start + step)
                 rows_valid_bT = valid_BT[rows]
                 streamed_n = token_statistics(
-                    hidden_BTH[rows][rows_valid_bT],
+                    rows_of(hidden_chunks, rows)[rows_valid_bT],
                     weight_VH,
                     batch["completion_ids"][rows][rows_valid_bT],
                     bias_V,
@@ -154,8 +155,9 @@ class StatisticsSources:
         return statistics_BT
 
     def _recorded_policy_hidden(self, batch, generation, scoring):
-        """`(entropy_BT or None, hidden_BTH or None)` from the records of TRL's generation of `batch`: TRL's scoring
-        forward first, else `generate`'s hidden states; a record counts only where every process has one."""
+        """`(entropy_BT or None, hidden states or None)` from the records of TRL's generation of `batch`: TRL's
+        scoring forward first, else `generate`'s hidden states; a record counts only where every process has one. The
+        hidden states are `(b, T, H)` row chunks (`batch_layout.rows_of`)."""
         device = batch["completion_ids"].device
         if scoring is not None:
             scored = scoring.statistics(batch)
@@ -164,7 +166,7 @@ class StatisticsSources:
         if generation is not None:
             hidden_BTH = generation.completion_hidden(batch)
             if self._on_every_process(hidden_BTH is not None, device):
-                return None, hidden_BTH
+                return None, [hidden_BTH]
         return None, None
 
     def _generation_batch_statistics(self, batch, names, generation=None, scoring=None) -> dict[str, torch.Tensor]:
@@ -174,11 +176,11 @@ class StatisticsSources:
         `GenerationHidden` recorded while TRL generated it, if any. Recorded or not on every process alike: both
         follow the config.
         """
-        scored_entropy_BT, policy_hidden_BTH = self._recorded_policy_hidden(batch, generation, scoring)
+        scored_entropy_BT, policy_hidden = self._recorded_policy_hidden(batch, generation, scoring)
         statistics = {}
         deviation = next((name for name in names if name in (REFERENCE_DEVIATION, PREVIOUS_POLICY_DEVIATION)), None)
         if deviation is not None:  # at most one reference per run; the same pass gives the policy's entropy
-            statistics[deviation], statistics[ROLLOUT_ENTROPY] = self._deviation_and_entropy(batch, policy_hidden_BTH)
+            statistics[deviation], statistics[ROLLOUT_ENTROPY] = self._deviation_and_entropy(batch, policy_hidden)
         if ROLLOUT_LOGPS in names and "old_per_token_logps" in batch:
             statistics[ROLLOUT_LOGPS] = batch["old_per_token_logps"].float()  # TRL's own old-log-prob forward
         # The batch's mean entropy is taken from the per-token entropies.
@@ -187,7 +189,7 @@ class StatisticsSources:
             statistics.setdefault(ROLLOUT_ENTROPY, scored_entropy_BT)
         streamed_names = (ROLLOUT_LOGPS, ROLLOUT_ENTROPY, *ROLLOUT_UNSAMPLED)
         if any(n in needed and n not in statistics for n in streamed_names):
-            if policy_hidden_BTH is None:
+            if policy_hidden is None:
                 # The other tokens' mass and squares are streamed from the final hidden states of TRL's forward,
                 # recorded as it runs.
                 with recorded_final_hidden(self._policy(), any(n in needed for n in ROLLOUT_UNSAMPLED)) as hidden:
@@ -195,9 +197,9 @@ class StatisticsSources:
                 statistics.setdefault(ROLLOUT_LOGPS, logps_BT)
                 statistics.setdefault(ROLLOUT_ENTROPY, entropy_BT)
                 if hidden:
-                    policy_hidden_BTH = completion_positions(batch, torch.cat(hidden))
-            if policy_hidden_BTH is not None:
-                streamed = self._streamed_policy_statistics(batch, policy_hidden_BTH)
+                    policy_hidden = [completion_positions(batch, hidden_bLH) for hidden_bLH in hidden]
+            if policy_hidden is not None:
+                streamed = self._streamed_policy_statistics(batch, policy_hidden)
                 statistics.setdefault(ROLLOUT_LOGPS, streamed.logps)
                 statistics.setdefault(ROLLOUT_ENTROPY, streamed.entropy)
                 statistics.setdefault(ROLLOUT_UNSAMPLED_MASS, streamed.unsampled_mass)
@@ -211,11 +213,12 @@ class StatisticsSources:
         return {name: torch.where(mask_BT, statistics[name], 0.0) for name in names}
 
     @torch.no_grad()
-    def _deviation_and_entropy(self, batch, policy_hidden_BTH=None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _deviation_and_entropy(self, batch, policy_hidden=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token squared Hellinger distance from `deviation_reference` and policy entropy, `(B, T)` each.
 
-        `policy_hidden_BTH`: the policy's final hidden states at the completion positions, when TRL's scoring forward
-        or generation recorded them; otherwise the policy's backbone runs here.
+        `policy_hidden`: the policy's final hidden states at the completion positions (`(b, T, H)` row chunks,
+        `batch_layout.rows_of`), when TRL's scoring forward or generation recorded them; otherwise the policy's
+        backbone runs here.
         """
         policy = self._policy()
         reference_model, reference_context = self.deviation_reference.model_and_context(policy)
@@ -226,7 +229,7 @@ class StatisticsSources:
         # Image inputs are not laid out per row (TRL slices them by image counts), so they go in one chunk.
         step = valid_BT.size(0) if multimodal else self._forward_batch_size()
         self._count_forward(EXTRA_REFERENCE_FORWARDS)
-        if policy_hidden_BTH is None:
+        if policy_hidden is None:
             self._count_forward(EXTRA_FORWARDS)
         with (
             disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs),
@@ -241,10 +244,10 @@ class StatisticsSources:
                     batch[key][rows] for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
                 ]
                 rows_valid_bT = valid_BT[rows]
-                if policy_hidden_BTH is None:
+                if policy_hidden is None:
                     hidden_nH = completion_hidden(policy, *chunk, **multimodal)[rows_valid_bT]
                 else:
-                    hidden_nH = policy_hidden_BTH[rows][rows_valid_bT]
+                    hidden_nH = rows_of(policy_hidden, rows)[rows_valid_bT]
                 with reference_context:
                     ref_hidden_nH = completion_hidden(reference_model, *chunk, **multimodal)[rows_valid_bT]
                 deviation_BT[rows][rows_valid_bT], entropy_BT[rows][rows_valid_bT] = self._hellinger_and_entropy(
