@@ -273,14 +273,38 @@ def test_the_fisher_p_value_is_exact_on_every_table_of_small_groups():
     torch.testing.assert_close(p[small], scipy_p, atol=1e-12, rtol=0)
 
 
-def test_correct_completions_without_valid_tokens_have_no_term_frequency():
-    """The official code divides 0 by 0 there (NaN advantages); ours gives the correct side a term frequency of 0."""
+def _one_group_with_a_short_side(side, lone_token=False):
+    """One group of 2 correct and 4 wrong completions whose `side` ("correct" or "wrong") has no valid token, or with
+    `lone_token` one: its first completion's first token, given the id of the other side's first token (so that the
+    id's term frequency is finite on both sides and its key-token value short of the bound)."""
     b = make_batch(2, sizes=(6,))
     b["rewards_B"] = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
-    b["mask_BT"][:2] = False
+    rows, other = (range(0, 2), 2) if side == "correct" else (range(2, 6), 0)
+    b["mask_BT"][rows] = False
+    if lone_token:
+        b["mask_BT"][rows[0], 0] = True
+        b["ids_BT"][rows[0], 0] = b["ids_BT"][other, 0]
+    return b
+
+
+def test_correct_completions_without_valid_tokens_have_no_term_frequency():
+    """The official code divides 0 by 0 there (NaN advantages); ours gives the correct side a term frequency of 0."""
+    b = _one_group_with_a_short_side("correct")
     got = ours(b)
     assert torch.isfinite(got).all()
     torch.testing.assert_close(got.double(), reference(b), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("side", ["correct", "wrong"])
+def test_a_side_of_one_valid_token_has_that_tokens_frequency(side):
+    """BM25's frequency on a side of one valid token is its id's count over that one token (the guard of a side with
+    none leaves a length of 1 alone), as the reference computes it."""
+    b = _one_group_with_a_short_side(side, lone_token=True)
+    want = reference(b)
+    torch.testing.assert_close(ours(b).double(), want, atol=1e-5, rtol=0)
+    lone = (0, 0) if side == "correct" else (2, 0)
+    moved = want[lone] - official_grpo_advantages(b["group_B"], b["rewards_B"]).double()[lone[0]]
+    assert 0.1 < abs(float(moved)) < 0.99  # the lone token gets a key-token value short of its bound
 
 
 def test_the_pad_id_or_the_chosen_id_gets_no_key_token_value():
@@ -307,11 +331,17 @@ def test_alpha_and_beta_may_not_both_be_zero():
 
 def test_inputs_it_cannot_read_are_clear_errors():
     b = make_batch(1)
-    with pytest.raises(ValueError) as error:
-        ktae_advantages(torch.zeros(b["rewards_B"].numel()), b["mask_BT"], pad_token_id=QWEN_PAD)
-    assert str(error.value) == (
-        "credit method 'ktae' reads the completion ids, the prompt groups and the rewards; none given"
-    )
+    fields = {"completion_ids_BT": b["ids_BT"], "group_index_B": b["group_B"], "rewards_B": b["rewards_B"]}
+    # None of them given, or each one missing alone: the message names what is missing.
+    names = {"completion_ids_BT": "completion ids", "group_index_B": "prompt groups", "rewards_B": "rewards"}
+    for missing in [list(fields), *([name] for name in fields)]:
+        given = {k: v for k, v in fields.items() if k not in missing}
+        with pytest.raises(ValueError) as error:
+            ktae_advantages(torch.zeros(b["rewards_B"].numel()), b["mask_BT"], pad_token_id=QWEN_PAD, **given)
+        assert str(error.value) == (
+            "credit method 'ktae' reads the completion ids, the prompt groups and the rewards; "
+            f"not given: {', '.join(names[name] for name in missing)}"
+        )
     for key, name in (("ids_BT", "token ids"), ("group_B", "prompt group indices")):
         with pytest.raises(ValueError) as error:
             ours({**b, key: torch.where(b[key] == b[key].max(), 2**24, 0 * b[key])})

@@ -278,9 +278,16 @@ def ktae(
     Token statistic:
         key_value: k, the key-token value of the token's id in its prompt group, added to its advantage
     """
-    if batch.completion_ids_BT is None or batch.group_index_B is None or batch.rewards_B is None:
+    inputs = {
+        "completion ids": batch.completion_ids_BT,
+        "prompt groups": batch.group_index_B,
+        "rewards": batch.rewards_B,
+    }
+    missing = [name for name, given in inputs.items() if given is None]
+    if missing:
         raise ValueError(
-            "credit method 'ktae' reads the completion ids, the prompt groups and the rewards; none given"
+            "credit method 'ktae' reads the completion ids, the prompt groups and the rewards; "
+            f"not given: {', '.join(missing)}"
         )
     mask_BT, ids_BT = batch.mask_BT, batch.completion_ids_BT.long()
     correct_B = batch.rewards_B > ktae_correct_threshold

@@ -150,7 +150,7 @@ class StatisticsSources:
                     vocab_chunk_size=self.args.statistics_vocab_chunk_size,
                     transform=logit_transform(policy),
                 )
-                for values_BT, values_n in zip(statistics_BT, streamed_n, strict=True):
+                for values_BT, values_n in zip(statistics_BT, streamed_n):
                     values_BT[rows][rows_valid_bT] = values_n
         return statistics_BT
 

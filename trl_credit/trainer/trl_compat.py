@@ -168,8 +168,11 @@ def attending_without_growing(backbone, cache):
         vars(layer).clear()
         vars(layer).update(as_given[module.layer_idx])
 
-    attention = [m for m in backbone.modules() if isinstance(getattr(m, "layer_idx", None), int)]
-    hooks = [module.register_forward_hook(put_back) for module in attention if module.layer_idx < len(layers)]
+    hooks = [
+        module.register_forward_hook(put_back)
+        for module in backbone.modules()
+        if isinstance(getattr(module, "layer_idx", None), int)
+    ]
     try:
         yield
     finally:
