@@ -507,12 +507,11 @@ def test_a_forward_on_a_prompt_cache_frees_each_layers_new_keys_once_it_has_used
     torch.manual_seed(0)
     decoder = backbone(make_tiny_model(make_tiny_tokenizer(), family=family))
     prompt_ids, completion_ids = torch.randint(3, 60, (2, 3)), torch.randint(3, 60, (2, 5))
-    keyword = {"attention_mask": torch.ones(2, 8, dtype=torch.long), "use_cache": True}
+    mask = torch.ones(2, 8, dtype=torch.long)  # prompt + completion
 
     def completions_on(cache):
-        return decoder(
-            input_ids=completion_ids, **keyword, **{cache_keyword(decoder.forward): cache}
-        ).last_hidden_state
+        on_cache = {cache_keyword(decoder.forward): cache}
+        return decoder(input_ids=completion_ids, attention_mask=mask, use_cache=True, **on_cache).last_hidden_state
 
     grown = output_cache(decoder(input_ids=prompt_ids, use_cache=True))
     want = completions_on(grown)

@@ -126,8 +126,8 @@ class ScoringForward:
     def statistics(self, batch) -> tuple[torch.Tensor, list[torch.Tensor] | None] | None:
         """`(entropy_BT, hidden states or None)` of the consecutive calls whose log-probs are exactly the batch's
         `old_per_token_logps` (the rows TRL scored, in order), or None when no such calls were recorded. The hidden
-        states are each call's `(b, T, H)`, in row order (`batch_layout.rows_of` reads rows of them): not
-        concatenated, so that the batch's states, 10 GiB for a 32B model's generation batch at 16k tokens, are held once."""
+        states are each call's `(b, T, H)`, in row order (`batch_layout.rows_of` reads rows of them), not concatenated:
+        the batch's states, 10 GiB for a 32B model's generation batch at 16k tokens, are held once."""
         old_BT = batch.get("old_per_token_logps")
         if old_BT is None:
             return None
